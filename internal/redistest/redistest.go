@@ -1,0 +1,165 @@
+// Package redistest starts real redis-server processes on free loopback ports
+// for tests. It never touches a Redis it did not start.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is one redis-server process started by this package.
+type Server struct {
+	Port int
+	dir  string
+	cmd  *exec.Cmd
+}
+
+// Binary returns the path of redis-server, or an error that says how to get it.
+func Binary() (string, error) {
+	path, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New("redis-server not found in PATH: install it (Debian/Ubuntu: apt-get install redis-server) or run 'make test', which does")
+	}
+	return path, nil
+}
+
+// Start starts a redis-server on a free port and stops it when tb's test ends.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := New()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
+// New starts a redis-server on a free port; Close stops it. For TestMain,
+// where there is no testing.TB.
+func New() (*Server, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "redistest")
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Port: port, dir: dir}
+	if err := s.start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (s *Server) start() error {
+	bin, err := Binary()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin,
+		"--port", strconv.Itoa(s.Port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", s.dir,
+		"--loglevel", "warning",
+	)
+	cmd.Stdout = os.Stderr
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting redis-server: %w", err)
+	}
+	s.cmd = cmd
+	if err := s.waitReady(5 * time.Second); err != nil {
+		s.kill()
+		return err
+	}
+	return nil
+}
+
+func (s *Server) waitReady(limit time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server on port %d not ready after %s: %w", s.Port, limit, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Addr is host:port of the server.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.Port) }
+
+// URL is the redis:// URL of the server's database 0.
+func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// Client returns a client of the server, closed when tb's test ends.
+func (s *Server) Client(tb testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Stop kills the server; its data is gone. Restart brings it back empty.
+func (s *Server) Stop() { s.kill() }
+
+// Restart starts the server again, empty, on the same port.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.kill()
+	if err := s.start(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// Freeze stops the process (SIGSTOP): connections stay open, nothing answers.
+func (s *Server) Freeze() error { return s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server.
+func (s *Server) Thaw() error { return s.cmd.Process.Signal(syscall.SIGCONT) }
+
+func (s *Server) kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Close stops the server and removes its files.
+func (s *Server) Close() {
+	s.kill()
+	os.RemoveAll(s.dir)
+}

@@ -1,0 +1,28 @@
+package limiter
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"strings"
+)
+
+// MaxKeyLen is the longest client key kept as it is. Longer keys are replaced
+// by a hash, so that a 10 KB header cannot make a 10 KB storage key.
+const MaxKeyLen = 64
+
+// hashedKeyPrefix marks a key that BoundKey replaced by its hash. It holds a
+// character that BoundKey never keeps, so a hashed key cannot equal a key that
+// a client sent as it is.
+const hashedKeyPrefix = "#"
+
+// BoundKey returns key unchanged when it is short and safe to embed in a Redis
+// Cluster hash tag, and otherwise a fixed-length hash of it. Keys holding '{',
+// '}' or the hash prefix are hashed too, so the hash tag of a storage key is
+// always the whole client key and two distinct keys never collide.
+func BoundKey(key string) string {
+	if len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}"+hashedKeyPrefix) {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return hashedKeyPrefix + base64.RawURLEncoding.EncodeToString(sum[:])
+}
