@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,6 +30,19 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		window       <duration>
 //		max_requests <n>
 //		key          <string>
+//		algorithm    log|counter
+//		zone <name> [<window> <max_requests>] {
+//			window       <duration>
+//			max_requests <n>
+//			key          <string>
+//			algorithm    log|counter
+//			match {
+//				<matchers>
+//			}
+//		}
+//		mode         enforce|report
+//		ipv4_prefix  <bits>
+//		ipv6_prefix  <bits>
 //		fail_mode    open|closed
 //		redis        <url>
 //		key_prefix   <string>
@@ -37,9 +51,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		log_keys
 //	}
 //
-// window and max_requests are required; the rest have defaults: key
-// {client_ip}, fail_mode open, no redis (in-process store), key_prefix srl:,
-// timeout 100ms, headers draft.
+// window and max_requests define the zone named "default"; give them, or
+// one or more zones, or both. A zone may be given in short, with or without
+// a block: zone burst 1s 10. key and algorithm at the top are
+// the defaults of every zone. Defaults: key {client_ip}, algorithm log, mode
+// enforce, ipv4_prefix 32, ipv6_prefix 64, fail_mode open, no redis
+// (in-process store), key_prefix srl:, timeout 100ms, headers draft.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -48,84 +65,219 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
-		if seen[name] {
+		if seen[name] && name != "zone" {
 			return d.Errf("duplicate subdirective '%s'", name)
 		}
 		seen[name] = true
-		if name == "log_keys" {
+		switch name {
+		case "zone":
+			z, err := parseZone(d)
+			if err != nil {
+				return err
+			}
+			for _, other := range h.Zones {
+				if other.Name == z.Name {
+					return d.Errf("zone '%s' is defined twice", z.Name)
+				}
+			}
+			h.Zones = append(h.Zones, z)
+		case "log_keys":
 			if d.NextArg() {
 				return d.ArgErr()
 			}
 			h.LogKeys = true
-			continue
-		}
-		var arg string
-		if !d.AllArgs(&arg) {
-			return d.ArgErr()
-		}
-		switch name {
-		case "window":
-			dur, err := parsePositiveDuration(d, name, arg)
+		default:
+			handled, err := parseLimitOption(d, name, &h.Window, &h.MaxRequests, &h.Key, &h.Algorithm)
 			if err != nil {
 				return err
 			}
-			h.Window = dur
-		case "max_requests":
-			n, err := strconv.ParseInt(arg, 10, 64)
-			if err != nil {
-				return d.Errf("max_requests must be a whole number, got %q", arg)
-			}
-			if n < 1 {
-				return d.Errf("max_requests must be at least 1, got %d", n)
-			}
-			h.MaxRequests = n
-		case "key":
-			h.Key = arg
-		case "fail_mode":
-			if arg != failOpen && arg != failClosed {
-				return d.Errf("fail_mode must be open or closed, got %q", arg)
-			}
-			h.FailMode = arg
-		case "redis":
-			// A URL with placeholders is checked once they are known.
-			if !strings.Contains(arg, "{") {
-				if _, err := parseRedisURL(arg); err != nil {
-					return d.Errf("redis: %v", err)
+			if !handled {
+				if err := h.parseOption(d, name); err != nil {
+					return err
 				}
 			}
-			h.Redis = arg
-		case "key_prefix":
-			if strings.ContainsAny(arg, "{}") {
-				return d.Errf("key_prefix must not contain '{' or '}', got %q", arg)
-			}
-			h.KeyPrefix = arg
-		case "timeout":
-			dur, err := parsePositiveDuration(d, name, arg)
-			if err != nil {
-				return err
-			}
-			h.Timeout = dur
-		case "headers":
-			if arg != headersDraft && arg != headersLegacy && arg != headersOff {
-				return d.Errf("headers must be draft, legacy or off, got %q", arg)
-			}
-			h.Headers = arg
-		default:
-			return d.Errf("unrecognized subdirective '%s'", name)
 		}
 	}
-	if !seen["window"] {
-		return d.Err("window is required")
+	if seen["window"] != seen["max_requests"] {
+		if !seen["window"] {
+			return d.Err("window is required with max_requests")
+		}
+		return d.Err("max_requests is required with window")
 	}
-	if !seen["max_requests"] {
-		return d.Err("max_requests is required")
+	if !seen["window"] && len(h.Zones) == 0 {
+		return d.Err("window and max_requests are required (or at least one zone)")
+	}
+	if seen["window"] {
+		for _, z := range h.Zones {
+			if z.Name == defaultZone {
+				return d.Errf("zone '%s' clashes with the zone that window and max_requests define", defaultZone)
+			}
+		}
 	}
 	return nil
 }
 
-// parsePositiveDuration parses the argument of subdirective name, which must
-// be a duration greater than zero.
-func parsePositiveDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Duration, error) {
+// parseOption parses one handler-wide subdirective.
+func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
+	switch name {
+	case "mode":
+		return oneOf(d, name, &h.Mode, modeEnforce, modeReport)
+	case "fail_mode":
+		return oneOf(d, name, &h.FailMode, failOpen, failClosed)
+	case "headers":
+		return oneOf(d, name, &h.Headers, headersDraft, headersLegacy, headersOff)
+	case "ipv4_prefix":
+		return prefixBits(d, name, &h.IPv4Prefix, 32)
+	case "ipv6_prefix":
+		return prefixBits(d, name, &h.IPv6Prefix, 128)
+	case "redis":
+		arg, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		// A URL with placeholders is checked once they are known.
+		if !strings.Contains(arg, "{") {
+			if _, err := parseRedisURL(arg); err != nil {
+				return d.Errf("redis: %v", err)
+			}
+		}
+		h.Redis = arg
+	case "key_prefix":
+		arg, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if strings.ContainsAny(arg, "{}") {
+			return d.Errf("key_prefix must not contain '{' or '}', got %q", arg)
+		}
+		h.KeyPrefix = arg
+	case "timeout":
+		return positiveDuration(d, name, &h.Timeout)
+	default:
+		return d.Errf("unrecognized subdirective '%s'", name)
+	}
+	return nil
+}
+
+// parseLimitOption parses a subdirective that both the handler and a zone
+// take. It reports false for any other name.
+func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duration, max *int64, key, algorithm *string) (bool, error) {
+	switch name {
+	case "window":
+		return true, positiveDuration(d, name, window)
+	case "max_requests":
+		arg, err := oneArg(d)
+		if err != nil {
+			return true, err
+		}
+		*max, err = parseMaxRequests(d, arg)
+		return true, err
+	case "key":
+		arg, err := oneArg(d)
+		if err != nil {
+			return true, err
+		}
+		*key = arg
+	case "algorithm":
+		return true, oneOf(d, name, algorithm, algorithmLog, algorithmCounter)
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+// parseZone parses `zone <name> { ... }`.
+func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
+	z := new(Zone)
+	if !d.NextArg() {
+		return nil, d.Err("zone needs a name: zone <name> { ... }")
+	}
+	z.Name = d.Val()
+	if err := checkZoneName(z.Name); err != nil {
+		return nil, d.Err(err.Error())
+	}
+	seen := make(map[string]bool)
+	// The short form: zone <name> <window> <max_requests>
+	switch args := d.RemainingArgs(); len(args) {
+	case 0:
+	case 2:
+		var err error
+		if z.Window, err = parseDuration(d, "window", args[0]); err != nil {
+			return nil, err
+		}
+		if z.MaxRequests, err = parseMaxRequests(d, args[1]); err != nil {
+			return nil, err
+		}
+		seen["window"], seen["max_requests"] = true, true
+	default:
+		return nil, d.Errf("zone %s: want zone <name> [<window> <max_requests>] [{ ... }]", z.Name)
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		if seen[name] {
+			return nil, d.Errf("zone %s: duplicate subdirective '%s'", z.Name, name)
+		}
+		seen[name] = true
+		if name == "match" {
+			matchers, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
+			if err != nil {
+				return nil, err
+			}
+			z.MatchersRaw = caddyhttp.RawMatcherSets{matchers}
+			continue
+		}
+		handled, err := parseLimitOption(d, name, &z.Window, &z.MaxRequests, &z.Key, &z.Algorithm)
+		if err != nil {
+			return nil, err
+		}
+		if !handled {
+			return nil, d.Errf("zone %s: unrecognized subdirective '%s'", z.Name, name)
+		}
+	}
+	if !seen["window"] {
+		return nil, d.Errf("zone %s: window is required", z.Name)
+	}
+	if !seen["max_requests"] {
+		return nil, d.Errf("zone %s: max_requests is required", z.Name)
+	}
+	return z, nil
+}
+
+// oneArg returns the single argument of the current subdirective.
+func oneArg(d *caddyfile.Dispenser) (string, error) {
+	var arg string
+	if !d.AllArgs(&arg) {
+		return "", d.ArgErr()
+	}
+	return arg, nil
+}
+
+// oneOf parses an argument that must be one of allowed.
+func oneOf(d *caddyfile.Dispenser, name string, dst *string, allowed ...string) error {
+	arg, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(allowed, arg) {
+		last := len(allowed) - 1
+		return d.Errf("%s must be %s or %s, got %q", name, strings.Join(allowed[:last], ", "), allowed[last], arg)
+	}
+	*dst = arg
+	return nil
+}
+
+// positiveDuration parses the argument of subdirective name, a duration
+// greater than zero.
+func positiveDuration(d *caddyfile.Dispenser, name string, dst *caddy.Duration) error {
+	arg, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	*dst, err = parseDuration(d, name, arg)
+	return err
+}
+
+func parseDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(arg)
 	if err != nil {
 		return 0, d.Errf("%s: invalid duration %q: %v", name, arg, err)
@@ -134,6 +286,31 @@ func parsePositiveDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Dura
 		return 0, d.Errf("%s must be greater than zero, got %s", name, arg)
 	}
 	return caddy.Duration(dur), nil
+}
+
+func parseMaxRequests(d *caddyfile.Dispenser, arg string) (int64, error) {
+	n, err := strconv.ParseInt(arg, 10, 64)
+	if err != nil {
+		return 0, d.Errf("max_requests must be a whole number, got %q", arg)
+	}
+	if n < 1 {
+		return 0, d.Errf("max_requests must be at least 1, got %d", n)
+	}
+	return n, nil
+}
+
+// prefixBits parses a prefix length from 1 to max.
+func prefixBits(d *caddyfile.Dispenser, name string, dst *int, max int) error {
+	arg, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 1 || n > max {
+		return d.Errf("%s must be a whole number from 1 to %d, got %q", name, max, arg)
+	}
+	*dst = n
+	return nil
 }
 
 // Interface guard

@@ -7,6 +7,7 @@ package slidingratelimit
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,9 +24,11 @@ func init() {
 
 // Defaults of optional fields.
 const (
-	defaultKey     = "{http.vars.client_ip}"
-	defaultZone    = "default"
-	defaultTimeout = 100 * time.Millisecond
+	defaultKey        = "{http.vars.client_ip}"
+	defaultZone       = "default"
+	defaultTimeout    = 100 * time.Millisecond
+	defaultIPv4Prefix = 32
+	defaultIPv6Prefix = 64
 )
 
 // Fail modes: what a request gets when Redis cannot decide in time.
@@ -41,27 +44,64 @@ const (
 	headersOff    = "off"
 )
 
-// Handler limits each client to MaxRequests admitted requests in any span of
-// Window. It decides before the next handler runs, with one atomic call to
-// Redis (or to the in-process store when Redis is not configured). Denied
-// requests get a 429 error with an exact Retry-After, which `handle_errors`
-// can shape; every decision sets the RateLimit headers.
+// Modes.
+const (
+	modeEnforce = "enforce"
+	modeReport  = "report"
+)
+
+// Algorithms.
+const (
+	algorithmLog     = "log"
+	algorithmCounter = "counter"
+)
+
+// Handler limits each client to a number of admitted requests in any span of
+// a window, per zone. It decides before the next handler runs, with one
+// atomic call to Redis (or to the in-process store when Redis is not
+// configured). Denied requests get a 429 error with an exact Retry-After,
+// which `handle_errors` can shape; every decision sets the RateLimit headers.
 type Handler struct {
-	// Window is the span in which at most MaxRequests requests of one client
-	// are admitted, counted back from each request (a sliding window, not a
-	// fixed one). Required; must be greater than zero.
+	// Window, with MaxRequests, defines the zone named "default": at most
+	// MaxRequests requests of one client in any span of Window, counted back
+	// from each request. Required unless Zones are given; greater than zero.
 	Window caddy.Duration `json:"window,omitempty"`
 
-	// MaxRequests is how many requests one client may make in any Window.
-	// Denied requests do not count. Required; at least 1.
+	// MaxRequests is how many requests one client may make in any Window of
+	// the "default" zone. Denied requests do not count. Required with Window;
+	// at least 1.
 	MaxRequests int64 `json:"max_requests,omitempty"`
 
-	// Key identifies the client, with placeholders expanded per request.
-	// Default: "{http.vars.client_ip}" (the Caddyfile's {client_ip}), the
-	// client address as Caddy's trusted_proxies setting resolves it. A key that
+	// Key identifies the client, with placeholders expanded per request; it
+	// is also the key of every zone that sets none. Default:
+	// "{http.vars.client_ip}" (the Caddyfile's {client_ip}), the client
+	// address as Caddy's trusted_proxies setting resolves it. A key that
 	// expands to "" falls back to the client IP, so a client cannot escape its
 	// limit by leaving out a header. Keys longer than 64 bytes are hashed.
 	Key string `json:"key,omitempty"`
+
+	// Algorithm is the default algorithm of the zones: "log" (default; exact
+	// sliding-window log, memory grows with max_requests) or "counter"
+	// (sliding-window counter, O(1) memory per key, approximate).
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// Zones are further named limits. A request is admitted only if every
+	// zone that applies to it admits it, and a denial by one zone consumes
+	// nothing in the others.
+	Zones []*Zone `json:"zones,omitempty"`
+
+	// Mode is "enforce" (default) or "report": report decides, sets headers
+	// and placeholders, logs and counts, but passes every request on. A
+	// request that would have been denied is not recorded as admitted.
+	Mode string `json:"mode,omitempty"`
+
+	// IPv4Prefix groups IPv4 client keys by this many leading bits. Default
+	// 32 (each address alone); 1 to 32.
+	IPv4Prefix int `json:"ipv4_prefix,omitempty"`
+
+	// IPv6Prefix groups IPv6 client keys by this many leading bits. Default
+	// 64, since one IPv6 client usually owns a whole /64; 1 to 128.
+	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
 	// FailMode says what happens when Redis does not answer within Timeout or
 	// answers with an error: "open" (default) passes the request on unlimited,
@@ -95,7 +135,7 @@ type Handler struct {
 	// default: keys are often addresses or credentials.
 	LogKeys bool `json:"log_keys,omitempty"`
 
-	zone     zone
+	zones    []*Zone
 	store    limiter.Store
 	release  func() error
 	failures *failureLog
@@ -110,11 +150,23 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets defaults and connects the store.
+// Provision sets defaults, loads the zones and connects the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	if h.Key == "" {
 		h.Key = defaultKey
+	}
+	if h.Algorithm == "" {
+		h.Algorithm = algorithmLog
+	}
+	if h.Mode == "" {
+		h.Mode = modeEnforce
+	}
+	if h.IPv4Prefix == 0 {
+		h.IPv4Prefix = defaultIPv4Prefix
+	}
+	if h.IPv6Prefix == 0 {
+		h.IPv6Prefix = defaultIPv6Prefix
 	}
 	if h.FailMode == "" {
 		h.FailMode = failOpen
@@ -131,7 +183,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.checkFields(); err != nil {
 		return err
 	}
-	h.zone = newZone(defaultZone, h.Key, limiter.Limit{Window: time.Duration(h.Window), Max: h.MaxRequests})
+
+	h.zones = h.zones[:0]
+	if h.Window != 0 || h.MaxRequests != 0 {
+		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests})
+	}
+	h.zones = append(h.zones, h.Zones...)
+	seen := make(map[string]bool)
+	for _, z := range h.zones {
+		if seen[z.Name] {
+			return fmt.Errorf("zone %s is defined twice", z.Name)
+		}
+		seen[z.Name] = true
+		if err := z.provision(ctx, h.Key, h.Algorithm); err != nil {
+			return err
+		}
+	}
 	h.failures = newFailureLog(h.logger, time.Second)
 
 	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
@@ -155,28 +222,34 @@ func (h *Handler) Validate() error {
 	return h.checkFields()
 }
 
-// checkFields reports the first field whose value is out of range. Zero
-// values of optional fields are accepted: they mean the default.
+// checkFields reports the first handler field whose value is out of range.
+// Zero values of optional fields are accepted: they mean the default.
 func (h *Handler) checkFields() error {
 	switch {
-	case h.Window <= 0:
+	case h.Window == 0 && h.MaxRequests == 0 && len(h.Zones) == 0:
+		return errors.New("no limit: set window and max_requests, or at least one zone")
+	case h.Window < 0 || (h.Window == 0 && h.MaxRequests != 0):
 		return errors.New("window must be greater than zero")
-	case h.MaxRequests < 1:
+	case h.MaxRequests < 0 || (h.MaxRequests == 0 && h.Window != 0):
 		return fmt.Errorf("max_requests must be at least 1, got %d", h.MaxRequests)
 	case h.Timeout < 0:
 		return errors.New("timeout must be greater than zero")
+	case h.IPv4Prefix < 0 || h.IPv4Prefix > 32:
+		return fmt.Errorf("ipv4_prefix must be from 1 to 32, got %d", h.IPv4Prefix)
+	case h.IPv6Prefix < 0 || h.IPv6Prefix > 128:
+		return fmt.Errorf("ipv6_prefix must be from 1 to 128, got %d", h.IPv6Prefix)
 	case strings.ContainsAny(h.KeyPrefix, "{}"):
 		return fmt.Errorf("key_prefix must not contain '{' or '}', got %q", h.KeyPrefix)
 	}
-	switch h.FailMode {
-	case "", failOpen, failClosed:
-	default:
-		return fmt.Errorf("fail_mode must be open or closed, got %q", h.FailMode)
-	}
-	switch h.Headers {
-	case "", headersDraft, headersLegacy, headersOff:
-	default:
-		return fmt.Errorf("headers must be draft, legacy or off, got %q", h.Headers)
+	for _, c := range []struct{ field, value, allowed string }{
+		{"fail_mode", h.FailMode, "open closed"},
+		{"headers", h.Headers, "draft legacy off"},
+		{"mode", h.Mode, "enforce report"},
+		{"algorithm", h.Algorithm, "log counter"},
+	} {
+		if c.value != "" && !slices.Contains(strings.Fields(c.allowed), c.value) {
+			return fmt.Errorf("%s must be one of %s, got %q", c.field, strings.ReplaceAll(c.allowed, " ", ", "), c.value)
+		}
 	}
 	return nil
 }

@@ -1,29 +1,126 @@
 package slidingratelimit
 
 import (
+	"errors"
+	"fmt"
+	"net/http"
 	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// zone is one named limit with what the hot path needs precomputed.
-type zone struct {
-	name  string
-	key   string // client key template, with placeholders
-	limit limiter.Limit
-	// policy is the RateLimit-Policy header value, fixed per zone.
+// Zone is one named limit. A request is admitted only if every zone that
+// applies to it admits it.
+type Zone struct {
+	// Name identifies the zone in headers, placeholders, metrics, the admin
+	// API and Redis keys: letters, digits, '_', '-' and '.'. Required, unique
+	// within the handler.
+	Name string `json:"name,omitempty"`
+
+	// Window is the span in which at most MaxRequests requests of one client
+	// are admitted, counted back from each request. Required; greater than
+	// zero.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// MaxRequests is how many requests one client may make in any Window.
+	// Denied requests do not count. Required; at least 1.
+	MaxRequests int64 `json:"max_requests,omitempty"`
+
+	// Key identifies the client in this zone. Default: the handler's key.
+	Key string `json:"key,omitempty"`
+
+	// Algorithm is "log" (exact sliding-window log; memory grows with
+	// MaxRequests) or "counter" (sliding-window counter; O(1) memory per key,
+	// approximate). Default: the handler's algorithm.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// MatchersRaw limits the zone to requests that match; default: all
+	// requests the handler sees.
+	MatchersRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	matchers caddyhttp.MatcherSets
+	limit    limiter.Limit
+	// policy is the RateLimit-Policy item, fixed per zone.
 	policy string
-	// maxText is the limit as text, for headers and placeholders.
-	maxText string
+	// quotedName and maxText are precomputed for headers and placeholders.
+	quotedName string
+	maxText    string
 }
 
-func newZone(name, key string, limit limiter.Limit) zone {
-	maxText := strconv.FormatInt(limit.Max, 10)
-	return zone{
-		name:    name,
-		key:     key,
-		limit:   limit,
-		policy:  strconv.Quote(name) + ";q=" + maxText + ";w=" + strconv.FormatInt(ceilSeconds(limit.Window), 10),
-		maxText: maxText,
+// provision loads the zone's matchers and precomputes what requests need.
+func (z *Zone) provision(ctx caddy.Context, defaultKey, defaultAlgorithm string) error {
+	if z.Key == "" {
+		z.Key = defaultKey
 	}
+	if z.Algorithm == "" {
+		z.Algorithm = defaultAlgorithm
+	}
+	if err := z.check(); err != nil {
+		return err
+	}
+	if z.MatchersRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatchersRaw")
+		if err != nil {
+			return fmt.Errorf("zone %s: loading matchers: %w", z.Name, err)
+		}
+		if err := z.matchers.FromInterface(mods); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
+	if z.Algorithm == algorithmCounter {
+		z.limit.Algorithm = limiter.SlidingCounter
+	}
+	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
+	z.quotedName = strconv.Quote(z.Name)
+	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+	return nil
+}
+
+// check reports the first field out of range, naming the zone and field.
+func (z *Zone) check() error {
+	if err := checkZoneName(z.Name); err != nil {
+		return err
+	}
+	switch {
+	case z.Window <= 0:
+		return fmt.Errorf("zone %s: window must be greater than zero", z.Name)
+	case z.MaxRequests < 1:
+		return fmt.Errorf("zone %s: max_requests must be at least 1, got %d", z.Name, z.MaxRequests)
+	}
+	switch z.Algorithm {
+	case "", algorithmLog, algorithmCounter:
+	default:
+		return fmt.Errorf("zone %s: algorithm must be log or counter, got %q", z.Name, z.Algorithm)
+	}
+	return nil
+}
+
+// applies reports whether the zone limits r.
+func (z *Zone) applies(r *http.Request) (bool, error) {
+	if len(z.matchers) == 0 {
+		return true, nil
+	}
+	return z.matchers.AnyMatchWithError(r)
+}
+
+// checkZoneName accepts names safe in a quoted header item, a metrics label,
+// a URL path segment and a Redis key.
+func checkZoneName(name string) error {
+	if name == "" {
+		return errors.New("zone name is required")
+	}
+	if len(name) > 64 {
+		return fmt.Errorf("zone name %q is longer than 64 bytes", name)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
+		}
+	}
+	return nil
 }

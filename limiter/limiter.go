@@ -12,11 +12,33 @@ import (
 	"time"
 )
 
+// Algorithm is how a zone counts.
+type Algorithm uint8
+
+const (
+	// SlidingLog keeps the time of every admission in the window: exact, and
+	// memory grows with Max. The zero value.
+	SlidingLog Algorithm = iota
+	// SlidingCounter keeps two fixed-window counts and weighs the previous
+	// one by how much of it the sliding window still covers: O(1) memory per
+	// key, approximate.
+	SlidingCounter
+)
+
+// String returns the algorithm's configuration name: log or counter.
+func (a Algorithm) String() string {
+	if a == SlidingCounter {
+		return "counter"
+	}
+	return "log"
+}
+
 // Limit is one zone's rule: at most Max admitted requests in any span of
 // Window. Denied requests are not counted.
 type Limit struct {
-	Window time.Duration
-	Max    int64
+	Window    time.Duration
+	Max       int64
+	Algorithm Algorithm
 }
 
 // Check asks whether one client may make a request under one zone's limit.
@@ -43,6 +65,13 @@ type Decision struct {
 	// RetryAfter is, for a denying zone, the exact time until it admits again;
 	// zero when Allowed.
 	RetryAfter time.Duration
+	// Cached reports that a deny cache answered without asking the store.
+	// Then only the denying decisions carry figures.
+	Cached bool
+
+	// token is what a Redis script call recorded, for a refund; -1 for
+	// nothing.
+	token int64
 }
 
 // Store decides checks atomically and records admissions.
@@ -53,6 +82,15 @@ type Decision struct {
 // for concurrent use.
 type Store interface {
 	Allow(ctx context.Context, checks []Check, decisions []Decision) error
+}
+
+// Inspector reads and resets client state, for operators.
+type Inspector interface {
+	// Peek decides checks as Allow would, but records nothing: Remaining is
+	// what is left now.
+	Peek(ctx context.Context, checks []Check, decisions []Decision) error
+	// Reset forgets a client's admissions in a zone.
+	Reset(ctx context.Context, zone, key string) error
 }
 
 // Admitted reports whether every decision allows the request.
