@@ -1,0 +1,201 @@
+package slidingratelimit
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+)
+
+// getWith sends a GET with the given headers.
+func getWith(t *testing.T, client *http.Client, rawURL string, headers map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", rawURL, err)
+	}
+	res.Body.Close()
+	return res
+}
+
+func TestZonesAllOrNothing(t *testing.T) {
+	prefix := uniquePrefix(t)
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+		key {http.request.header.X-Client}
+		zone burst 1m 3
+		zone hourly 1h 5 {
+			key {http.request.header.Authorization}
+		}
+	}
+	respond "ok"
+}`)
+	send := func(client, token string) *http.Response {
+		return getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-Client": client, "Authorization": token})
+	}
+	// Five admissions of one token spread over two clients use up hourly
+	// but neither client's burst.
+	for i, client := range []string{"c1", "c1", "c1", "c2", "c2"} {
+		if res := send(client, "tok"); res.StatusCode != http.StatusOK {
+			t.Fatalf("admission %d: status %d", i+1, res.StatusCode)
+		}
+	}
+	res := send("c3", "tok")
+	if res.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("sixth request of the token: status %d, want 429", res.StatusCode)
+	}
+	if got, want := res.Header.Get("RateLimit-Policy"), `"burst";q=3;w=60, "hourly";q=5;w=3600`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got, want)
+	}
+	if got := res.Header.Get("RateLimit"); got[:len(`"hourly";r=0;`)] != `"hourly";r=0;` {
+		t.Errorf("RateLimit %q, want the denying zone hourly", got)
+	}
+
+	// The denial by hourly consumed nothing of c3's burst.
+	card, err := sharedRedis.Client(t).ZCard(context.Background(), prefix+"{c3}:burst").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if card != 0 {
+		t.Errorf("c3's burst holds %d admissions after a request hourly denied, want 0", card)
+	}
+	res = send("c3", "other-token")
+	if got, want := res.Header.Get("RateLimit"), `"burst";r=2;t=60`; res.StatusCode != http.StatusOK || got != want {
+		t.Errorf("c3 with another token: %d %q, want 200 %q", res.StatusCode, got, want)
+	}
+	// And burst alone denies too.
+	send("c3", "other-token")
+	res = send("c3", "other-token")
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("c3's third: status %d, want 200", res.StatusCode)
+	}
+	res = send("c3", "other-token")
+	if got := res.Header.Get("RateLimit"); res.StatusCode != http.StatusTooManyRequests || got[:len(`"burst";r=0;`)] != `"burst";r=0;` {
+		t.Errorf("c3's fourth: %d %q, want 429 from burst", res.StatusCode, got)
+	}
+}
+
+func TestZoneMatchers(t *testing.T) {
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+		key {http.request.header.X-Client}
+		zone all 1m 10
+		zone login 1m 1 {
+			match {
+				method POST
+				path /login
+			}
+		}
+	}
+	respond "ok"
+}`)
+	post := func() int {
+		req, _ := http.NewRequest(http.MethodPost, "http://localhost:9080/login", nil)
+		req.Header.Set("X-Client", "m1")
+		res, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if got := post(); got != http.StatusOK {
+		t.Fatalf("first POST /login: %d", got)
+	}
+	if got := post(); got != http.StatusTooManyRequests {
+		t.Fatalf("second POST /login: %d, want 429", got)
+	}
+	res := getWith(t, tester.Client, "http://localhost:9080/login", map[string]string{"X-Client": "m1"})
+	if got, want := res.Header.Get("RateLimit-Policy"), `"all";q=10;w=60`; res.StatusCode != http.StatusOK || got != want {
+		t.Errorf("GET /login: %d, policy %q; want 200 and only zone all (%q)", res.StatusCode, got, want)
+	}
+	// all counted the first POST and this GET, not the denied POST.
+	if got, want := res.Header.Get("RateLimit"), `"all";r=8;t=60`; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+}
+
+func TestReportModePassesAndReports(t *testing.T) {
+	prefix := uniquePrefix(t)
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 2
+		key {http.request.header.X-Client}
+		mode report
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+	}
+	respond "{http.sliding_ratelimit.retry_after}"
+}`)
+	for i := 1; i <= 5; i++ {
+		res, retryAfter := get(t, tester, "http://localhost:9080/", "r1")
+		if res.StatusCode != http.StatusOK {
+			t.Fatalf("request %d in report mode: status %d, want 200", i, res.StatusCode)
+		}
+		if res.Header.Get("Retry-After") != "" {
+			t.Errorf("request %d: Retry-After in report mode", i)
+		}
+		wantR := max(2-i, 0)
+		if got, want := res.Header.Get("RateLimit")[:len(`"default";r=0`)], `"default";r=`+strconv.Itoa(wantR); got != want {
+			t.Errorf("request %d: RateLimit starts %q, want %q", i, got, want)
+		}
+		if wouldDeny := retryAfter != "0"; wouldDeny != (i > 2) {
+			t.Errorf("request %d: retry_after placeholder %q, want 0 only while admitted", i, retryAfter)
+		}
+	}
+	card, err := sharedRedis.Client(t).ZCard(context.Background(), prefix+"{r1}:default").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if card != 2 {
+		t.Errorf("report mode recorded %d admissions, want 2 (would-be denials are not recorded)", card)
+	}
+}
+
+func TestIPPrefixGrouping(t *testing.T) {
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 2
+		key {http.request.header.X-IP}
+		ipv4_prefix 24
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	for _, c := range []struct {
+		ip   string
+		want int
+	}{
+		{"2001:db8:1:2::1", 200},
+		{"2001:db8:1:2:ffff:eeee:dddd:9", 200}, // same /64
+		{"2001:db8:1:2::77", 429},
+		{"2001:db8:1:3::1", 200}, // another /64
+		{"192.0.2.1", 200},
+		{"192.0.2.200", 200}, // same /24
+		{"::ffff:192.0.2.9", 429},
+		{"192.0.3.1", 200},
+	} {
+		res := getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-IP": c.ip})
+		if res.StatusCode != c.want {
+			t.Errorf("%s: status %d, want %d", c.ip, res.StatusCode, c.want)
+		}
+	}
+}
