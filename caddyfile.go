@@ -43,7 +43,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		mode         enforce|report
 //		ipv4_prefix  <bits>
 //		ipv6_prefix  <bits>
-//		fail_mode    open|closed
+//		fail_mode    open|closed|local
 //		redis        <url>
 //		key_prefix   <string>
 //		timeout      <duration>
@@ -123,7 +123,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "mode":
 		return oneOf(d, name, &h.Mode, modeEnforce, modeReport)
 	case "fail_mode":
-		return oneOf(d, name, &h.FailMode, failOpen, failClosed)
+		return oneOf(d, name, &h.FailMode, failOpen, failClosed, failLocal)
 	case "headers":
 		return oneOf(d, name, &h.Headers, headersDraft, headersLegacy, headersOff)
 	case "ipv4_prefix":

@@ -16,6 +16,9 @@ import (
 // errRateLimited is the error a denied request carries to handle_errors.
 var errRateLimited = errors.New("rate limit exceeded")
 
+// exceededEvent is emitted once per client and block (see ServeHTTP).
+const exceededEvent = "sliding_ratelimit.exceeded"
+
 // maxInlineZones is how many applicable zones a request can have before the
 // per-request buffers spill to the heap.
 const maxInlineZones = 4
@@ -46,40 +49,87 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	decisions := decisionsBuf[:0]
+	decisions := decisionsBuf[:len(checks):len(checks)]
 	if len(checks) > maxInlineZones {
 		decisions = make([]limiter.Decision, len(checks))
-	} else {
-		decisions = decisionsBuf[:len(checks)]
 	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(h.Timeout))
-	err := h.store.Allow(ctx, checks, decisions)
+	cached, err := h.cache.AllowCached(ctx, checks, decisions)
 	cancel()
+	local := false
 	if err != nil {
-		return h.failed(w, r, next, err)
+		h.failures.record(h.FailMode, err)
+		switch h.FailMode {
+		case failClosed:
+			count(zones, resultFailedClosed)
+			return caddyhttp.Error(http.StatusServiceUnavailable, err)
+		case failLocal:
+			// The in-process store never fails.
+			_ = h.local.Allow(r.Context(), checks, decisions)
+			local = true
+		default:
+			count(zones, resultFailedOpen)
+			return next.ServeHTTP(w, r)
+		}
 	}
 
 	shown := mostRestrictive(decisions)
 	writeHeaders(w.Header(), h.Headers, zones, decisions, shown)
 	setPlaceholders(repl, zones[shown], decisions[shown])
 	if limiter.Admitted(decisions) {
+		if local {
+			count(zones, resultLocal)
+		} else {
+			count(zones, resultAllowed)
+		}
 		return next.ServeHTTP(w, r)
 	}
 
-	d := decisions[shown]
-	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
-		fields := []zap.Field{zap.String("zone", zones[shown].Name), zap.Duration("retry_after", d.RetryAfter), zap.String("mode", h.Mode)}
-		if h.LogKeys {
-			fields = append(fields, zap.String("key", checks[shown].Key))
+	z, d := zones[shown], decisions[shown]
+	result := resultDenied
+	if local {
+		result = resultLocal
+	}
+	for i, d := range decisions {
+		if !d.Allowed {
+			zones[i].decisions[result].Inc()
 		}
-		ce.Write(fields...)
+	}
+	if cached {
+		z.cacheHits.Inc()
+	} else {
+		// Later denials of this block come from the deny cache, so this runs
+		// once per client and block (per instance).
+		h.denied(z, checks[shown].Key, d)
 	}
 	if h.Mode == modeReport {
 		return next.ServeHTTP(w, r)
 	}
 	w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
 	return caddyhttp.Error(http.StatusTooManyRequests, errRateLimited)
+}
+
+// denied logs the start of a client's block and emits the exceeded event.
+func (h *Handler) denied(z *Zone, key string, d limiter.Decision) {
+	if ce := h.logger.Check(zap.DebugLevel, "rate limited"); ce != nil {
+		fields := []zap.Field{zap.String("zone", z.Name), zap.Duration("retry_after", d.RetryAfter), zap.String("mode", h.Mode)}
+		if h.LogKeys {
+			fields = append(fields, zap.String("key", key))
+		}
+		ce.Write(fields...)
+	}
+	h.events.Emit(h.ctx, exceededEvent, map[string]any{
+		"zone":        z.Name,
+		"retry_after": d.RetryAfter.Seconds(),
+	})
+}
+
+// count adds one decision with result to every zone that took part.
+func count(zones []*Zone, result string) {
+	for _, z := range zones {
+		z.decisions[result].Inc()
+	}
 }
 
 // keyFor returns the client key for a zone's key template, reusing the key
@@ -114,13 +164,4 @@ func mostRestrictive(decisions []limiter.Decision) int {
 		}
 	}
 	return shown
-}
-
-// failed applies the fail mode to a request the store could not decide.
-func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, err error) error {
-	h.failures.record(h.FailMode, err)
-	if h.FailMode == failClosed {
-		return caddyhttp.Error(http.StatusServiceUnavailable, err)
-	}
-	return next.ServeHTTP(w, r)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -35,6 +36,7 @@ const (
 const (
 	failOpen   = "open"
 	failClosed = "closed"
+	failLocal  = "local"
 )
 
 // Header modes.
@@ -103,9 +105,11 @@ type Handler struct {
 	// 64, since one IPv6 client usually owns a whole /64; 1 to 128.
 	IPv6Prefix int `json:"ipv6_prefix,omitempty"`
 
-	// FailMode says what happens when Redis does not answer within Timeout or
-	// answers with an error: "open" (default) passes the request on unlimited,
-	// "closed" answers 503 Service Unavailable.
+	// FailMode says what happens when Redis does not answer within Timeout,
+	// answers with an error, or the circuit breaker is open after repeated
+	// failures: "open" (default) passes the request on unlimited, "closed"
+	// answers 503 Service Unavailable, "local" decides with the in-process
+	// store and the same limits, per instance, until Redis is back.
 	FailMode string `json:"fail_mode,omitempty"`
 
 	// Redis is the URL of the Redis server that holds the limits:
@@ -135,12 +139,25 @@ type Handler struct {
 	// default: keys are often addresses or credentials.
 	LogKeys bool `json:"log_keys,omitempty"`
 
-	zones    []*Zone
-	store    limiter.Store
-	release  func() error
+	zones []*Zone
+	// cache answers repeated denials without a store call and wraps the
+	// store (Redis behind a circuit breaker, or the in-process store).
+	cache *limiter.DenyCache
+	// inspector is the store itself, for the admin API.
+	inspector limiter.Inspector
+	// local decides while Redis fails, with fail_mode local.
+	local    limiter.Store
+	breaker  *limiter.Breaker
+	releases []func() error
 	failures *failureLog
+	events   *caddyevents.App
+	ctx      caddy.Context
 	logger   *zap.Logger
 }
+
+// denyCacheEntries bounds each handler's deny cache: a flood of distinct
+// denied keys evicts entries rather than growing memory.
+const denyCacheEntries = 100_000
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -199,22 +216,55 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
+	h.ctx = ctx
 	h.failures = newFailureLog(h.logger, time.Second)
+	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
+	for _, z := range h.zones {
+		z.initMetrics()
+	}
+	events, err := ctx.App("events")
+	if err != nil {
+		return fmt.Errorf("getting events app: %w", err)
+	}
+	h.events = events.(*caddyevents.App)
 
 	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
-	if redisURL == "" {
-		h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
-		store, release := loadMemoryStore()
-		h.store, h.release = store, release
-		return nil
+	if redisURL == "" || h.FailMode == failLocal {
+		memory, release := loadMemoryStore()
+		h.releases = append(h.releases, release)
+		if redisURL == "" {
+			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+			h.cache = limiter.NewDenyCache(memory, denyCacheEntries)
+			h.inspector = memory
+			return nil
+		}
+		h.local = memory
 	}
 	client, release, err := loadRedisClient(redisURL)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	h.store = limiter.NewRedisStore(client, h.KeyPrefix)
-	h.release = release
+	h.releases = append(h.releases, release)
+	redisStore := limiter.NewRedisStore(client, h.KeyPrefix)
+	h.inspector = redisStore
+	h.breaker = limiter.NewBreaker(timedStore{redisStore}, limiter.BreakerOptions{
+		OnStateChange: h.breakerChanged,
+	})
+	h.cache = limiter.NewDenyCache(h.breaker, denyCacheEntries)
 	return nil
+}
+
+// breakerChanged logs each state change of the circuit breaker once.
+func (h *Handler) breakerChanged(from, to limiter.BreakerState) {
+	limiterMetrics.circuitState.Set(float64(to))
+	if to == limiter.BreakerOpen {
+		h.logger.Warn("redis failing: circuit breaker open, applying fail mode without calling redis",
+			zap.String("from", from.String()), zap.String("fail_mode", h.FailMode))
+		return
+	}
+	h.logger.Info("circuit breaker state changed", zap.String("from", from.String()), zap.String("to", to.String()))
 }
 
 // Validate checks the provisioned configuration.
@@ -242,7 +292,7 @@ func (h *Handler) checkFields() error {
 		return fmt.Errorf("key_prefix must not contain '{' or '}', got %q", h.KeyPrefix)
 	}
 	for _, c := range []struct{ field, value, allowed string }{
-		{"fail_mode", h.FailMode, "open closed"},
+		{"fail_mode", h.FailMode, "open closed local"},
 		{"headers", h.Headers, "draft legacy off"},
 		{"mode", h.Mode, "enforce report"},
 		{"algorithm", h.Algorithm, "log counter"},
@@ -254,13 +304,15 @@ func (h *Handler) checkFields() error {
 	return nil
 }
 
-// Cleanup releases the store, closing the Redis client when no other handler
-// or config uses it.
+// Cleanup releases the stores, closing the Redis client when no other
+// handler or config uses it.
 func (h *Handler) Cleanup() error {
-	if h.release == nil {
-		return nil
+	var errs []error
+	for _, release := range h.releases {
+		errs = append(errs, release())
 	}
-	return h.release()
+	h.releases = nil
+	return errors.Join(errs...)
 }
 
 // Interface guards

@@ -25,7 +25,7 @@ func (m memoryStore) Destruct() error { return m.Close() }
 
 // loadMemoryStore returns the process's in-process store and the function
 // that releases this use of it.
-func loadMemoryStore() (limiter.Store, func() error) {
+func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	v, _, _ := stores.LoadOrNew(memoryStoreKey, func() (caddy.Destructor, error) {
 		return memoryStore{limiter.NewMemoryStore()}, nil
 	})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -49,6 +50,20 @@ type Zone struct {
 	// quotedName and maxText are precomputed for headers and placeholders.
 	quotedName string
 	maxText    string
+	// decisions counts this zone's decisions by result; cacheHits its deny
+	// cache hits.
+	decisions map[string]prometheus.Counter
+	cacheHits prometheus.Counter
+}
+
+// initMetrics binds the zone's counters once, so requests do not look up
+// label values.
+func (z *Zone) initMetrics() {
+	z.decisions = make(map[string]prometheus.Counter)
+	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocal} {
+		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
+	}
+	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
 }
 
 // provision loads the zone's matchers and precomputes what requests need.

@@ -15,7 +15,8 @@ import (
 type MemoryStore struct {
 	mu    sync.Mutex
 	state map[memoryKey]*memoryState
-	epoch time.Time
+	// clock returns the time since the store started; tests replace it.
+	clock func() time.Duration
 	done  chan struct{}
 	once  sync.Once
 }
@@ -39,9 +40,10 @@ const memorySweepInterval = time.Minute
 
 // NewMemoryStore returns an empty store and starts its sweep.
 func NewMemoryStore() *MemoryStore {
+	epoch := time.Now()
 	s := &MemoryStore{
 		state: make(map[memoryKey]*memoryState),
-		epoch: time.Now(),
+		clock: func() time.Duration { return time.Since(epoch) },
 		done:  make(chan struct{}),
 	}
 	go s.sweepEvery(memorySweepInterval)
@@ -71,7 +73,7 @@ func (s *MemoryStore) Reset(_ context.Context, zone, key string) error {
 // decide mirrors limit.lua: evaluate every zone, then record in all of them
 // only if record is set and all admit.
 func (s *MemoryStore) decide(record bool, checks []Check, decisions []Decision) {
-	now := time.Since(s.epoch)
+	now := s.clock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
@@ -207,7 +209,7 @@ func (s *MemoryStore) sweepEvery(interval time.Duration) {
 
 // sweep drops state that no longer weighs on any decision.
 func (s *MemoryStore) sweep() {
-	now := time.Since(s.epoch)
+	now := s.clock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, st := range s.state {

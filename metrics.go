@@ -1,0 +1,64 @@
+package slidingratelimit
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Decision results, the values of the result label.
+const (
+	resultAllowed      = "allowed"
+	resultDenied       = "denied"
+	resultFailedOpen   = "failed_open"
+	resultFailedClosed = "failed_closed"
+	resultLocal        = "local"
+)
+
+// limiterMetrics are process-wide collectors, created once and registered on
+// each config's registry, so counts survive config reloads. No label holds a
+// client key: that would let clients grow the series without bound.
+var limiterMetrics struct {
+	once          sync.Once
+	decisions     *prometheus.CounterVec
+	denyCacheHits *prometheus.CounterVec
+	redisDuration prometheus.Histogram
+	circuitState  prometheus.Gauge
+}
+
+func initMetrics(registry *prometheus.Registry) error {
+	const ns, sub = "caddy", "sliding_ratelimit"
+	m := &limiterMetrics
+	m.once.Do(func() {
+		m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "decisions_total",
+			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, local).",
+		}, []string{"zone", "result"})
+		m.denyCacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
+			Help: "Denials answered by the local deny cache without a Redis call.",
+		}, []string{"zone"})
+		m.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "redis_duration_seconds",
+			Help:    "Time of one rate-limit decision by Redis, errors included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
+		})
+		m.circuitState = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "circuit_state",
+			Help: "State of the circuit breaker around Redis: 0 closed, 1 open, 2 half-open.",
+		})
+	})
+	if registry == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.redisDuration, m.circuitState} {
+		if err := registry.Register(c); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return err
+			}
+		}
+	}
+	return nil
+}
