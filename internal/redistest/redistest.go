@@ -22,6 +22,12 @@ type Server struct {
 	Port int
 	dir  string
 	cmd  *exec.Cmd
+
+	// bin, pre and extra let cluster nodes and sentinels reuse Server (and so
+	// Stop/Restart/Freeze/Thaw): bin replaces redis-server, pre goes before the
+	// standard flags (a config file must come first), extra after them.
+	bin        string
+	pre, extra []string
 }
 
 // Binary returns the path of redis-server, or an error that says how to get it.
@@ -74,11 +80,15 @@ func FreePort() (int, error) {
 }
 
 func (s *Server) start() error {
-	bin, err := Binary()
-	if err != nil {
-		return err
+	bin := s.bin
+	if bin == "" {
+		var err error
+		if bin, err = Binary(); err != nil {
+			return err
+		}
 	}
-	cmd := exec.Command(bin,
+	args := append([]string{}, s.pre...)
+	args = append(args,
 		"--port", strconv.Itoa(s.Port),
 		"--bind", "127.0.0.1",
 		"--save", "",
@@ -86,10 +96,11 @@ func (s *Server) start() error {
 		"--dir", s.dir,
 		"--loglevel", "warning",
 	)
+	cmd := exec.Command(bin, append(args, s.extra...)...)
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting redis-server: %w", err)
+		return fmt.Errorf("starting %s: %w", bin, err)
 	}
 	s.cmd = cmd
 	if err := s.waitReady(5 * time.Second); err != nil {
