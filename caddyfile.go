@@ -44,7 +44,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		ipv4_prefix  <bits>
 //		ipv6_prefix  <bits>
 //		fail_mode    open|closed|local
-//		redis        <url>
+//		redis        [cluster|sentinel] <url>
 //		key_prefix   <string>
 //		timeout      <duration>
 //		headers      draft|legacy|off
@@ -131,17 +131,22 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "ipv6_prefix":
 		return prefixBits(d, name, &h.IPv6Prefix, 128)
 	case "redis":
-		arg, err := oneArg(d)
-		if err != nil {
-			return err
+		args := d.RemainingArgs()
+		switch {
+		case len(args) == 2 && (args[0] == topologyCluster || args[0] == topologySentinel):
+			h.RedisTopology = args[0]
+			h.Redis = args[1]
+		case len(args) == 1:
+			h.Redis = args[0]
+		default:
+			return d.Err("want redis <url>, redis cluster <url> or redis sentinel <url>")
 		}
 		// A URL with placeholders is checked once they are known.
-		if !strings.Contains(arg, "{") {
-			if _, err := parseRedisURL(arg); err != nil {
+		if !strings.Contains(h.Redis, "{") {
+			if err := checkRedisURL(h.RedisTopology, h.Redis); err != nil {
 				return d.Errf("redis: %v", err)
 			}
 		}
-		h.Redis = arg
 	case "key_prefix":
 		arg, err := oneArg(d)
 		if err != nil {

@@ -46,6 +46,13 @@ const (
 	headersOff    = "off"
 )
 
+// Redis topologies.
+const (
+	topologyStandalone = "standalone"
+	topologyCluster    = "cluster"
+	topologySentinel   = "sentinel"
+)
+
 // Modes.
 const (
 	modeEnforce = "enforce"
@@ -119,6 +126,14 @@ type Handler struct {
 	// a placeholder that expands to ""): an in-process store, so the limit is
 	// per Caddy instance.
 	Redis string `json:"redis,omitempty"`
+
+	// RedisTopology says what Redis is: "standalone" (default, a single
+	// server or a proxy), "cluster" (Redis Cluster; Redis is a seed URL with
+	// further nodes as addr query parameters, as go-redis's ParseClusterURL
+	// reads it) or "sentinel" (a Sentinel-managed primary; Redis is a
+	// sentinel's URL with master_name, as go-redis's ParseFailoverURL reads
+	// it).
+	RedisTopology string `json:"redis_topology,omitempty"`
 
 	// KeyPrefix starts every Redis key the handler writes. Default "srl:".
 	// Must not contain '{' or '}', which would change the Redis Cluster hash
@@ -242,7 +257,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		h.local = memory
 	}
-	client, release, err := loadRedisClient(redisURL)
+	client, release, err := loadRedisClient(h.RedisTopology, redisURL)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
@@ -296,6 +311,7 @@ func (h *Handler) checkFields() error {
 		{"headers", h.Headers, "draft legacy off"},
 		{"mode", h.Mode, "enforce report"},
 		{"algorithm", h.Algorithm, "log counter"},
+		{"redis_topology", h.RedisTopology, "standalone cluster sentinel"},
 	} {
 		if c.value != "" && !slices.Contains(strings.Fields(c.allowed), c.value) {
 			return fmt.Errorf("%s must be one of %s, got %q", c.field, strings.ReplaceAll(c.allowed, " ", ", "), c.value)

@@ -39,16 +39,16 @@ type redisClient struct{ redis.UniversalClient }
 
 func (c redisClient) Destruct() error { return c.Close() }
 
-// loadRedisClient returns the shared client for rawURL and the function that
-// releases this use of it.
-func loadRedisClient(rawURL string) (redis.UniversalClient, func() error, error) {
-	poolKey := "redis " + rawURL
+// loadRedisClient returns the shared client for a topology and URL, and the
+// function that releases this use of it.
+func loadRedisClient(topology, rawURL string) (redis.UniversalClient, func() error, error) {
+	poolKey := "redis " + topology + " " + rawURL
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		opts, err := parseRedisURL(rawURL)
+		client, err := newRedisClient(topology, rawURL)
 		if err != nil {
 			return nil, err
 		}
-		return redisClient{redis.NewClient(opts)}, nil
+		return redisClient{client}, nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -59,19 +59,73 @@ func loadRedisClient(rawURL string) (redis.UniversalClient, func() error, error)
 	}, nil
 }
 
+// newRedisClient makes a go-redis client of the topology from its URL.
+func newRedisClient(topology, rawURL string) (redis.UniversalClient, error) {
+	switch topology {
+	case "", topologyStandalone:
+		opts, err := parseRedisURL(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return redis.NewClient(opts), nil
+	case topologyCluster:
+		opts, err := redis.ParseClusterURL(rawURL)
+		if err != nil {
+			return nil, urlError(err, "redis://host:port?addr=host2:port2")
+		}
+		opts.ContextTimeoutEnabled = true
+		return redis.NewClusterClient(opts), nil
+	case topologySentinel:
+		opts, err := redis.ParseFailoverURL(rawURL)
+		if err != nil {
+			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
+		}
+		opts.ContextTimeoutEnabled = true
+		return redis.NewFailoverClient(opts), nil
+	}
+	return nil, fmt.Errorf("unknown redis topology %q", topology)
+}
+
 // parseRedisURL parses a redis:// or rediss:// URL with go-redis. Its errors
 // never quote the URL, which may hold a password.
 func parseRedisURL(rawURL string) (*redis.Options, error) {
 	opts, err := redis.ParseURL(rawURL)
 	if err != nil {
-		var urlErr *url.Error
-		if errors.As(err, &urlErr) {
-			err = urlErr.Err
-		}
-		return nil, fmt.Errorf("invalid URL (want redis://host:port or rediss://host:port): %w", err)
+		return nil, urlError(err, "redis://host:port or rediss://host:port")
 	}
 	// Without this, go-redis ignores the per-decision deadline and a frozen
 	// Redis holds each request for the read timeout.
 	opts.ContextTimeoutEnabled = true
 	return opts, nil
+}
+
+// urlError describes a URL that go-redis refused, without quoting the URL,
+// which may hold a password.
+func urlError(err error, want string) error {
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		err = urlErr.Err
+	}
+	return fmt.Errorf("invalid URL (want %s): %w", want, err)
+}
+
+// checkRedisURL parses rawURL as the topology would, to report a bad URL at
+// configuration time.
+func checkRedisURL(topology, rawURL string) error {
+	var err error
+	switch topology {
+	case topologyCluster:
+		_, err = redis.ParseClusterURL(rawURL)
+		if err != nil {
+			err = urlError(err, "redis://host:port?addr=host2:port2")
+		}
+	case topologySentinel:
+		_, err = redis.ParseFailoverURL(rawURL)
+		if err != nil {
+			err = urlError(err, "redis://sentinel:26379?master_name=mymaster")
+		}
+	default:
+		_, err = parseRedisURL(rawURL)
+	}
+	return err
 }
