@@ -1,0 +1,76 @@
+# Developer entry points. `make run` and `make test` set up what they need
+# (redis-server etc.) on a fresh machine that has Go.
+
+GO ?= go
+GOFMT ?= $(shell $(GO) env GOROOT)/bin/gofmt
+
+MODULE := github.com/slidingratelimit/caddy-sliding-ratelimit
+CADDY_VERSION ?= v2.11.9
+XCADDY := github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5
+# xcaddy runs `go get MODULE`, which the module proxy refuses for an unpublished
+# module; pinning the zero pseudo-version makes it use only the local replacement.
+MODULE_PIN := $(MODULE)@v0.0.0-00010101000000-000000000000
+
+# Rebuild ./caddy only when the module's sources change (bench/ is its own module).
+SOURCES := $(shell find . -name '*.go' -not -path './bench/*' -not -path './.git/*') \
+	go.mod go.sum $(wildcard limiter/*.lua)
+
+.PHONY: all build run test vet lint fmt fmt-check check-build clean help bench
+
+all: build
+
+help:
+	@echo "make build        build ./caddy with this module (xcaddy)"
+	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
+	@echo "make test         install redis-server if needed, go vet, go test -race"
+	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
+	@echo "make fmt-check    fail if gofmt would change a file; make fmt fixes them"
+	@echo "make lint         go vet"
+	@echo "make clean        remove ./caddy"
+	@echo "make bench        limiter vs plain Caddy with wrk and Redis; writes BENCHMARKS.md (BENCH_FLAGS=-quick: smoke test)"
+
+build: caddy
+
+caddy: $(SOURCES)
+	$(GO) run $(XCADDY) build $(CADDY_VERSION) --with $(MODULE_PIN)=. --output ./caddy
+
+run: build
+	bash scripts/run.sh
+
+test:
+	bash scripts/ensure-redis.sh
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+vet lint:
+	$(GO) vet ./...
+
+fmt:
+	$(GOFMT) -w .
+
+fmt-check:
+	@out="$$($(GOFMT) -l .)"; \
+	if [ -n "$$out" ]; then \
+		echo "These files are not gofmt-formatted (run 'make fmt'):"; \
+		echo "$$out"; \
+		exit 1; \
+	fi; \
+	echo "gofmt: all files formatted"
+
+check-build: build
+	./caddy version
+	@if ./caddy list-modules | grep -qx 'http.handlers.sliding_ratelimit'; then \
+		echo "OK: ./caddy includes http.handlers.sliding_ratelimit"; \
+	else \
+		echo "FAIL: ./caddy does not list the module http.handlers.sliding_ratelimit (see './caddy list-modules')" >&2; \
+		exit 1; \
+	fi
+
+clean:
+	rm -f ./caddy
+
+# bench/ is its own Go module (its dependencies stay out of users' go.mod); the
+# tool builds ./caddy with `make build` itself. Flags: BENCH_FLAGS='-runs 3 -duration 5s'.
+BENCH_FLAGS ?=
+bench:
+	cd bench && $(GO) run ./cmd/srlbench $(BENCH_FLAGS)
