@@ -18,9 +18,12 @@ const hashedKeyPrefix = "#"
 // BoundKey returns key unchanged when it is short and safe to embed in a Redis
 // Cluster hash tag, and otherwise a fixed-length hash of it. Keys holding '{',
 // '}' or the hash prefix are hashed too, so the hash tag of a storage key is
-// always the whole client key and two distinct keys never collide.
+// always the whole client key and two distinct keys never collide. So is the
+// empty key: Redis Cluster ignores an empty hash tag "{}" and hashes the whole
+// key name, zone included, which would put a client's zones in different
+// slots (CROSSSLOT on every decision over several zones).
 func BoundKey(key string) string {
-	if len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}"+hashedKeyPrefix) {
+	if key != "" && len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}"+hashedKeyPrefix) {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))

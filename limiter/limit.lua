@@ -26,6 +26,23 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local record = ARGV[1] == '1'
 
+-- Runs the first command of a zone on its key (the command's first argument).
+-- A key that holds the other algorithm's state, because the zone's algorithm
+-- changed on a config reload, is dropped, and the zone starts over, rather
+-- than failing with WRONGTYPE on every request until that state expires.
+local function zone_call(...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+      redis.call('DEL', (select(2, ...)))
+    end
+    -- Run it again: on the emptied key, or to raise any other error as
+    -- redis.call does.
+    r = redis.call(...)
+  end
+  return r
+end
+
 local zones = {}
 local admit = true
 for i, key in ipairs(KEYS) do
@@ -40,7 +57,7 @@ for i, key in ipairs(KEYS) do
     -- how much of it the sliding window still covers, plus the current one's.
     z.index = math.floor(now / z.window)
     z.elapsed = now - z.index * z.window
-    local h = redis.call('HMGET', key, 'w', 'c', 'p')
+    local h = zone_call('HMGET', key, 'w', 'c', 'p')
     local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
     if w == nil or w < z.index - 1 then
       c, p = 0, 0
@@ -52,7 +69,7 @@ for i, key in ipairs(KEYS) do
     z.allowed = z.count + 1 <= z.max
   else
     -- Sliding-window log: the admissions still inside the window.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - z.window)
+    zone_call('ZREMRANGEBYSCORE', key, '-inf', now - z.window)
     z.count = redis.call('ZCARD', key)
     z.allowed = z.count < z.max
   end
