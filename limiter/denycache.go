@@ -1,0 +1,428 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultDenyCacheEntries is the bound NewDenyCache uses when given
+// maxEntries <= 0.
+const DefaultDenyCacheEntries = 100_000
+
+// denyCacheShards is the most shards a DenyCache has; fewer when maxEntries is
+// smaller. A power of two, so a shard is picked with a mask.
+const denyCacheShards = 32
+
+// denyCacheDriftDivisor sets the clock-rate margin: a denial with retry d is
+// cached for d - d/denyCacheDriftDivisor, 1000 ppm less than d. See DenyCache.
+const denyCacheDriftDivisor = 1000
+
+// denyCacheRounding is subtracted from every cached retry besides the drift
+// margin: the Redis script rounds a counter zone's wait up to the microsecond.
+const denyCacheRounding = time.Microsecond
+
+// denyCacheEvictSamples is how many random entries of a full shard are looked
+// at to choose the one to evict.
+const denyCacheEvictSamples = 8
+
+// DenyCache is a Store that remembers, in this process, which (zone, client
+// key) pairs are denied and until when, and answers requests for them without
+// calling the wrapped store. Admissions always come from the wrapped store.
+//
+// # Why it is exact
+//
+// In the sliding-window log (RedisStore, MemoryStore) a zone admits a key when
+// fewer than Max admissions lie in the last Window. Denied requests record
+// nothing; admissions leave the window only by ageing out; and other callers
+// (other Caddy instances on the same Redis) can only add admissions. So when
+// the store denies a key with RetryAfter d, computed at store time R, the key
+// is not admitted anywhere before R + d: the count in the window can only fall
+// by the oldest members ageing out, and the first that must go to make room
+// goes at R + d exactly. Any request for that key before R + d is denied by
+// the store, so denying it here is the store's own answer, without the round
+// trip. The sliding-window counter is the same: its estimate falls only as
+// time passes, other callers can only raise it, and RetryAfter is the first
+// time the estimate admits again (rounded up to the microsecond).
+//
+// The cache does not know R in its own clock. The store read its clock
+// somewhere between the moment Allow called it (t0, this process's monotonic
+// clock) and the moment it returned (t1). The cache stores
+// "denied until t0 + d", never t1 + d: since t0 <= R, t0 + d <= R + d, so the
+// cached expiry is never later than the true earliest admission, and the cache
+// never denies a request the store would admit. Using t1 would deny requests
+// in [R + d, t1 + d), up to a whole round trip, that the store admits. The
+// price of the safe side is that the entry expires up to one round trip early,
+// and the few requests in that gap reach the store, which denies them and
+// refreshes the entry: a little more traffic, never a wrong answer.
+//
+// Measuring d on the store's clock and waiting it out on ours also assumes the
+// two clocks run at the same rate. NTP slews a clock by at most 500 ppm, so two
+// hosts' clocks may drift apart by up to about 1000 ppm; the cache therefore
+// keeps a denial for d - d/1000 - 1µs (a 1 s retry 1 ms less, a 1 h retry 3.6 s
+// less; the microsecond covers the store's rounding), again erring towards
+// asking the store.
+//
+// The argument holds while no admission leaves a window early. Three things
+// make one leave early, and the caller must handle them:
+//   - an operator reset of a key in the store: use Reset, which resets the
+//     wrapped store and then forgets the key, or call Forget(zone, key) after
+//     resetting the store (a denial read from the store before the reset and
+//     returned after Forget is not cached: Forget and Clear start a new
+//     generation);
+//   - a zone whose Limit changes: entries are keyed by (zone, key) only, not
+//     by the Limit, so call Clear (or make a new DenyCache) when any zone's
+//     limit changes; the Caddy handler makes a new cache per configuration;
+//   - store state lost (a Redis restart or flush), or admissions the store
+//     takes back itself: on Redis Cluster, a request whose zones have
+//     different client keys is decided slot by slot and an admission recorded
+//     in one slot is refunded when a later slot denies; a key denied by
+//     another instance in between, because of that short-lived admission,
+//     may stay denied here for up to its RetryAfter although the store would
+//     admit it again after the refund.
+//
+// # Answers
+//
+// On a cache hit (any check's (zone, key) is cached as denied) Allow does not
+// call the wrapped store and records nothing, as the store would not for a
+// denied request. Each cached check gets Allowed false, Remaining 0, and
+// RetryAfter and Reset both the time left until its entry expires; every other
+// check gets Decision{Allowed: true} with Remaining and Reset zero: on a hit
+// only the denying decisions carry meaning. AllowCached reports whether the
+// answer was a hit.
+//
+// # Memory and concurrency
+//
+// The cache holds at most maxEntries entries. When full, it drops expired
+// entries first and otherwise the one expiring soonest among a few chosen at
+// random (O(1) amortised), counting the latter in Stats().Evictions. Expired
+// entries are also dropped when looked up; there is no background goroutine.
+// Entries live in up to 32 shards with their own locks, chosen by a hash of
+// zone and key, and a hit takes only a read lock and allocates nothing. A DenyCache is
+// safe for concurrent use.
+type DenyCache struct {
+	next   Store
+	epoch  time.Time
+	seed   maphash.Seed
+	shards []denyShard
+	mask   uint64
+
+	// gen changes on Clear and Forget; a denial read from the store under an
+	// older generation is not cached.
+	gen       atomic.Uint64
+	entries   atomic.Int64
+	hits      atomic.Uint64
+	evictions atomic.Uint64
+}
+
+// DenyCacheStats counts a DenyCache's work since it was made.
+type DenyCacheStats struct {
+	// Hits is how many Allow calls were answered from the cache.
+	Hits uint64
+	// Evictions is how many entries were dropped before they expired to make
+	// room for another.
+	Evictions uint64
+	// Entries is how many entries the cache holds, expired ones not yet
+	// dropped included.
+	Entries int
+}
+
+// denyKey is an entry's map key: a struct, not a concatenation, so that a
+// lookup builds no string.
+type denyKey struct{ zone, key string }
+
+type denySlot struct {
+	k denyKey
+	// until is when the denial ends, in nanoseconds of the cache's monotonic
+	// clock (since its epoch).
+	until int64
+}
+
+type denyShard struct {
+	mu    sync.RWMutex
+	index map[denyKey]int32 // position in slots
+	slots []denySlot
+	max   int
+	// minUntil is at most the smallest until in slots (MaxInt64 when there is
+	// none): the earliest time an entry can have expired.
+	minUntil int64
+	// sinceSweep counts insertions since the last sweep of expired entries,
+	// which is made only every max/4 insertions into a full shard, so that its
+	// cost is O(1) per insertion.
+	sinceSweep int
+	_          [64]byte // keeps hot shards off each other's cache lines
+}
+
+// NewDenyCache returns a deny cache in front of next holding at most
+// maxEntries denied (zone, key) pairs; maxEntries <= 0 means
+// DefaultDenyCacheEntries.
+func NewDenyCache(next Store, maxEntries int) *DenyCache {
+	if maxEntries <= 0 {
+		maxEntries = DefaultDenyCacheEntries
+	}
+	n := denyCacheShards
+	for n > 1 && n > maxEntries {
+		n /= 2
+	}
+	c := &DenyCache{
+		next:   next,
+		epoch:  time.Now(),
+		seed:   maphash.MakeSeed(),
+		shards: make([]denyShard, n),
+		mask:   uint64(n - 1),
+	}
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.max = maxEntries / n
+		if i < maxEntries%n {
+			s.max++
+		}
+		s.index = make(map[denyKey]int32)
+		s.minUntil = math.MaxInt64
+	}
+	return c
+}
+
+// Allow implements Store: see AllowCached.
+func (c *DenyCache) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
+	_, err := c.AllowCached(ctx, checks, decisions)
+	return err
+}
+
+// AllowCached decides checks like Allow and reports whether the answer came
+// from the cache (hit), in which case the wrapped store was not called and
+// only the denying decisions carry meaning (see DenyCache). Otherwise it is
+// the wrapped store's answer, and its denials are remembered.
+func (c *DenyCache) AllowCached(ctx context.Context, checks []Check, decisions []Decision) (hit bool, err error) {
+	if c.Cached(checks, decisions) {
+		return true, nil
+	}
+	return false, c.ask(ctx, checks, decisions)
+}
+
+// Cached answers checks from the cache alone, without the wrapped store:
+// it reports true, and fills decisions, if any check's key is denied. A
+// caller can try it before it pays for a deadline on the store call.
+func (c *DenyCache) Cached(checks []Check, decisions []Decision) bool {
+	if c.entries.Load() == 0 {
+		return false
+	}
+	now := c.now()
+	hit := false
+	for i := range checks {
+		if until, ok := c.lookup(checks[i].Zone, checks[i].Key, now); ok {
+			left := time.Duration(until - now)
+			decisions[i] = Decision{RetryAfter: left, Reset: left, Cached: true, token: -1}
+			hit = true
+		} else {
+			decisions[i] = Decision{Allowed: true, Cached: true, token: -1}
+		}
+	}
+	if hit {
+		c.hits.Add(1)
+	}
+	return hit
+}
+
+// ask calls the wrapped store and remembers its denials.
+func (c *DenyCache) ask(ctx context.Context, checks []Check, decisions []Decision) error {
+	gen := c.gen.Load()
+	// Read before the call: the store's clock read comes later, so start+d is
+	// never after the store's own retry time (see DenyCache).
+	start := c.now()
+	if err := c.next.Allow(ctx, checks, decisions); err != nil {
+		return err
+	}
+	for i := range decisions {
+		d := decisions[i].RetryAfter
+		if decisions[i].Allowed || d <= 0 || i >= len(checks) {
+			continue
+		}
+		c.remember(checks[i].Zone, checks[i].Key, start+int64(d-d/denyCacheDriftDivisor-denyCacheRounding), gen)
+	}
+	return nil
+}
+
+// Peek implements Inspector by asking the wrapped store, which must implement
+// it; the cache is neither consulted nor changed.
+func (c *DenyCache) Peek(ctx context.Context, checks []Check, decisions []Decision) error {
+	in, ok := c.next.(Inspector)
+	if !ok {
+		return errors.New("deny cache: the wrapped store cannot be inspected")
+	}
+	return in.Peek(ctx, checks, decisions)
+}
+
+// Reset implements Inspector: it resets key in zone in the wrapped store,
+// which must implement Inspector, then forgets its entry here.
+func (c *DenyCache) Reset(ctx context.Context, zone, key string) error {
+	in, ok := c.next.(Inspector)
+	if !ok {
+		return errors.New("deny cache: the wrapped store cannot be reset")
+	}
+	err := in.Reset(ctx, zone, key)
+	// Even on an error: the store may have reset the key before failing, and
+	// forgetting costs one store call at most.
+	c.Forget(zone, key)
+	return err
+}
+
+// Forget drops the entry of key in zone, if any. Call it after resetting the
+// key in the store (Reset does both).
+func (c *DenyCache) Forget(zone, key string) {
+	s := c.shard(zone, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.gen.Add(1)
+	if i, ok := s.index[denyKey{zone, key}]; ok {
+		c.removeAt(s, int(i))
+	}
+}
+
+// Clear drops every entry. Call it when a zone's limit changes.
+func (c *DenyCache) Clear() {
+	c.gen.Add(1)
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		c.entries.Add(-int64(len(s.slots)))
+		s.index = make(map[denyKey]int32)
+		s.slots = nil
+		s.minUntil = math.MaxInt64
+		s.sinceSweep = 0
+		s.mu.Unlock()
+	}
+}
+
+// Stats returns the cache's counters.
+func (c *DenyCache) Stats() DenyCacheStats {
+	return DenyCacheStats{
+		Hits:      c.hits.Load(),
+		Evictions: c.evictions.Load(),
+		Entries:   int(c.entries.Load()),
+	}
+}
+
+// now reads the cache's monotonic clock.
+func (c *DenyCache) now() int64 { return int64(time.Since(c.epoch)) }
+
+func (c *DenyCache) shard(zone, key string) *denyShard {
+	h := maphash.String(c.seed, key) ^ maphash.String(c.seed, zone)*0x9e3779b97f4a7c15
+	return &c.shards[h&c.mask]
+}
+
+// lookup returns when the denial of key in zone ends, if it is cached and
+// later than now; an expired entry is dropped.
+func (c *DenyCache) lookup(zone, key string, now int64) (until int64, ok bool) {
+	k := denyKey{zone, key}
+	s := c.shard(zone, key)
+	s.mu.RLock()
+	i, ok := s.index[k]
+	if ok {
+		until = s.slots[i].until
+	}
+	s.mu.RUnlock()
+	if !ok {
+		return 0, false
+	}
+	if until > now {
+		return until, true
+	}
+	s.mu.Lock()
+	if i, ok := s.index[k]; ok && s.slots[i].until <= now {
+		c.removeAt(s, int(i))
+	}
+	s.mu.Unlock()
+	return 0, false
+}
+
+// remember caches that key is denied in zone until until, unless the cache
+// was cleared or a key forgotten since generation gen began.
+func (c *DenyCache) remember(zone, key string, until int64, gen uint64) {
+	s := c.shard(zone, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.gen.Load() != gen {
+		return
+	}
+	now := c.now()
+	if until <= now {
+		return
+	}
+	k := denyKey{zone, key}
+	if i, ok := s.index[k]; ok {
+		// Both are lower bounds of the key's next admission; keep the later.
+		if until > s.slots[i].until {
+			s.slots[i].until = until
+		}
+		return
+	}
+	if len(s.slots) >= s.max {
+		c.evict(s, now)
+	}
+	s.index[k] = int32(len(s.slots))
+	s.slots = append(s.slots, denySlot{k: k, until: until})
+	s.minUntil = min(s.minUntil, until)
+	s.sinceSweep++
+	c.entries.Add(1)
+}
+
+// evict makes room for one entry in the full shard s: expired entries go
+// first, otherwise the one expiring soonest of a few picked at random.
+func (c *DenyCache) evict(s *denyShard, now int64) {
+	if now >= s.minUntil && s.sinceSweep >= max(1, s.max/4) {
+		c.sweep(s, now)
+		if len(s.slots) < s.max {
+			return
+		}
+	}
+	victim := -1
+	for range denyCacheEvictSamples {
+		i := rand.IntN(len(s.slots))
+		if s.slots[i].until <= now {
+			c.removeAt(s, i)
+			return
+		}
+		if victim < 0 || s.slots[i].until < s.slots[victim].until {
+			victim = i
+		}
+	}
+	c.removeAt(s, victim)
+	c.evictions.Add(1)
+}
+
+// sweep drops every expired entry of s.
+func (c *DenyCache) sweep(s *denyShard, now int64) {
+	// Downwards, so the entry removeAt moves into i has been looked at.
+	for i := len(s.slots) - 1; i >= 0; i-- {
+		if s.slots[i].until <= now {
+			c.removeAt(s, i)
+		}
+	}
+	s.minUntil = math.MaxInt64
+	for i := range s.slots {
+		s.minUntil = min(s.minUntil, s.slots[i].until)
+	}
+	s.sinceSweep = 0
+}
+
+// removeAt drops slot i of s, moving the last slot into its place.
+func (c *DenyCache) removeAt(s *denyShard, i int) {
+	last := len(s.slots) - 1
+	delete(s.index, s.slots[i].k)
+	if i != last {
+		s.slots[i] = s.slots[last]
+		s.index[s.slots[i].k] = int32(i)
+	}
+	s.slots[last] = denySlot{} // let the key strings go
+	s.slots = s.slots[:last]
+	if last == 0 {
+		s.minUntil = math.MaxInt64
+	}
+	c.entries.Add(-1)
+}
