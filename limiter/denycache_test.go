@@ -307,7 +307,7 @@ func TestDenyCacheNeverDeniesWhatRedisAdmits(t *testing.T) {
 func TestDenyCacheExpiryFromCallStart(t *testing.T) {
 	const (
 		latency = 50 * time.Millisecond
-		retry   = 100 * time.Millisecond
+		retry   = 300 * time.Millisecond
 	)
 	inner := &dcCounting{next: dcFunc(func(_ context.Context, checks []Check, ds []Decision) error {
 		time.Sleep(latency)
