@@ -25,6 +25,13 @@ func clientKey(r *http.Request, repl *caddy.Replacer, template string, ipv4Bits,
 	if key == "" {
 		key = clientIP(r)
 	}
+	return normalizeKey(key, ipv4Bits, ipv6Bits)
+}
+
+// normalizeKey turns a raw client key into the key stored and cached: an IP
+// address grouped by prefix, the length bounded (limiter.BoundKey). The admin
+// API applies it to the keys operators send, so they address the same state.
+func normalizeKey(key string, ipv4Bits, ipv6Bits int) string {
 	return limiter.BoundKey(groupIP(key, ipv4Bits, ipv6Bits))
 }
 

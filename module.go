@@ -239,11 +239,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	for _, z := range h.zones {
 		z.initMetrics()
 	}
-	events, err := ctx.App("events")
-	if err != nil {
-		return fmt.Errorf("getting events app: %w", err)
+	// Only a configured events app can have subscribers; without one there
+	// is no one to tell.
+	if events, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events = events.(*caddyevents.App)
 	}
-	h.events = events.(*caddyevents.App)
 
 	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
 	if redisURL == "" || h.FailMode == failLocal {
@@ -253,6 +253,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
 			h.cache = limiter.NewDenyCache(memory, denyCacheEntries)
 			h.inspector = memory
+			h.register(nil) // admin API: registry.go
 			return nil
 		}
 		h.local = memory
@@ -268,6 +269,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		OnStateChange: h.breakerChanged,
 	})
 	h.cache = limiter.NewDenyCache(h.breaker, denyCacheEntries)
+	h.register(client) // admin API and resets from other instances: registry.go
 	return nil
 }
 
@@ -323,6 +325,7 @@ func (h *Handler) checkFields() error {
 // Cleanup releases the stores, closing the Redis client when no other
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
+	h.unregister() // before releasing the stores it names
 	var errs []error
 	for _, release := range h.releases {
 		errs = append(errs, release())

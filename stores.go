@@ -35,9 +35,17 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	}
 }
 
-type redisClient struct{ redis.UniversalClient }
+// redisClient is a pooled client and its subscriber to the resets that
+// instances announce (resets.go), which lives as long as the client.
+type redisClient struct {
+	redis.UniversalClient
+	resets *resetBus
+}
 
-func (c redisClient) Destruct() error { return c.Close() }
+func (c redisClient) Destruct() error {
+	c.resets.stop()
+	return c.Close()
+}
 
 // loadRedisClient returns the shared client for a topology and URL, and the
 // function that releases this use of it.
@@ -48,7 +56,7 @@ func loadRedisClient(topology, rawURL string) (redis.UniversalClient, func() err
 		if err != nil {
 			return nil, err
 		}
-		return redisClient{client}, nil
+		return redisClient{client, newResetBus(client)}, nil
 	})
 	if err != nil {
 		return nil, nil, err

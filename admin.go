@@ -1,0 +1,265 @@
+package slidingratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(AdminAPI{})
+}
+
+// AdminAPI serves /sliding_ratelimit/ on Caddy's admin endpoint:
+//
+//	GET    /sliding_ratelimit/zones/<zone>/keys/<key>   a client's state, as JSON
+//	DELETE /sliding_ratelimit/zones/<zone>/keys/<key>   reset the client, everywhere
+//
+// <key> is the client key as the handler builds it before grouping and
+// hashing (an IP address, a header value, ...): everything after /keys/, so
+// it may hold '/'. Percent-encode '%', '?', '#', and a '/' or '.' that would
+// make "//", "/./" or "/../" (the admin server cleans such paths). It is
+// normalised as the handler's keys are, so 2001:db8::1 addresses
+// 2001:db8::/64 with the default ipv6_prefix.
+//
+// A zone name may belong to several handlers (sites, or the old and the new
+// config during a reload). GET answers from the newest; DELETE resets the
+// key in every store those handlers use, drops it from their deny caches,
+// and announces it through Redis so that every other instance drops it from
+// theirs (see resets.go).
+type AdminAPI struct {
+	logger *zap.Logger
+}
+
+// CaddyModule returns the Caddy module information.
+func (AdminAPI) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "admin.api.sliding_ratelimit",
+		New: func() caddy.Module { return new(AdminAPI) },
+	}
+}
+
+// Provision sets up the logger.
+func (a *AdminAPI) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	return nil
+}
+
+// adminKeyPath is the shape of the admin API's paths.
+const adminKeyPath = "/sliding_ratelimit/zones/<zone>/keys/<key>"
+
+// adminMinTimeout is the least time an admin call gives a store: more than a
+// request's decision gets, since nobody waits behind it.
+const adminMinTimeout = time.Second
+
+// Routes returns the route of the /sliding_ratelimit/ endpoint.
+func (a *AdminAPI) Routes() []caddy.AdminRoute {
+	return []caddy.AdminRoute{{
+		Pattern: "/sliding_ratelimit/",
+		Handler: caddy.AdminHandlerFunc(a.serveKey),
+	}}
+}
+
+// keyState is the answer to GET: a client's state in a zone now.
+type keyState struct {
+	Zone string `json:"zone"`
+	// Key is the client key after normalisation, as stored.
+	Key           string  `json:"key"`
+	Limit         int64   `json:"limit"`
+	WindowSeconds float64 `json:"window_seconds"`
+	Algorithm     string  `json:"algorithm"`
+	// Count is the admissions in the window now; for the counter algorithm
+	// its estimate, rounded up.
+	Count     int64 `json:"count"`
+	Remaining int64 `json:"remaining"`
+	// ResetSeconds is the time until a slot frees; 0 with no admission in
+	// the window.
+	ResetSeconds float64 `json:"reset_seconds"`
+	// RetryAfterSeconds is the time until a request would be admitted; 0 if
+	// one would be admitted now.
+	RetryAfterSeconds float64 `json:"retry_after_seconds"`
+}
+
+// resetAnswer is the answer to DELETE.
+type resetAnswer struct {
+	Reset bool   `json:"reset"`
+	Zone  string `json:"zone"`
+	Key   string `json:"key"`
+}
+
+func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
+	zoneName, rawKey, err := parseKeyPath(r.URL.EscapedPath())
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodDelete {
+		w.Header().Set("Allow", "GET, DELETE")
+		return caddy.APIError{
+			HTTPStatus: http.StatusMethodNotAllowed,
+			Err:        fmt.Errorf("method %s not allowed: use GET or DELETE", r.Method),
+		}
+	}
+	regs, zones := handlerRegistry.withZone(zoneName)
+	if len(regs) == 0 {
+		return caddy.APIError{
+			HTTPStatus: http.StatusNotFound,
+			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name", zoneName),
+		}
+	}
+	if r.Method == http.MethodGet {
+		return a.peek(w, r, regs[0], zones[0], rawKey)
+	}
+	return a.reset(w, r, regs, zoneName, rawKey)
+}
+
+// parseKeyPath returns the zone and the client key of an escaped path of the
+// form adminKeyPath. The key is everything after /keys/, so it may hold '/'.
+func parseKeyPath(escaped string) (zone, key string, err error) {
+	rest, ok := strings.CutPrefix(escaped, "/sliding_ratelimit/zones/")
+	rawZone, rawKey, found := strings.Cut(rest, "/keys/")
+	if !ok || !found || rawZone == "" || strings.Contains(rawZone, "/") || rawKey == "" {
+		return "", "", fmt.Errorf("malformed path: want %s", adminKeyPath)
+	}
+	if zone, err = url.PathUnescape(rawZone); err != nil {
+		return "", "", fmt.Errorf("malformed zone in path: %v", err)
+	}
+	if key, err = url.PathUnescape(rawKey); err != nil {
+		return "", "", fmt.Errorf("malformed key in path: %v", err)
+	}
+	return zone, key, nil
+}
+
+// peek answers GET from one handler's store, recording nothing.
+func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, reg *registration, z *Zone, rawKey string) error {
+	h := reg.h
+	key := normalizeKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(h))
+	defer cancel()
+	checks := []limiter.Check{{Zone: z.Name, Key: key, Limit: z.limit}}
+	decisions := make([]limiter.Decision, 1)
+	if err := h.inspector.Peek(ctx, checks, decisions); err != nil {
+		return caddy.APIError{
+			HTTPStatus: http.StatusServiceUnavailable,
+			Err:        fmt.Errorf("zone %s: reading the client's state: %w", z.Name, err),
+		}
+	}
+	d := decisions[0]
+	return writeJSON(w, http.StatusOK, keyState{
+		Zone:              z.Name,
+		Key:               key,
+		Limit:             z.limit.Max,
+		WindowSeconds:     z.limit.Window.Seconds(),
+		Algorithm:         z.limit.Algorithm.String(),
+		Count:             max(z.limit.Max-d.Remaining, 0),
+		Remaining:         d.Remaining,
+		ResetSeconds:      d.Reset.Seconds(),
+		RetryAfterSeconds: d.RetryAfter.Seconds(),
+	})
+}
+
+// reset answers DELETE: it resets the key in every distinct store of the
+// handlers with the zone, forgets it in their deny caches, then announces it
+// to the other instances.
+func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registration, zone, rawKey string) error {
+	type target struct {
+		store any
+		key   string
+	}
+	type announcement struct {
+		bus *resetBus
+		key string
+		h   *Handler
+	}
+	var (
+		done     = make(map[target]bool)
+		announce []announcement
+		errs     []error
+		keys     = make([]string, len(regs))
+	)
+	for i, reg := range regs {
+		h := reg.h
+		keys[i] = normalizeKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+		for _, s := range reg.stores {
+			t := target{s.id, keys[i]}
+			if done[t] {
+				continue
+			}
+			done[t] = true
+			ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(h))
+			err := s.store.Reset(ctx, zone, keys[i])
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
+				continue
+			}
+			if s.redis != nil && reg.resets != nil {
+				announce = append(announce, announcement{reg.resets, s.redis.Key(zone, keys[i]), h})
+			}
+		}
+	}
+	// Directly, not through pub/sub: this instance is exact as soon as the
+	// stores are, even while its subscriber is away. Also after an error:
+	// the store may have reset the key before failing, and forgetting costs
+	// one store call at most.
+	for i, reg := range regs {
+		reg.h.cache.Forget(zone, keys[i])
+	}
+	for _, an := range announce {
+		ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(an.h))
+		echoed, err := an.bus.publish(ctx, an.key)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("zone %s: %w", zone, err))
+			continue
+		}
+		if !echoed {
+			a.log().Warn("reset announced, but this instance's subscriber did not receive it in time: other instances may be disconnected from redis pub/sub too, and keep denying the client from their caches until its retry time",
+				zap.String("zone", zone), zap.Duration("waited", resetEchoTimeout))
+		}
+	}
+	if len(errs) > 0 {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.Join(errs...)}
+	}
+	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(regs)), zap.Int("announced", len(announce)))
+	return writeJSON(w, http.StatusOK, resetAnswer{Reset: true, Zone: zone, Key: keys[0]})
+}
+
+func (a *AdminAPI) log() *zap.Logger {
+	if a.logger == nil {
+		return caddy.Log().Named("admin.api.sliding_ratelimit")
+	}
+	return a.logger
+}
+
+// adminTimeout is the deadline of one store call of the admin API for h.
+func adminTimeout(h *Handler) time.Duration {
+	return max(time.Duration(h.Timeout), adminMinTimeout)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusInternalServerError, Err: err}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	// An error here means the client is gone; there is nobody to tell.
+	_, _ = w.Write(append(body, '\n'))
+	return nil
+}
+
+// Interface guards
+var (
+	_ caddy.AdminRouter = (*AdminAPI)(nil)
+	_ caddy.Provisioner = (*AdminAPI)(nil)
+)

@@ -1,0 +1,132 @@
+package slidingratelimit
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// handlerRegistry holds every provisioned Handler of the process, so that
+// the admin API can find a zone by name. Several handlers may have a zone of
+// the same name: one per site, and the old and the new config during a
+// reload.
+var handlerRegistry registry
+
+// registry is a list of provisioned handlers, safe for concurrent use.
+type registry struct {
+	mu sync.RWMutex
+	// regs is in order of registration, oldest first.
+	regs []*registration
+}
+
+// registration is one provisioned handler and the stores that hold its
+// clients' state.
+type registration struct {
+	h      *Handler
+	stores []storeRef
+	// resets carries resets between instances, and listener applies them
+	// to h; both nil without Redis.
+	resets   *resetBus
+	listener *resetListener
+}
+
+// storeRef is one store of a handler: the primary one (Redis or in-process)
+// and, with fail_mode local, the in-process fallback.
+type storeRef struct {
+	// id identifies the state, so that a reset touches each store once
+	// however many handlers share it: the *limiter.MemoryStore, or a
+	// redisStoreID.
+	id    any
+	store limiter.Inspector
+	// redis is set for a Redis store: it names the keys announced to other
+	// instances.
+	redis *limiter.RedisStore
+}
+
+// redisStoreID identifies the state of a Redis store: handlers with the same
+// pooled client and key prefix read and write the same keys.
+type redisStoreID struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+// register adds the provisioned handler to the registry and, with Redis,
+// subscribes it to resets made on other instances. client is the handler's
+// pooled Redis client, nil without Redis. Cleanup calls unregister.
+func (h *Handler) register(client redis.UniversalClient) {
+	reg := &registration{h: h}
+	if rs, ok := h.inspector.(*limiter.RedisStore); ok && client != nil {
+		reg.stores = append(reg.stores, storeRef{id: redisStoreID{client, h.KeyPrefix}, store: rs, redis: rs})
+		reg.resets = resetBusOf(client)
+		reg.listener = &resetListener{h: h, store: rs, keyStart: h.KeyPrefix + "{"}
+		if reg.resets == nil {
+			// Cannot happen while clients come from loadRedisClient.
+			h.logger.Warn("no reset subscriber for this redis client: resets on other instances reach this one only when their denials expire")
+		}
+	} else if h.inspector != nil {
+		reg.stores = append(reg.stores, storeRef{id: h.inspector, store: h.inspector})
+	}
+	if local, ok := h.local.(limiter.Inspector); ok {
+		reg.stores = append(reg.stores, storeRef{id: local, store: local})
+	}
+	handlerRegistry.add(reg)
+	if reg.resets != nil {
+		reg.resets.listen(reg.listener)
+	}
+}
+
+// unregister undoes register; it is safe to call more than once.
+func (h *Handler) unregister() {
+	if reg := handlerRegistry.remove(h); reg != nil && reg.resets != nil {
+		reg.resets.unlisten(reg.listener)
+	}
+}
+
+func (r *registry) add(reg *registration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.regs = append(r.regs, reg)
+}
+
+// remove drops h from the registry and returns its registration, or nil if
+// it was not registered. It does not unsubscribe h from resets.
+func (r *registry) remove(h *Handler) *registration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := slices.IndexFunc(r.regs, func(reg *registration) bool { return reg.h == h })
+	if i < 0 {
+		return nil
+	}
+	reg := r.regs[i]
+	r.regs = slices.Delete(r.regs, i, i+1)
+	return reg
+}
+
+// withZone returns the registrations of the handlers that have a zone of
+// that name, newest first, with the zone of each.
+func (r *registry) withZone(name string) ([]*registration, []*Zone) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var regs []*registration
+	var zones []*Zone
+	for i := len(r.regs) - 1; i >= 0; i-- {
+		if z := r.regs[i].h.zone(name); z != nil {
+			regs = append(regs, r.regs[i])
+			zones = append(zones, z)
+		}
+	}
+	return regs, zones
+}
+
+// zone returns the handler's zone of that name, or nil.
+func (h *Handler) zone(name string) *Zone {
+	for _, z := range h.zones {
+		if z.Name == name {
+			return z
+		}
+	}
+	return nil
+}

@@ -1,0 +1,296 @@
+package slidingratelimit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// Resets across instances
+//
+// Every instance keeps a deny cache: a key Redis denied is rejected locally
+// until its retry time, without asking Redis. That is exact only while no
+// admission leaves a window early, and an admin reset makes all of them leave
+// at once. So an instance that resets a key in Redis then announces it with
+// PUBLISH on resetChannel, and every instance forgets the key in the deny
+// caches of its handlers that use that Redis key.
+//
+// Each pooled Redis client (stores.go) has one resetBus: one subscriber
+// goroutine for the life of the client, started when the first handler
+// listens, stopped when the client is destroyed. go-redis reconnects and
+// resubscribes by itself after a network error or a failover, but an
+// announcement published while the subscriber was away is lost. Redis
+// confirms every (re)subscription with a "subscribe" reply, which go-redis's
+// ChannelWithSubscriptions hands on; on each one the bus clears its
+// listeners' deny caches entirely, which is exact again at the cost of one
+// Redis call per denied client. That covers the time before the first
+// subscription too.
+//
+// What stays inexact: a subscriber whose connection is dead without either
+// side noticing misses announcements until go-redis's health check (a PING
+// after 3 s without traffic, 5 s to answer) reconnects it; meanwhile that
+// instance may keep denying a reset key from its cache, never longer than
+// the denial's retry time. Pub/sub ignores Redis databases, so an instance on
+// another database with the same key prefix forgets keys it need not, which
+// costs one Redis call each and is never wrong.
+
+// resetChannel is the Redis pub/sub channel on which instances announce
+// resets. A message is "<nonce> <Redis key>": the nonce, which holds no
+// space, lets the announcing instance see its own message come back.
+const resetChannel = "sliding_ratelimit:resets"
+
+// resetEchoTimeout bounds how long an admin reset waits for this instance's
+// subscriber to receive its own announcement.
+const resetEchoTimeout = time.Second
+
+// resetStopTimeout bounds how long destroying a client waits for its
+// subscriber to end; closing it can wait for a reconnection in progress.
+const resetStopTimeout = time.Second
+
+// resetBus is the reset subscriber of one pooled Redis client and the
+// handlers that listen to it. It is safe for concurrent use.
+type resetBus struct {
+	client redis.UniversalClient
+	// ctx is cancelled by stop, to abort a first subscription in progress.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// done is closed when the subscriber goroutine ends.
+	done chan struct{}
+
+	mu        sync.Mutex
+	listeners map[*resetListener]struct{}
+	// echoes holds a channel per announcement this instance is waiting to
+	// see come back, by nonce.
+	echoes        map[string]chan struct{}
+	pubsub        *redis.PubSub
+	started       bool
+	stopped       bool
+	subscriptions int
+}
+
+// newResetBus returns the bus of client; the subscriber starts with the
+// first listener.
+func newResetBus(client redis.UniversalClient) *resetBus {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &resetBus{
+		client:    client,
+		ctx:       ctx,
+		cancel:    cancel,
+		done:      make(chan struct{}),
+		listeners: make(map[*resetListener]struct{}),
+		echoes:    make(map[string]chan struct{}),
+	}
+}
+
+// resetBusOf returns the reset bus of a pooled Redis client, or nil.
+func resetBusOf(client redis.UniversalClient) *resetBus {
+	var bus *resetBus
+	stores.Range(func(_, v any) bool {
+		if c, ok := v.(redisClient); ok && c.UniversalClient == client {
+			bus = c.resets
+			return false
+		}
+		return true
+	})
+	return bus
+}
+
+// listen passes announcements to l from now on, and starts the subscriber if
+// it is not running.
+func (b *resetBus) listen(l *resetListener) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return
+	}
+	b.listeners[l] = struct{}{}
+	if !b.started {
+		b.started = true
+		go b.run()
+	}
+}
+
+// unlisten stops passing announcements to l.
+func (b *resetBus) unlisten(l *resetListener) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.listeners, l)
+}
+
+// stop ends the subscriber. The client is closed after it.
+func (b *resetBus) stop() {
+	b.mu.Lock()
+	b.stopped = true
+	started, ps := b.started, b.pubsub
+	b.mu.Unlock()
+	b.cancel()
+	if !started {
+		return
+	}
+	if ps != nil {
+		// Close waits for a reconnection in progress, up to the dial timeout
+		// when Redis is unreachable; shutdown need not.
+		go func() { _ = ps.Close() }()
+	}
+	select {
+	case <-b.done:
+	case <-time.After(resetStopTimeout):
+	}
+}
+
+// run is the subscriber goroutine.
+func (b *resetBus) run() {
+	defer close(b.done)
+	// Subscribe records the channel even when Redis is down, and go-redis
+	// keeps trying to connect.
+	ps := b.client.Subscribe(b.ctx, resetChannel)
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		_ = ps.Close()
+		return
+	}
+	b.pubsub = ps
+	b.mu.Unlock()
+	for msg := range ps.ChannelWithSubscriptions() {
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				b.subscribed()
+			}
+		case *redis.Message:
+			b.deliver(m.Payload)
+		}
+	}
+}
+
+// subscribed runs on every (re)subscription: announcements made before it
+// may have been missed, so every listener drops its whole deny cache.
+func (b *resetBus) subscribed() {
+	b.mu.Lock()
+	b.subscriptions++
+	again := b.subscriptions > 1
+	listeners := b.snapshot()
+	b.mu.Unlock()
+	for _, l := range listeners {
+		l.forgetAll()
+	}
+	if again {
+		caddy.Log().Named("sliding_ratelimit").Info("subscribed to resets again after a disconnection: deny caches cleared, since resets announced meanwhile were missed",
+			zap.Int("handlers", len(listeners)))
+	}
+}
+
+// deliver passes one announcement to every listener, then wakes the admin
+// reset waiting for it, if it is this instance's own.
+func (b *resetBus) deliver(payload string) {
+	nonce, key, ok := strings.Cut(payload, " ")
+	if !ok {
+		nonce, key = "", payload
+	}
+	b.mu.Lock()
+	listeners := b.snapshot()
+	b.mu.Unlock()
+	for _, l := range listeners {
+		l.forget(key)
+	}
+	if nonce == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if echo, ok := b.echoes[nonce]; ok {
+		close(echo)
+		delete(b.echoes, nonce)
+	}
+}
+
+// snapshot returns the listeners; b.mu must be held.
+func (b *resetBus) snapshot() []*resetListener {
+	out := make([]*resetListener, 0, len(b.listeners))
+	for l := range b.listeners {
+		out = append(out, l)
+	}
+	return out
+}
+
+// publish announces that key (a full Redis key) was reset, and waits until
+// this instance's subscriber has received the announcement, which Redis
+// delivers to every subscriber in the same PUBLISH, or until
+// resetEchoTimeout. echoed reports whether it came back in time.
+func (b *resetBus) publish(ctx context.Context, key string) (echoed bool, err error) {
+	nonce := strconv.FormatUint(rand.Uint64(), 36)
+	echo := make(chan struct{})
+	b.mu.Lock()
+	b.echoes[nonce] = echo
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.echoes, nonce)
+		b.mu.Unlock()
+	}()
+	if err := b.client.Publish(ctx, resetChannel, nonce+" "+key).Err(); err != nil {
+		return false, fmt.Errorf("announcing the reset to other instances: %w", err)
+	}
+	timer := time.NewTimer(resetEchoTimeout)
+	defer timer.Stop()
+	select {
+	case <-echo:
+		return true, nil
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	return false, nil
+}
+
+// resetListener applies announced resets to one handler.
+type resetListener struct {
+	h     *Handler
+	store *limiter.RedisStore
+	// keyStart is how the handler's Redis keys start: the key prefix and '{'.
+	keyStart string
+}
+
+// forget drops key from the handler's deny cache (and its in-process
+// fallback store) if key is one of the handler's Redis keys.
+func (l *resetListener) forget(key string) {
+	rest, ok := strings.CutPrefix(key, l.keyStart)
+	if !ok {
+		// Another key prefix: another handler's keys. Prefixes hold no
+		// '{', so no prefix is a proper prefix of another's key start.
+		return
+	}
+	// Client keys never hold '}' (limiter.BoundKey hashes such keys), so
+	// the first "}:" ends the client key.
+	client, zone, ok := strings.Cut(rest, "}:")
+	if ok && l.h.zone(zone) == nil {
+		return
+	}
+	if !ok || l.store.Key(zone, client) != key {
+		// A key of this prefix in a layout this version does not know,
+		// from another version during an upgrade: forgetting everything is
+		// exact, forgetting nothing may not be.
+		l.h.cache.Clear()
+		return
+	}
+	l.h.cache.Forget(zone, client)
+	if local, ok := l.h.local.(limiter.Inspector); ok {
+		// The in-process store never fails.
+		_ = local.Reset(context.Background(), zone, client)
+	}
+}
+
+// forgetAll drops the handler's whole deny cache.
+func (l *resetListener) forgetAll() {
+	l.h.cache.Clear()
+}
