@@ -54,9 +54,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		decisions = make([]limiter.Decision, len(checks))
 	}
 
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(h.Timeout))
-	cached, err := h.cache.AllowCached(ctx, checks, decisions)
-	cancel()
+	cached, err := h.decide(r.Context(), checks, decisions)
 	local := false
 	if err != nil {
 		h.failures.record(h.FailMode, err)
@@ -107,7 +105,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r)
 	}
 	w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
+	if !hasErrorRoutes(r) {
+		// Nothing would see the error: answer as Caddy's error path would,
+		// without its cost (an error ID and a stack trace per call), which a
+		// flood pays on every request.
+		w.WriteHeader(http.StatusTooManyRequests)
+		return nil
+	}
 	return caddyhttp.Error(http.StatusTooManyRequests, errRateLimited)
+}
+
+// decide asks the deny cache, and behind it the store, within the timeout.
+// The in-process store answers at once and needs no deadline.
+func (h *Handler) decide(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (cached bool, err error) {
+	if h.breaker == nil {
+		return h.cache.AllowCached(ctx, checks, decisions)
+	}
+	if h.cache.Cached(checks, decisions) {
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
+	defer cancel()
+	return h.cache.AllowCached(ctx, checks, decisions)
+}
+
+// hasErrorRoutes reports whether the server has handle_errors routes, which
+// must see a denial as an error to shape its response.
+func hasErrorRoutes(r *http.Request) bool {
+	srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	return !ok || srv == nil || srv.Errors != nil && len(srv.Errors.Routes) > 0
 }
 
 // denied logs the start of a client's block and emits the exceeded event.
@@ -119,10 +145,12 @@ func (h *Handler) denied(z *Zone, key string, d limiter.Decision) {
 		}
 		ce.Write(fields...)
 	}
-	h.events.Emit(h.ctx, exceededEvent, map[string]any{
-		"zone":        z.Name,
-		"retry_after": d.RetryAfter.Seconds(),
-	})
+	if h.events != nil {
+		h.events.Emit(h.ctx, exceededEvent, map[string]any{
+			"zone":        z.Name,
+			"retry_after": d.RetryAfter.Seconds(),
+		})
+	}
 }
 
 // count adds one decision with result to every zone that took part.

@@ -44,13 +44,45 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter
 }
 
 // setPlaceholders exposes a decision as {http.sliding_ratelimit.*}, for
-// handle_errors and logs.
+// handle_errors and logs. The values are formatted only if a placeholder is
+// used; a later decision on the same request (a second handler) replaces
+// the earlier one.
 func setPlaceholders(repl *caddy.Replacer, z *Zone, d limiter.Decision) {
-	repl.Set("http.sliding_ratelimit.zone", z.Name)
-	repl.Set("http.sliding_ratelimit.limit", z.maxText)
-	repl.Set("http.sliding_ratelimit.remaining", d.Remaining)
-	repl.Set("http.sliding_ratelimit.retry_after", ceilSeconds(d.RetryAfter))
-	repl.Set("http.sliding_ratelimit.reset", ceilSeconds(d.Reset))
+	if p, ok := repl.Get(placeholdersKey); ok {
+		*p.(*decisionPlaceholders) = decisionPlaceholders{z, d}
+		return
+	}
+	p := &decisionPlaceholders{z, d}
+	repl.Set(placeholdersKey, p)
+	repl.Map(p.replace)
+}
+
+// placeholdersKey holds a request's decisionPlaceholders in its replacer.
+const placeholdersKey = "http.sliding_ratelimit._decision"
+
+type decisionPlaceholders struct {
+	zone     *Zone
+	decision limiter.Decision
+}
+
+func (p *decisionPlaceholders) replace(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, "http.sliding_ratelimit.")
+	if !ok {
+		return nil, false
+	}
+	switch name {
+	case "zone":
+		return p.zone.Name, true
+	case "limit":
+		return p.zone.maxText, true
+	case "remaining":
+		return p.decision.Remaining, true
+	case "retry_after":
+		return ceilSeconds(p.decision.RetryAfter), true
+	case "reset":
+		return ceilSeconds(p.decision.Reset), true
+	}
+	return nil, false
 }
 
 // ceilSeconds rounds d up to whole seconds: a client that waits the rounded

@@ -1,0 +1,577 @@
+package slidingratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+)
+
+// adminURL is the caddytest Caddy's admin endpoint (globalOptions).
+const adminURL = "http://localhost:2999"
+
+// adminDo sends a request to the admin API of the caddytest Caddy. path is
+// sent as it is, escapes included.
+func adminDo(t *testing.T, method, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, adminURL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, body
+}
+
+// adminState GETs a client's state and fails the test unless it is a 200.
+func adminState(t *testing.T, zone, escapedKey string) keyState {
+	t.Helper()
+	status, body := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/"+zone+"/keys/"+escapedKey)
+	if status != http.StatusOK {
+		t.Fatalf("GET %s/%s: status %d %s", zone, escapedKey, status, body)
+	}
+	var s keyState
+	if err := json.Unmarshal(body, &s); err != nil {
+		t.Fatalf("GET %s/%s: %v in %s", zone, escapedKey, err, body)
+	}
+	return s
+}
+
+// adminReset DELETEs a client and fails the test unless it is a 200.
+func adminReset(t *testing.T, zone, escapedKey string) resetAnswer {
+	t.Helper()
+	status, body := adminDo(t, http.MethodDelete, "/sliding_ratelimit/zones/"+zone+"/keys/"+escapedKey)
+	if status != http.StatusOK {
+		t.Fatalf("DELETE %s/%s: status %d %s", zone, escapedKey, status, body)
+	}
+	var a resetAnswer
+	if err := json.Unmarshal(body, &a); err != nil {
+		t.Fatalf("DELETE %s/%s: %v in %s", zone, escapedKey, err, body)
+	}
+	return a
+}
+
+// serveAdmin calls the admin handler directly, as Caddy's admin server
+// would, and returns the status and body it would send.
+func serveAdmin(method, target string) (int, string) {
+	r := &http.Request{Method: method, URL: &url.URL{Path: target}, Header: http.Header{}}
+	if u, err := url.Parse(target); err == nil {
+		r.URL = u
+	}
+	w := httptest.NewRecorder()
+	err := new(AdminAPI).serveKey(w, r)
+	if err != nil {
+		var apiErr caddy.APIError
+		if !errors.As(err, &apiErr) {
+			return http.StatusInternalServerError, err.Error()
+		}
+		return apiErr.HTTPStatus, apiErr.Error()
+	}
+	return w.Code, w.Body.String()
+}
+
+// waitSubscribed waits until the reset subscriber of a registration has
+// subscribed once: its first subscription clears the deny caches.
+func waitSubscribed(t *testing.T, reg *registration) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		reg.resets.mu.Lock()
+		n := reg.resets.subscriptions
+		reg.resets.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("reset subscriber not subscribed after 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// registered returns the newest registration with the zone.
+func registered(t *testing.T, zone string) *registration {
+	t.Helper()
+	regs, _ := handlerRegistry.withZone(zone)
+	if len(regs) == 0 {
+		t.Fatalf("no handler registered with zone %s", zone)
+	}
+	return regs[0]
+}
+
+func TestAdminGetCountsWithoutConsuming(t *testing.T) {
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+		key {http.request.header.X-Client}
+		zone adm_get 1m 5
+		zone adm_get_ctr 1m 10 {
+			algorithm counter
+		}
+	}
+	respond "ok"
+}`)
+	s := adminState(t, "adm_get", "alice")
+	if want := (keyState{Zone: "adm_get", Key: "alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Remaining: 5}); s != want {
+		t.Errorf("fresh key: %+v, want %+v", s, want)
+	}
+
+	for i := 1; i <= 3; i++ {
+		if res, _ := get(t, tester, "http://localhost:9080/", "alice"); res.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, res.StatusCode)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		s = adminState(t, "adm_get", "alice")
+		if s.Count != 3 || s.Remaining != 2 || s.RetryAfterSeconds != 0 {
+			t.Errorf("GET %d after 3 requests: count %d remaining %d retry %g, want 3, 2, 0", i+1, s.Count, s.Remaining, s.RetryAfterSeconds)
+		}
+		if s.ResetSeconds <= 0 || s.ResetSeconds > 60 {
+			t.Errorf("GET %d after 3 requests: reset_seconds %g, want in (0, 60]", i+1, s.ResetSeconds)
+		}
+	}
+	c := adminState(t, "adm_get_ctr", "alice")
+	if c.Algorithm != "counter" || c.Count != 3 || c.Remaining != 7 || c.Limit != 10 {
+		t.Errorf("counter zone after 3 requests: %+v, want algorithm counter, count 3, remaining 7, limit 10", c)
+	}
+
+	// The GETs consumed nothing: exactly two more are admitted.
+	for i, want := range []int{200, 200, 429, 429} {
+		if res, _ := get(t, tester, "http://localhost:9080/", "alice"); res.StatusCode != want {
+			t.Fatalf("request %d after the GETs: status %d, want %d", i+4, res.StatusCode, want)
+		}
+	}
+	s = adminState(t, "adm_get", "alice")
+	if s.Count != 5 || s.Remaining != 0 || s.RetryAfterSeconds <= 0 || s.RetryAfterSeconds > 60 || s.ResetSeconds != s.RetryAfterSeconds {
+		t.Errorf("blocked key: %+v, want count 5, remaining 0, retry_after = reset_seconds in (0, 60]", s)
+	}
+}
+
+func TestAdminDeleteUnblocksAtOnce(t *testing.T) {
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+		key {http.request.header.X-Client}
+		zone adm_del 1m 2
+	}
+	respond "ok"
+}`)
+	reg := registered(t, "adm_del")
+	waitSubscribed(t, reg)
+	for i, want := range []int{200, 200, 429, 429} {
+		if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
+		}
+	}
+	if reg.h.cache.Stats().Hits == 0 {
+		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
+	}
+	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "bob"}) {
+		t.Errorf("DELETE answered %+v", got)
+	}
+	if s := adminState(t, "adm_del", "bob"); s.Count != 0 || s.Remaining != 2 {
+		t.Errorf("after DELETE: count %d remaining %d, want 0 and 2", s.Count, s.Remaining)
+	}
+	if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != http.StatusOK {
+		t.Fatalf("right after DELETE: status %d, want 200", res.StatusCode)
+	}
+	// A key never seen resets fine too.
+	adminReset(t, "adm_del", "nobody")
+}
+
+// TestAdminResetReachesOtherInstance: instance B shares Redis with the
+// caddytest Caddy (A) through its own Redis client and is not in the
+// process registry, so only Redis pub/sub can clear its deny cache.
+func TestAdminResetReachesOtherInstance(t *testing.T) {
+	prefix := uniquePrefix(t)
+	startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+		zone adm_far 1m 3
+	}
+	respond "ok"
+}`)
+	b := newInstance(t, `{
+		"zones": [{"name": "adm_far", "window": "1m", "max_requests": 3}],
+		"redis": "`+sharedRedis.URL()+`?client_name=adm_far_b",
+		"key_prefix": "`+prefix+`"}`)
+	regB := handlerRegistry.remove(b.Handler)
+	if regB == nil {
+		t.Fatal("instance B was not registered")
+	}
+	// Back in before B's Cleanup (cleanups run last-in first-out), which
+	// unsubscribes it through its registration.
+	t.Cleanup(func() { handlerRegistry.add(regB) })
+	if regB.resets == registered(t, "adm_far").resets {
+		t.Fatal("A and B share a Redis client; the test needs two")
+	}
+	waitSubscribed(t, regB)
+	waitSubscribed(t, registered(t, "adm_far"))
+
+	const ip = "203.0.113.9"
+	for i, want := range []int{200, 200, 200, 429} {
+		if status, _ := b.serve(ip, nil); status != want {
+			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
+		}
+	}
+	hits := b.cache.Stats().Hits
+	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || b.cache.Stats().Hits != hits+1 {
+		t.Fatalf("B, request 5: status %d, cache hits %d -> %d; want a 429 from the deny cache", status, hits, b.cache.Stats().Hits)
+	}
+	if s := adminState(t, "adm_far", ip); s.Count != 3 {
+		t.Errorf("A sees count %d of B's admissions, want 3", s.Count)
+	}
+
+	start := time.Now()
+	adminReset(t, "adm_far", ip)
+	deleted := time.Now()
+	var admitted time.Time
+	polls := 0
+	for time.Since(deleted) < 100*time.Millisecond {
+		polls++
+		if status, _ := b.serve(ip, nil); status == http.StatusOK {
+			admitted = time.Now()
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if admitted.IsZero() {
+		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", b.cache.Stats().Entries)
+	}
+	t.Logf("DELETE took %s; B admitted the key %s after it returned (request %d), %s after it was sent",
+		deleted.Sub(start), admitted.Sub(deleted), polls, admitted.Sub(start))
+}
+
+// TestAdminResubscribeClearsDenyCache: announcements made while a
+// subscriber is disconnected are lost, so a resubscription must drop the
+// deny cache.
+func TestAdminResubscribeClearsDenyCache(t *testing.T) {
+	name := "adm_resub_" + strings.TrimSuffix(uniquePrefix(t), ":")
+	b := newInstance(t, `{
+		"zones": [{"name": "adm_resub", "window": "1m", "max_requests": 1}],
+		"redis": "`+sharedRedis.URL()+`?client_name=`+name+`",
+		"key_prefix": "`+uniquePrefix(t)+`"}`)
+	reg := registered(t, "adm_resub")
+	waitSubscribed(t, reg)
+	b.serve("192.0.2.1", nil)
+	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || b.cache.Stats().Entries != 1 {
+		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, b.cache.Stats().Entries)
+	}
+
+	// Kill B's subscriber connection, as a network error would.
+	rdb := sharedRedis.Client(t)
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := 0
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " name="+name+" ") && strings.Contains(line, " sub=1 ") {
+			id := strings.Fields(line)[0] // id=N
+			if err := rdb.Do(context.Background(), "CLIENT", "KILL", "ID", strings.TrimPrefix(id, "id=")).Err(); err != nil {
+				t.Fatal(err)
+			}
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("found %d subscriber connections named %s, want 1:\n%s", killed, name, list)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.cache.Stats().Entries != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("deny cache still holds the denial 5s after the subscriber lost its connection")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	reg.resets.mu.Lock()
+	n := reg.resets.subscriptions
+	reg.resets.mu.Unlock()
+	if n < 2 {
+		t.Errorf("%d subscriptions, want a resubscription", n)
+	}
+}
+
+func TestAdminInProcessStore(t *testing.T) {
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone adm_mem 1m 2
+	}
+	respond "ok"
+}`)
+	client := "mem-" + strings.TrimSuffix(uniquePrefix(t), ":")
+	for i, want := range []int{200, 200, 429, 429} {
+		if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
+		}
+	}
+	if s := adminState(t, "adm_mem", client); s.Count != 2 || s.Remaining != 0 || s.RetryAfterSeconds <= 0 {
+		t.Errorf("blocked: %+v, want count 2, remaining 0, a retry time", s)
+	}
+	adminReset(t, "adm_mem", client)
+	// No pub/sub here: the deny cache was cleared directly.
+	if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != http.StatusOK {
+		t.Fatalf("after DELETE: status %d, want 200", res.StatusCode)
+	}
+	if s := adminState(t, "adm_mem", client); s.Count != 1 {
+		t.Errorf("after DELETE and one request: count %d, want 1", s.Count)
+	}
+}
+
+func TestAdminKeysRoundTrip(t *testing.T) {
+	tester := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+		key {http.request.header.X-Client}
+		ipv4_prefix 24
+		zone adm_keys 1m 5
+	}
+	respond "ok"
+}`)
+	long := strings.Repeat("k", 100)
+	for _, c := range []struct {
+		name, client string
+		paths        []string // escaped as sent
+		stored       string
+	}{
+		{"ipv6 grouped by /64", "2001:db8:1:2::7",
+			[]string{"2001:db8:1:2::/64", "2001:db8:1:2::99", "2001%3Adb8%3A1%3A2%3A%3A%2F64", "2001:db8:1:2::%2F64"}, "2001:db8:1:2::/64"},
+		{"ipv4 grouped by /24", "198.51.100.7",
+			[]string{"198.51.100.200", "198.51.100.0/24", "198.51.100.0%2F24"}, "198.51.100.0/24"},
+		{"slashes", "team/a/b", []string{"team/a/b", "team%2Fa%2Fb"}, "team/a/b"},
+		{"double slash", "a//b", []string{"a%2F%2Fb"}, "a//b"},
+		{"keys in key", "x/keys/y", []string{"x/keys/y"}, "x/keys/y"},
+		{"space and percent", "a b%c", []string{"a%20b%25c"}, "a b%c"},
+		{"unicode", "ключ", []string{url.PathEscape("ключ")}, "ключ"},
+		{"long key hashed", long, []string{long}, normalizeKey(long, 24, 64)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if res, _ := get(t, tester, "http://localhost:9080/", c.client); res.StatusCode != http.StatusOK {
+				t.Fatalf("request: status %d", res.StatusCode)
+			}
+			for _, p := range c.paths {
+				s := adminState(t, "adm_keys", p)
+				if s.Count != 1 || s.Key != c.stored {
+					t.Errorf("GET %s: count %d key %q, want 1 and %q", p, s.Count, s.Key, c.stored)
+				}
+			}
+			if got := adminReset(t, "adm_keys", c.paths[0]); got.Key != c.stored {
+				t.Errorf("DELETE %s: key %q, want %q", c.paths[0], got.Key, c.stored)
+			}
+			if s := adminState(t, "adm_keys", c.paths[len(c.paths)-1]); s.Count != 0 {
+				t.Errorf("after DELETE: count %d, want 0", s.Count)
+			}
+		})
+	}
+}
+
+func TestAdminErrors(t *testing.T) {
+	deadPort, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit {
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+		zone adm_err 1m 5
+	}
+	respond "ok"
+}
+http://localhost:9081 {
+	sliding_ratelimit {
+		redis redis://127.0.0.1:`+strconv.Itoa(deadPort)+`
+		zone adm_down 1m 5
+	}
+	respond "ok"
+}`)
+	for _, c := range []struct {
+		method, path string
+		status       int
+		message      string
+	}{
+		{"GET", "/sliding_ratelimit/zones/adm_nope/keys/a", 404, `unknown zone "adm_nope"`},
+		{"DELETE", "/sliding_ratelimit/zones/adm_nope/keys/a", 404, `unknown zone "adm_nope"`},
+		{"GET", "/sliding_ratelimit/", 400, "malformed path"},
+		{"GET", "/sliding_ratelimit/zones", 400, "malformed path"},
+		{"GET", "/sliding_ratelimit/zones/adm_err", 400, "malformed path"},
+		{"GET", "/sliding_ratelimit/zones/adm_err/keys", 400, "malformed path"},
+		{"GET", "/sliding_ratelimit/zones/adm_err/keys/", 400, "malformed path"},
+		{"GET", "/sliding_ratelimit/zones/adm_err/key/a", 400, "malformed path"},
+		{"GET", "/sliding_ratelimit/zones/adm%2Ferr/x/keys/a", 400, "malformed path"},
+		{"POST", "/sliding_ratelimit/zones/adm_err/keys/a", 405, "use GET or DELETE"},
+		{"PUT", "/sliding_ratelimit/zones/adm_err/keys/a", 405, "use GET or DELETE"},
+		{"GET", "/sliding_ratelimit/zones/adm_down/keys/a", 503, "zone adm_down: reading"},
+		{"DELETE", "/sliding_ratelimit/zones/adm_down/keys/a", 503, "zone adm_down: resetting"},
+	} {
+		status, body := adminDo(t, c.method, c.path)
+		var answer struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(body, &answer)
+		if status != c.status || !strings.Contains(answer.Error, c.message) {
+			t.Errorf("%s %s: %d %s, want %d with %q", c.method, c.path, status, body, c.status, c.message)
+		}
+	}
+}
+
+func TestAdminParseKeyPath(t *testing.T) {
+	for _, c := range []struct {
+		path, zone, key, err string
+	}{
+		{"/sliding_ratelimit/zones/z/keys/k", "z", "k", ""},
+		{"/sliding_ratelimit/zones/z/keys/2001:db8::/64", "z", "2001:db8::/64", ""},
+		{"/sliding_ratelimit/zones/z/keys/a%2F%2Fb", "z", "a//b", ""},
+		{"/sliding_ratelimit/zones/keys/keys/keys/", "keys", "keys/", ""},
+		{"/sliding_ratelimit/zones/z%2E/keys/%2E%2E", "z.", "..", ""},
+		{"/sliding_ratelimit/zones/z/keys/%zz", "", "", "malformed key"},
+		{"/sliding_ratelimit/zones/%zz/keys/k", "", "", "malformed zone"},
+		{"/sliding_ratelimit/zones/z/keys/", "", "", "malformed path"},
+		{"/sliding_ratelimit/zones//keys/k", "", "", "malformed path"},
+		{"/sliding_ratelimit/zones/a/b/keys/k", "", "", "malformed path"},
+		{"/sliding_ratelimit/zone/z/keys/k", "", "", "malformed path"},
+		{"/sliding_ratelimit/zones/z/keys", "", "", "malformed path"},
+	} {
+		zone, key, err := parseKeyPath(c.path)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: error %v, want one with %q", c.path, err, c.err)
+			}
+			continue
+		}
+		if err != nil || zone != c.zone || key != c.key {
+			t.Errorf("%s: %q %q %v, want %q %q", c.path, zone, key, err, c.zone, c.key)
+		}
+	}
+}
+
+// TestAdminResetAcrossInstancesOnCluster: the subscriber and PUBLISH work
+// through cluster clients (Redis Cluster forwards PUBLISH to every node, so
+// it does not matter which node each client subscribed on).
+func TestAdminResetAcrossInstancesOnCluster(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	testResetAcrossInstances(t, "cluster", cluster.URL()+"&")
+}
+
+// TestAdminResetAcrossInstancesOnSentinel: the same through a failover
+// client.
+func TestAdminResetAcrossInstancesOnSentinel(t *testing.T) {
+	sentinel := redistest.StartSentinel(t)
+	testResetAcrossInstances(t, "sentinel", sentinel.URL()+"&")
+}
+
+// testResetAcrossInstances provisions instances A (registered) and B (not)
+// on the topology and resets through A's admin handler.
+func testResetAcrossInstances(t *testing.T, topology, urlWithQuery string) {
+	prefix := uniquePrefix(t)
+	config := func(name string) string {
+		return `{
+			"zones": [{"name": "adm_topo", "window": "1m", "max_requests": 2}],
+			"redis_topology": "` + topology + `",
+			"redis": "` + urlWithQuery + `client_name=` + name + `",
+			"key_prefix": "` + prefix + `", "timeout": "1s"}`
+	}
+	a := newInstance(t, config("adm_topo_a"))
+	b := newInstance(t, config("adm_topo_b"))
+	regB := handlerRegistry.remove(b.Handler)
+	t.Cleanup(func() { handlerRegistry.add(regB) })
+	waitSubscribed(t, regB)
+	waitSubscribed(t, registered(t, "adm_topo"))
+
+	const ip = "192.0.2.44"
+	for i, want := range []int{200, 200, 429, 429} {
+		if status, _ := b.serve(ip, nil); status != want {
+			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
+		}
+	}
+	if status, _ := a.serve(ip, nil); status != http.StatusTooManyRequests {
+		t.Fatalf("A: status %d, want 429 (shared limit)", status)
+	}
+	if status, body := serveAdmin(http.MethodDelete, "/sliding_ratelimit/zones/adm_topo/keys/"+ip); status != http.StatusOK {
+		t.Fatalf("DELETE: %d %s", status, body)
+	}
+	deleted := time.Now()
+	for {
+		if status, _ := b.serve(ip, nil); status == http.StatusOK {
+			t.Logf("%s: B admitted the key %s after the DELETE returned", topology, time.Since(deleted))
+			break
+		}
+		if time.Since(deleted) > 500*time.Millisecond {
+			t.Fatalf("%s: B still denies the key 500ms after the DELETE", topology)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestAdminBadPathsNeverPanic feeds the admin handler hostile paths, with a
+// handler (in-process store) registered so that they reach the store.
+func TestAdminBadPathsNeverPanic(t *testing.T) {
+	newInstance(t, `{"zones": [{"name": "adm_fuzz", "window": "1m", "max_requests": 3}], "ipv4_prefix": 8, "ipv6_prefix": 1}`)
+	for _, target := range adminPathSeeds {
+		for _, method := range []string{"GET", "DELETE", "PATCH", ""} {
+			status, _ := serveAdmin(method, target)
+			if status != 200 && status != 400 && status != 404 && status != 405 {
+				t.Errorf("%s %q: status %d", method, target, status)
+			}
+		}
+	}
+}
+
+var adminPathSeeds = []string{
+	"", "/", "/sliding_ratelimit", "/sliding_ratelimit/", "/sliding_ratelimit/zones/",
+	"/sliding_ratelimit/zones//keys/", "/sliding_ratelimit/zones/adm_fuzz/keys/",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/%", "/sliding_ratelimit/zones/adm_fuzz/keys/%%",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/%00", "/sliding_ratelimit/zones/adm_fuzz/keys/%7B%7D",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/{}", "/sliding_ratelimit/zones/adm_fuzz/keys/#x",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/::", "/sliding_ratelimit/zones/adm_fuzz/keys/::ffff:1.2.3.4",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/fe80::1%25eth0", "/sliding_ratelimit/zones/adm_fuzz/keys/1.2.3.4/99",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/" + strings.Repeat("%41", 5000),
+	"/sliding_ratelimit/zones/" + strings.Repeat("z", 5000) + "/keys/a",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/../../..", "/sliding_ratelimit/zones/adm_fuzz/keys/a?b=c#d",
+	"/sliding_ratelimit/zones/adm_fuzz/keys/\x00\xff\r\n",
+}
+
+func FuzzAdminKeyPath(f *testing.F) {
+	for _, s := range adminPathSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, target string) {
+		zone, key, err := parseKeyPath(target)
+		if err == nil && (zone == "" || key == "") {
+			t.Errorf("%q: parsed to zone %q key %q without an error", target, zone, key)
+		}
+		if err == nil {
+			normalizeKey(key, 24, 64)
+		}
+		serveAdmin(http.MethodGet, target)
+	})
+}

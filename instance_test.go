@@ -1,0 +1,68 @@
+package slidingratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// instance is a Handler provisioned on its own, outside the caddytest Caddy:
+// several of them in one test stand for several Caddy instances. Each gets
+// its own Redis client when its URL differs (add a query such as
+// ?client_name=b to the same server's URL).
+type instance struct {
+	*Handler
+}
+
+// newInstance provisions a handler from its JSON config.
+func newInstance(t *testing.T, config string) *instance {
+	t.Helper()
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(config), h); err != nil {
+		t.Fatalf("config %s: %v", config, err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatalf("validate: %v", err)
+	}
+	t.Cleanup(func() { h.Cleanup() })
+	return &instance{h}
+}
+
+// okHandler is the next handler: it answers 200.
+var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	w.WriteHeader(http.StatusOK)
+	return nil
+})
+
+// serve runs one request from clientIP through the handler and returns the
+// status Caddy would send (the handler's error status for a 429 or 503).
+func (in *instance) serve(clientIP string, header http.Header) (int, http.Header) {
+	r := httptest.NewRequest(http.MethodGet, "http://example.test/", nil)
+	for k, v := range header {
+		r.Header[k] = v
+	}
+	r.RemoteAddr = net.JoinHostPort(clientIP, "40000")
+	w := httptest.NewRecorder()
+	// As Caddy's server does: the replacer with the http.* placeholders,
+	// and the client IP.
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, nil)
+	err := in.ServeHTTP(w, r, okHandler)
+	if err != nil {
+		if herr, ok := err.(caddyhttp.HandlerError); ok {
+			return herr.StatusCode, w.Header()
+		}
+		return http.StatusInternalServerError, w.Header()
+	}
+	return w.Code, w.Header()
+}
