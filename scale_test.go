@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
@@ -234,6 +236,9 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 			if got := in.breaker.State().String(); got != "open" {
 				t.Errorf("breaker %s while Redis is frozen, want open", got)
 			}
+			if got := testutil.ToFloat64(limiterMetrics.circuitState); got != 1 {
+				t.Errorf("circuit_state metric %v while open, want 1", got)
+			}
 			// Open: no Redis call, so an answer takes far less than the timeout.
 			start := time.Now()
 			in.serve("192.0.2.1", http.Header{"X-Client": {"probe-free"}})
@@ -247,11 +252,15 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 			thawed := time.Now()
 			for {
 				status, h := in.serve("192.0.2.1", http.Header{"X-Client": {"after-thaw"}})
-				// A decision by Redis carries the RateLimit header; fail open
-				// does not. (Calls that timed out while Redis was frozen may
-				// still run when it resumes, so the count need not be fresh.)
-				if h.Get("RateLimit") != "" {
+				// Redis decides again once the breaker has closed; such a
+				// decision carries the RateLimit header (fail open does not).
+				// Calls that timed out while Redis was frozen may still run
+				// when it resumes, so the count need not be fresh.
+				if in.breaker.State().String() == "closed" && h.Get("RateLimit") != "" {
 					t.Logf("decisions by Redis %s after SIGCONT: %d %s", time.Since(thawed).Round(time.Millisecond), status, h.Get("RateLimit"))
+					if got := testutil.ToFloat64(limiterMetrics.circuitState); got != 0 {
+						t.Errorf("circuit_state metric %v after recovery, want 0", got)
+					}
 					break
 				}
 				if time.Since(thawed) > 2*time.Second {
