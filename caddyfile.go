@@ -47,6 +47,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		redis        [cluster|sentinel] <url>
 //		key_prefix   <string>
 //		timeout      <duration>
+//		autopipeline on|off
 //		headers      draft|legacy|off
 //		log_keys
 //	}
@@ -56,7 +57,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // a block: zone burst 1s 10. key and algorithm at the top are
 // the defaults of every zone. Defaults: key {client_ip}, algorithm log, mode
 // enforce, ipv4_prefix 32, ipv6_prefix 64, fail_mode open, no redis
-// (in-process store), key_prefix srl:, timeout 100ms, headers draft.
+// (in-process store), key_prefix srl:, timeout 100ms, autopipeline off,
+// headers draft.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -158,6 +160,13 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		h.KeyPrefix = arg
 	case "timeout":
 		return positiveDuration(d, name, &h.Timeout)
+	case "autopipeline":
+		var onOff string
+		if err := oneOf(d, name, &onOff, "on", "off"); err != nil {
+			return err
+		}
+		on := onOff == "on"
+		h.AutoPipeline = &on
 	default:
 		return d.Errf("unrecognized subdirective '%s'", name)
 	}

@@ -25,6 +25,8 @@ func benchmarkServeHTTP(b *testing.B, config string, clients int) {
 	// A server without handle_errors routes, as in the bench Caddyfile.
 	srv := new(caddyhttp.Server)
 	b.ReportAllocs()
+	// 50 concurrent requests, as the load tests use.
+	b.SetParallelism(25)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		w := httptest.NewRecorder()
@@ -63,6 +65,9 @@ func BenchmarkServeHTTPMemory(b *testing.B) {
 func BenchmarkServeHTTPRedis(b *testing.B) {
 	b.Run("many-clients", func(b *testing.B) {
 		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 1000000000, "redis": "`+sharedRedis.URL()+`", "key_prefix": "bench:", "timeout": "1s"}`, 10000)
+	})
+	b.Run("many-clients-autopipeline", func(b *testing.B) {
+		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 1000000000, "redis": "`+sharedRedis.URL()+`?client_name=ap", "autopipeline": true, "key_prefix": "bench:", "timeout": "1s"}`, 10000)
 	})
 	b.Run("one-bot", func(b *testing.B) {
 		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 10, "redis": "`+sharedRedis.URL()+`", "key_prefix": "bench:", "timeout": "1s"}`, 1)

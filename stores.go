@@ -137,3 +137,16 @@ func checkRedisURL(topology, rawURL string) error {
 	}
 	return err
 }
+
+// autoPipeliner returns go-redis's shared AutoPipeliner of client, which
+// batches the commands of concurrent callers into pipelines. It lives as
+// long as the client.
+func autoPipeliner(client redis.UniversalClient) (*redis.AutoPipeliner, error) {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.AutoPipeline()
+	case *redis.ClusterClient:
+		return c.AutoPipeline()
+	}
+	return nil, fmt.Errorf("no autopipeline for a %T", client)
+}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
@@ -26,6 +28,18 @@ func TestConformance(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		runConformance(t, func(t *testing.T) Store { return NewRedisStore(testClient, testPrefix(t)) })
+	})
+	// The same through go-redis's AutoPipeliner, which batches concurrent
+	// calls: it must decide exactly as the plain client does.
+	t.Run("redis-autopipeline", func(t *testing.T) {
+		t.Parallel()
+		client := redis.NewClient(&redis.Options{Addr: testRedis.Addr(), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { client.Close() })
+		ap, err := client.AutoPipeline()
+		if err != nil {
+			t.Fatal(err)
+		}
+		runConformance(t, func(t *testing.T) Store { return NewRedisStore(client, testPrefix(t)).Through(ap) })
 	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()

@@ -32,6 +32,10 @@ type RedisStore struct {
 	client  redis.Scripter
 	prefix  string
 	cluster bool
+	// guarded calls return at the context's deadline even if the client
+	// would wait longer: go-redis's AutoPipeliner does not stop waiting for
+	// a reply that a frozen Redis never sends.
+	guarded bool
 }
 
 // NewRedisStore returns a store on client (a *redis.Client, *ClusterClient,
@@ -39,6 +43,19 @@ type RedisStore struct {
 func NewRedisStore(client redis.Scripter, prefix string) *RedisStore {
 	_, cluster := client.(*redis.ClusterClient)
 	return &RedisStore{client: client, prefix: prefix, cluster: cluster}
+}
+
+// Through returns a copy of the store that sends its commands through
+// scripter, such as go-redis's AutoPipeliner on the same client, which
+// batches concurrent calls into pipelines. The topology stays the client's.
+//
+// Calls through it still end at the context's deadline: the command goes on
+// in the background, and its answer, when it comes, is dropped.
+func (s *RedisStore) Through(scripter redis.Scripter) *RedisStore {
+	c := *s
+	c.client = scripter
+	c.guarded = true
+	return &c
 }
 
 // Key returns the Redis key of a client in a zone: prefix{client}:zone. The
@@ -120,7 +137,7 @@ func (s *RedisStore) run(ctx context.Context, record bool, checks []Check, decis
 		keys[i] = s.Key(c.Zone, c.Key)
 		args = append(args, c.Limit.Algorithm.String(), c.Limit.Window.Microseconds(), c.Limit.Max)
 	}
-	reply, err := limitScript.Run(ctx, s.client, keys, args...).Slice()
+	reply, err := s.runScript(ctx, keys, args)
 	if err != nil {
 		return fmt.Errorf("running rate limit script: %w", err)
 	}
@@ -135,6 +152,28 @@ func (s *RedisStore) run(ctx context.Context, record bool, checks []Check, decis
 		decisions[i] = d
 	}
 	return nil
+}
+
+// runScript runs limit.lua, within ctx's deadline when guarded.
+func (s *RedisStore) runScript(ctx context.Context, keys []string, args []any) ([]any, error) {
+	if !s.guarded {
+		return limitScript.Run(ctx, s.client, keys, args...).Slice()
+	}
+	type result struct {
+		reply []any
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		reply, err := limitScript.Run(ctx, s.client, keys, args...).Slice()
+		done <- result{reply, err}
+	}()
+	select {
+	case r := <-done:
+		return r.reply, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // refund takes back the admissions recorded for the checks of groups, and
