@@ -1,0 +1,345 @@
+// Command srlbench measures Caddy with the sliding_ratelimit handler against
+// plain Caddy on this machine and writes BENCHMARKS.md plus a bar chart of the
+// throughput ratios (BENCHMARKS.svg) next to it.
+//
+// Run it from the repository root with `make bench` (it runs
+// `cd bench && go run ./cmd/srlbench $(BENCH_FLAGS)`); `make bench
+// BENCH_FLAGS=-quick` is a smoke test of the tool itself.
+//
+// What it does, in order:
+//  1. checks that wrk and redis-server exist (apt-get installs them when root);
+//  2. builds ../caddy with `make -C .. build`, the same xcaddy build users get;
+//  3. starts its own redis-server (no persistence) and one Caddy that answers
+//     "ok" on a plain port and on limited ports;
+//  4. measures memory per active key on a separate limited site;
+//  5. loads the plain and the limited port in turn with wrk for each scenario,
+//     reading Redis INFO commandstats around every limited run;
+//  6. writes the report and stops everything, also on Ctrl-C.
+//
+// Paths in flags are relative to bench/, where `make bench` runs it.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// config is what the flags set.
+type config struct {
+	runs        int
+	duration    time.Duration
+	warmup      time.Duration
+	settle      time.Duration
+	connections int
+	threads     int
+	out         string
+	quick       bool
+	cpuprofile  string
+	repo        string
+	args        []string // the command line, for the report
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.runs, "runs", 5, "runs per scenario and server (plain and limited alternate); medians are reported")
+	flag.DurationVar(&cfg.duration, "duration", 10*time.Second, "length of one wrk run")
+	flag.DurationVar(&cfg.warmup, "warmup", 3*time.Second, "length of the unmeasured warm-up run on each port")
+	flag.DurationVar(&cfg.settle, "settle", 20*time.Second, "before each run, wait up to this long for other processes to use under 0.25 CPUs")
+	flag.IntVar(&cfg.connections, "connections", 50, "wrk connections (-c)")
+	flag.IntVar(&cfg.threads, "threads", 1, "wrk threads (-t); wrk shares the CPUs with Caddy and Redis")
+	flag.StringVar(&cfg.out, "out", "../BENCHMARKS.md", "report to write; the chart goes next to it with the extension .svg")
+	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test the tool: 1 run of 3s, 1s warm-up, 3s settle")
+	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra many-clients limited run to this file")
+	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
+	flag.Parse()
+	cfg.args = os.Args[1:]
+	if cfg.quick {
+		cfg.runs, cfg.duration, cfg.warmup, cfg.settle = 1, 3*time.Second, time.Second, 3*time.Second
+	}
+	if cfg.runs < 1 || cfg.duration < time.Second || cfg.connections < 1 || cfg.threads < 1 {
+		fmt.Fprintln(os.Stderr, "srlbench: -runs, -connections and -threads must be at least 1, -duration at least 1s")
+		os.Exit(2)
+	}
+
+	// Ctrl-C cancels ctx: the running wrk is killed and the deferred stops in
+	// run shut down Caddy and Redis before we exit.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, cfg)
+	stop()
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "srlbench: interrupted; stopped Caddy and Redis")
+			os.Exit(130)
+		}
+		fmt.Fprintln(os.Stderr, "srlbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	if err := ensureTools(); err != nil {
+		return err
+	}
+	say("building Caddy with the module: make -C %s build", cfg.repo)
+	if err := runPassthrough(ctx, "make", "-C", cfg.repo, "build"); err != nil {
+		return fmt.Errorf("make build: %w", err)
+	}
+	tmp, err := os.MkdirTemp("", "srlbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	// Run a private copy: others may rebuild ../caddy while we measure.
+	caddyBin := filepath.Join(tmp, "caddy")
+	if err := copyFile(filepath.Join(cfg.repo, "caddy"), caddyBin); err != nil {
+		return err
+	}
+	machine := describeMachine(caddyBin, cfg.repo)
+
+	rds, redisURL, err := startRedis(ctx, tmp)
+	if err != nil {
+		return err
+	}
+	defer rds.stop()
+	rc := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(redisURL, "redis://")})
+	defer rc.Close()
+
+	cdy, site, err := startCaddy(ctx, caddyBin, tmp, redisURL)
+	if err != nil {
+		return err
+	}
+	defer cdy.stop()
+	meter := &cpuMeter{caddyPid: cdy.cmd.Process.Pid, redisPid: rds.cmd.Process.Pid}
+
+	// Memory first, while Redis holds nothing else: later scenarios leave
+	// thousands of keys whose expiry would move used_memory mid-measurement.
+	say("memory: 60 requests for each of 1000 keys on %s", site.memory)
+	mem, err := measureMemory(ctx, rc, site.memory, 1000, 60, 4)
+	if err != nil {
+		return fmt.Errorf("memory phase: %w", err)
+	}
+	say("memory: %.0f bytes per key (used_memory delta / keys), MEMORY USAGE of one key %d bytes", mem.bytesPerKey(), mem.keyUsage)
+
+	scripts, err := writeScripts(tmp)
+	if err != nil {
+		return err
+	}
+	say("warm-up: %s on each port", cfg.warmup)
+	for _, url := range []string{site.plain, site.limited} {
+		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+
+	var results []scenarioResult
+	for _, sc := range scenarios {
+		res, err := runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site)
+		if err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		results = append(results, res)
+	}
+
+	profileNote := ""
+	if cfg.cpuprofile != "" {
+		if err := profileRun(ctx, cfg, scripts[scenarios[0].slug], site); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		profileNote = cfg.cpuprofile
+	}
+
+	rep := report{cfg: cfg, machine: machine, results: results, mem: mem, profile: profileNote}
+	rep.caddyErrors = readCaddyErrors(cdy.logPath)
+	return rep.write()
+}
+
+// runScenario runs one scenario cfg.runs times on each port, alternating
+// which port goes first so that slow drift (Redis growth, a neighbour's
+// build) does not always favour the same side.
+func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, sc scenario, script string, site sites) (scenarioResult, error) {
+	res := scenarioResult{sc: sc}
+	for i := 0; i < cfg.runs; i++ {
+		var p pair
+		plain := func() error {
+			meter.settle(ctx, cfg.settle)
+			r, err := runWrk(ctx, cfg, meter, cfg.duration, script, site.plain)
+			p.plain = r
+			return err
+		}
+		limited := func() error {
+			if len(sc.prime) > 0 {
+				// Bots send about as fast as the limit refills (1000 a minute
+				// each in the mixed scenario), so push them to max_requests
+				// before every limited run: they are over it from its start.
+				if _, _, err := sendAll(ctx, site.limited, sc.prime, 1000, 4); err != nil {
+					return fmt.Errorf("pushing bots to the limit: %w", err)
+				}
+			}
+			meter.settle(ctx, cfg.settle)
+			before, err := readCommandStats(ctx, rc)
+			if err != nil {
+				return err
+			}
+			decBefore, err := readDecisions(ctx, site.admin)
+			if err != nil {
+				return err
+			}
+			r, err := runWrk(ctx, cfg, meter, cfg.duration, script, site.limited)
+			if err != nil {
+				return err
+			}
+			after, err := readCommandStats(ctx, rc)
+			if err != nil {
+				return err
+			}
+			decAfter, err := readDecisions(ctx, site.admin)
+			if err != nil {
+				return err
+			}
+			p.limited, p.redis, p.decisions = r, after.sub(before), decAfter.sub(decBefore)
+			return nil
+		}
+		order := []func() error{plain, limited}
+		if i%2 == 1 {
+			order[0], order[1] = limited, plain
+		}
+		for _, f := range order {
+			if err := f(); err != nil {
+				return res, err
+			}
+		}
+		say("%-12s run %d/%d: plain %6.0f req/s, limited %6.0f req/s (ratio %.2f, %.1f%% 429, %.3f script calls/req, %.1f%% failed open, other processes %.2f/%.2f CPUs)",
+			sc.name, i+1, cfg.runs, p.plain.rps(), p.limited.rps(), p.ratio(), 100*p.limited.deniedShare(), p.callsPerRequest(),
+			100*p.failedOpenShare(), p.plain.cpu.other, p.limited.cpu.other)
+		res.runs = append(res.runs, p)
+	}
+	return res, nil
+}
+
+// profileRun fetches a CPU profile from Caddy's admin endpoint during an
+// extra many-clients limited run. It is not one of the measured runs:
+// profiling costs a few percent, which would bias the medians.
+func profileRun(ctx context.Context, cfg config, script string, site sites) error {
+	secs := int(cfg.duration.Seconds()) - 1
+	if secs < 1 {
+		secs = 1
+	}
+	say("cpu profile: %ds of Caddy during an extra many-clients limited run -> %s", secs, cfg.cpuprofile)
+	type fetched struct {
+		data []byte
+		err  error
+	}
+	ch := make(chan fetched, 1)
+	go func() {
+		data, err := httpGet(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", site.admin, secs))
+		ch <- fetched{data, err}
+	}()
+	_, werr := runWrk(ctx, cfg, nil, cfg.duration, script, site.limited)
+	f := <-ch
+	if werr != nil {
+		return werr
+	}
+	if f.err != nil {
+		return f.err
+	}
+	return os.WriteFile(cfg.cpuprofile, f.data, 0o644)
+}
+
+// ensureTools makes sure wrk and redis-server are on PATH, installing the
+// Debian packages when we are root on a machine with apt-get.
+func ensureTools() error {
+	missing := func() []string {
+		var m []string
+		for _, p := range []string{"wrk", "redis-server"} {
+			if _, err := exec.LookPath(p); err != nil {
+				m = append(m, p)
+			}
+		}
+		return m
+	}
+	m := missing()
+	if len(m) == 0 {
+		return nil
+	}
+	pkgs := []string{"wrk", "redis-server", "redis-tools"}
+	howTo := "install them: sudo apt-get install -y " + strings.Join(pkgs, " ") + " (Debian/Ubuntu), brew install wrk redis (macOS)"
+	if _, err := exec.LookPath("apt-get"); err != nil || os.Geteuid() != 0 {
+		return fmt.Errorf("not found on PATH: %s; %s", strings.Join(m, ", "), howTo)
+	}
+	say("installing with apt-get: %s", strings.Join(pkgs, " "))
+	install := append([]string{"install", "-y"}, pkgs...)
+	// A fresh machine has no package lists yet: update once, then retry.
+	if aptGet(install...) != nil {
+		if err := aptGet("update"); err != nil {
+			return fmt.Errorf("apt-get update: %w; %s", err, howTo)
+		}
+		if err := aptGet(install...); err != nil {
+			return fmt.Errorf("apt-get install: %w; %s", err, howTo)
+		}
+	}
+	if m := missing(); len(m) > 0 {
+		return fmt.Errorf("still not on PATH after apt-get: %s", strings.Join(m, ", "))
+	}
+	return nil
+}
+
+func aptGet(args ...string) error {
+	cmd := exec.Command("apt-get", args...)
+	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
+}
+
+// copyFile copies an executable.
+func copyFile(from, to string) error {
+	data, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, data, 0o755)
+}
+
+// runPassthrough runs a command with our stdout and stderr.
+func runPassthrough(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	return cmd.Run()
+}
+
+// httpGet returns the body of a 200 response.
+func httpGet(ctx context.Context, url string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return body, nil
+}
+
+// say prints a progress line to stderr, so stdout carries only the report.
+func say(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "srlbench: "+format+"\n", args...)
+}

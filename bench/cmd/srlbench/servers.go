@@ -1,0 +1,312 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// proc is a server we started and must stop: Caddy or redis-server.
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{} // closed when the process has exited
+}
+
+// start runs argv in its own process group with output to logPath. Its own
+// group keeps a terminal's Ctrl-C away from it, so we stop it in order; the
+// Linux parent-death signal stops it even if we are killed outright.
+func start(name, logPath string, env []string, argv ...string) (*proc, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// stop asks the process group to terminate (Caddy and Redis both shut down
+// cleanly on SIGTERM) and kills it if it has not exited after 10s.
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	pgid := -p.cmd.Process.Pid
+	syscall.Kill(pgid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(pgid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+// waitReady polls ready until it succeeds, the process exits, or 30s pass.
+func (p *proc) waitReady(ctx context.Context, ready func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := ready()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited during start-up; its log ends:\n%s", p.name, tail(p.logPath, 15))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready after 30s (%v); its log ends:\n%s", p.name, err, tail(p.logPath, 15))
+		}
+	}
+}
+
+// startRedis starts a redis-server on a free loopback port with persistence
+// off (a benchmark must not fork for RDB saves mid-run) and returns its URL.
+func startRedis(ctx context.Context, dir string) (*proc, string, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	// A config file, not flags: `save ""` as a flag differs across versions.
+	conf := filepath.Join(dir, "redis.conf")
+	text := fmt.Sprintf("bind 127.0.0.1\nport %d\nsave \"\"\nappendonly no\ndir %q\ndaemonize no\n", port, dir)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return nil, "", err
+	}
+	p, err := start("redis-server", filepath.Join(dir, "redis.log"), nil, "redis-server", conf)
+	if err != nil {
+		return nil, "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer rc.Close()
+	err = p.waitReady(ctx, func() error { return rc.Ping(ctx).Err() })
+	if err != nil {
+		p.stop()
+		return nil, "", err
+	}
+	say("redis-server on %s (pid %d)", addr, p.cmd.Process.Pid)
+	return p, "redis://" + addr, nil
+}
+
+// sites are the base URLs Caddy serves.
+type sites struct {
+	plain   string // respond "ok" 200
+	limited string // the same behind sliding_ratelimit, 1000 per minute per X-Client
+	memory  string // 60 per minute per X-Client, key_prefix srlmem:, for the memory phase
+	admin   string // Caddy's admin endpoint (pprof)
+}
+
+// caddyfileTemplate is one Caddy with the same response on every site, so the
+// only difference between plain and limited is the handler. No site has a
+// `log` directive: access logs would dominate a response this small.
+const caddyfileTemplate = `{
+	admin 127.0.0.1:%d
+	persist_config off
+	auto_https off
+}
+
+# Plain: the baseline.
+:%d {
+	bind 127.0.0.1
+	respond "ok" 200
+}
+
+# Limited: the same response behind the rate limiter.
+:%d {
+	bind 127.0.0.1
+	sliding_ratelimit {
+		window 1m
+		max_requests 1000
+		key {http.request.header.X-Client}
+		redis %s
+	}
+	respond "ok" 200
+}
+
+# Memory phase: its own zone and key_prefix, so its keys can be counted apart.
+:%d {
+	bind 127.0.0.1
+	sliding_ratelimit {
+		window 1m
+		max_requests 60
+		key {http.request.header.X-Client}
+		redis %s
+		key_prefix srlmem:
+	}
+	respond "ok" 200
+}
+`
+
+// startCaddy writes the Caddyfile and runs caddyBin on it until every site
+// and the admin endpoint answer.
+func startCaddy(ctx context.Context, caddyBin, dir, redisURL string) (*proc, sites, error) {
+	var ports [4]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, sites{}, err
+		}
+		ports[i] = p
+	}
+	url := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
+	s := sites{admin: url(ports[0]), plain: url(ports[1]), limited: url(ports[2]), memory: url(ports[3])}
+	caddyfile := filepath.Join(dir, "Caddyfile")
+	text := fmt.Sprintf(caddyfileTemplate, ports[0], ports[1], ports[2], redisURL, ports[3], redisURL)
+	if err := os.WriteFile(caddyfile, []byte(text), 0o644); err != nil {
+		return nil, s, err
+	}
+	// Caddy's own data and config directories go to the temp dir too.
+	env := []string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config")}
+	p, err := start("caddy", filepath.Join(dir, "caddy.log"), env, caddyBin, "run", "--config", caddyfile, "--adapter", "caddyfile")
+	if err != nil {
+		return nil, s, err
+	}
+	err = p.waitReady(ctx, func() error {
+		for _, u := range []string{s.plain, s.limited, s.admin + "/config/"} {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+			req.Header.Set("X-Client", "srlbench-ready")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("GET %s: %s", u, resp.Status)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.stop()
+		return nil, s, err
+	}
+	say("caddy: plain %s, limited %s, memory %s, admin %s (pid %d)", s.plain, s.limited, s.memory, s.admin, p.cmd.Process.Pid)
+	return p, s, nil
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// caddyErrors summarises the error-level lines in Caddy's log, and the
+// limiter's warnings: it logs store failures (fail mode applied) at most once
+// a second, and the opening of its circuit breaker.
+type caddyErrors struct {
+	lines, canceled int // canceled: the error was a context cancellation
+	first           string
+}
+
+func readCaddyErrors(logPath string) caddyErrors {
+	var e caddyErrors
+	f, err := os.Open(logPath)
+	if err != nil {
+		return e
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		limiterWarn := strings.Contains(line, `"level":"warn"`) && strings.Contains(line, "sliding_ratelimit")
+		if !strings.Contains(line, `"level":"error"`) && !limiterWarn {
+			continue
+		}
+		if e.lines == 0 {
+			e.first = line
+		}
+		e.lines++
+		if strings.Contains(line, "context canceled") {
+			e.canceled++
+		}
+	}
+	return e
+}
+
+// decisions are the limiter's decision counters from Caddy's /metrics,
+// by result (allowed, denied, failed_open, ...), plus "deny_cache_hits":
+// they tell how many requests Redis decided, and how many the fail mode
+// passed without it (which inflates limited req/s).
+type decisions map[string]float64
+
+// readDecisions sums caddy_sliding_ratelimit_decisions_total over zones by
+// its result label. An empty map means the module exports no such metric.
+func readDecisions(ctx context.Context, admin string) (decisions, error) {
+	body, err := httpGet(ctx, admin+"/metrics")
+	if err != nil {
+		return nil, err
+	}
+	d := make(decisions)
+	for _, line := range strings.Split(string(body), "\n") {
+		name, rest, _ := strings.Cut(line, "{")
+		labels, value, _ := strings.Cut(rest, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "caddy_sliding_ratelimit_decisions_total":
+			for _, l := range strings.Split(labels, ",") {
+				if r, ok := strings.CutPrefix(l, "result="); ok {
+					d[strings.Trim(r, `"`)] += v
+				}
+			}
+		case "caddy_sliding_ratelimit_deny_cache_hits_total":
+			d["deny_cache_hits"] += v
+		}
+	}
+	return d, nil
+}
+
+func (after decisions) sub(before decisions) decisions {
+	d := make(decisions)
+	for k, v := range after {
+		d[k] = v - before[k]
+	}
+	return d
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	data, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
