@@ -57,6 +57,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	cached, err := h.decide(r.Context(), checks, decisions)
 	local := false
 	if err != nil {
+		if r.Context().Err() != nil {
+			// The client went away: nothing failed, and no one waits.
+			return nil
+		}
 		h.failures.record(h.FailMode, err)
 		switch h.FailMode {
 		case failClosed:
