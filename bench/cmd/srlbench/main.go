@@ -48,6 +48,7 @@ type config struct {
 	quick       bool
 	cpuprofile  string
 	repo        string
+	limiter     string   // extra subdirectives for the limited site, separated by ';'
 	args        []string // the command line, for the report
 }
 
@@ -63,6 +64,7 @@ func main() {
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test the tool: 1 run of 3s, 1s warm-up, 3s settle")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra many-clients limited run to this file")
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
+	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited site, separated by ';' (e.g. 'autopipeline on')")
 	flag.Parse()
 	cfg.args = os.Args[1:]
 	if cfg.quick {
@@ -116,7 +118,7 @@ func run(ctx context.Context, cfg config) error {
 	rc := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(redisURL, "redis://")})
 	defer rc.Close()
 
-	cdy, site, err := startCaddy(ctx, caddyBin, tmp, redisURL)
+	cdy, site, err := startCaddy(ctx, caddyBin, tmp, redisURL, limiterOptions(cfg.limiter))
 	if err != nil {
 		return err
 	}
@@ -342,4 +344,15 @@ func httpGet(ctx context.Context, url string) ([]byte, error) {
 // say prints a progress line to stderr, so stdout carries only the report.
 func say(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "srlbench: "+format+"\n", args...)
+}
+
+// limiterOptions splits the -limiter flag into subdirective lines.
+func limiterOptions(flagValue string) []string {
+	var out []string
+	for _, o := range strings.Split(flagValue, ";") {
+		if o = strings.TrimSpace(o); o != "" {
+			out = append(out, o)
+		}
+	}
+	return out
 }

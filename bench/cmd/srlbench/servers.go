@@ -148,7 +148,7 @@ const caddyfileTemplate = `{
 		window 1m
 		max_requests 1000
 		key {http.request.header.X-Client}
-		redis %s
+		redis %s%s
 	}
 	respond "ok" 200
 }
@@ -169,7 +169,9 @@ const caddyfileTemplate = `{
 
 // startCaddy writes the Caddyfile and runs caddyBin on it until every site
 // and the admin endpoint answer.
-func startCaddy(ctx context.Context, caddyBin, dir, redisURL string) (*proc, sites, error) {
+// limiterOptions are extra subdirectives for the limited site (the -limiter
+// flag), e.g. "autopipeline on", one per line.
+func startCaddy(ctx context.Context, caddyBin, dir, redisURL string, limiterOptions []string) (*proc, sites, error) {
 	var ports [4]int
 	for i := range ports {
 		p, err := freePort()
@@ -181,7 +183,11 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL string) (*proc, sit
 	url := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
 	s := sites{admin: url(ports[0]), plain: url(ports[1]), limited: url(ports[2]), memory: url(ports[3])}
 	caddyfile := filepath.Join(dir, "Caddyfile")
-	text := fmt.Sprintf(caddyfileTemplate, ports[0], ports[1], ports[2], redisURL, ports[3], redisURL)
+	var extra string
+	for _, o := range limiterOptions {
+		extra += "\n\t\t" + o
+	}
+	text := fmt.Sprintf(caddyfileTemplate, ports[0], ports[1], ports[2], redisURL, extra, ports[3], redisURL)
 	if err := os.WriteFile(caddyfile, []byte(text), 0o644); err != nil {
 		return nil, s, err
 	}
