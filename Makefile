@@ -15,7 +15,7 @@ MODULE_PIN := $(MODULE)@v0.0.0-00010101000000-000000000000
 SOURCES := $(shell find . -name '*.go' -not -path './bench/*' -not -path './.git/*') \
 	go.mod go.sum $(wildcard limiter/*.lua)
 
-.PHONY: all build run test vet lint fmt fmt-check check-build clean help bench
+.PHONY: all build run test fuzz vet lint fmt fmt-check check-build clean help bench
 
 all: build
 
@@ -24,6 +24,7 @@ help:
 	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
 	@echo "make test         install redis-server if needed, go vet, go test -race"
 	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
+	@echo "make fuzz         fuzz the Caddyfile parser and the key builder (FUZZTIME=10s each)"
 	@echo "make fmt-check    fail if gofmt would change a file; make fmt fixes them"
 	@echo "make lint         go vet"
 	@echo "make clean        remove ./caddy"
@@ -41,6 +42,13 @@ test:
 	bash scripts/ensure-redis.sh
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+# Each fuzz target runs alone (go test -fuzz takes one); `make test` already
+# runs their seed corpora.
+FUZZTIME ?= 10s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzCaddyfile$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) .
 
 vet lint:
 	$(GO) vet ./...
