@@ -69,42 +69,50 @@ func loadRedisClient(topology, rawURL string) (redis.UniversalClient, func() err
 
 // newRedisClient makes a go-redis client of the topology from its URL.
 func newRedisClient(topology, rawURL string) (redis.UniversalClient, error) {
+	newClient, err := parseTopologyURL(topology, rawURL)
+	if err != nil {
+		return nil, err
+	}
+	return newClient(), nil
+}
+
+// checkRedisURL parses rawURL as the topology would, to report a bad URL at
+// configuration time.
+func checkRedisURL(topology, rawURL string) error {
+	_, err := parseTopologyURL(topology, rawURL)
+	return err
+}
+
+// parseTopologyURL parses rawURL with go-redis's parser for the topology and
+// returns the constructor of its client. Every client honours the context
+// deadline of each decision: without that, go-redis ignores it and a frozen
+// Redis holds each request for the read timeout. Errors never quote the URL,
+// which may hold a password.
+func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
 	switch topology {
 	case "", topologyStandalone:
-		opts, err := parseRedisURL(rawURL)
+		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return nil, err
+			return nil, urlError(err, "redis://host:port or rediss://host:port")
 		}
-		return redis.NewClient(opts), nil
+		opts.ContextTimeoutEnabled = true
+		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
 			return nil, urlError(err, "redis://host:port?addr=host2:port2")
 		}
 		opts.ContextTimeoutEnabled = true
-		return redis.NewClusterClient(opts), nil
+		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
 			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
 		}
 		opts.ContextTimeoutEnabled = true
-		return redis.NewFailoverClient(opts), nil
+		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}
 	return nil, fmt.Errorf("unknown redis topology %q", topology)
-}
-
-// parseRedisURL parses a redis:// or rediss:// URL with go-redis. Its errors
-// never quote the URL, which may hold a password.
-func parseRedisURL(rawURL string) (*redis.Options, error) {
-	opts, err := redis.ParseURL(rawURL)
-	if err != nil {
-		return nil, urlError(err, "redis://host:port or rediss://host:port")
-	}
-	// Without this, go-redis ignores the per-decision deadline and a frozen
-	// Redis holds each request for the read timeout.
-	opts.ContextTimeoutEnabled = true
-	return opts, nil
 }
 
 // urlError describes a URL that go-redis refused, without quoting the URL,
@@ -115,27 +123,6 @@ func urlError(err error, want string) error {
 		err = urlErr.Err
 	}
 	return fmt.Errorf("invalid URL (want %s): %w", want, err)
-}
-
-// checkRedisURL parses rawURL as the topology would, to report a bad URL at
-// configuration time.
-func checkRedisURL(topology, rawURL string) error {
-	var err error
-	switch topology {
-	case topologyCluster:
-		_, err = redis.ParseClusterURL(rawURL)
-		if err != nil {
-			err = urlError(err, "redis://host:port?addr=host2:port2")
-		}
-	case topologySentinel:
-		_, err = redis.ParseFailoverURL(rawURL)
-		if err != nil {
-			err = urlError(err, "redis://sentinel:26379?master_name=mymaster")
-		}
-	default:
-		_, err = parseRedisURL(rawURL)
-	}
-	return err
 }
 
 // autoPipeliner returns go-redis's shared AutoPipeliner of client, which

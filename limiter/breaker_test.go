@@ -703,7 +703,7 @@ func TestBreakerRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			opts.ContextTimeoutEnabled = true // as parseRedisURL sets it
+			opts.ContextTimeoutEnabled = true // as the handler sets it on its clients
 			client := redis.NewClient(opts)
 			t.Cleanup(func() { client.Close() })
 			commands := &commandCounter{}
