@@ -1,0 +1,45 @@
+package slidingratelimit
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+)
+
+// TestRedisACLUser: an ACL user and password from the URL, taken from an
+// environment placeholder, work; a wrong password is a Redis failure (the
+// fail mode answers) and its error does not carry the password.
+func TestRedisACLUser(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "limiter", "on", ">s3cret-pw", "~srl:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("SRL_TEST_REDIS_URL", "redis://limiter:s3cret-pw@"+srv.Addr()+"/0")
+	good := newInstance(t, `{"window": "1m", "max_requests": 2, "redis": "{env.SRL_TEST_REDIS_URL}", "fail_mode": "closed"}`)
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if status, _ := good.serve("192.0.2.5", nil); status != want {
+			t.Fatalf("request %d as the ACL user: %d, want %d", i+1, status, want)
+		}
+	}
+
+	bad := newInstance(t, `{"window": "1m", "max_requests": 2, "redis": "redis://limiter:wrong-pw@`+srv.Addr()+`/0", "fail_mode": "closed"}`)
+	if status, _ := bad.serve("192.0.2.6", nil); status != http.StatusServiceUnavailable {
+		t.Fatalf("wrong password, fail_mode closed: %d, want 503", status)
+	}
+	err := bad.inspector.Reset(ctx, "default", "192.0.2.6")
+	if err == nil {
+		t.Fatal("a wrong password let the store reset a key")
+	}
+	if strings.Contains(err.Error(), "wrong-pw") {
+		t.Errorf("error carries the password: %v", err)
+	}
+}
