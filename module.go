@@ -223,6 +223,25 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 
+	if err := h.provisionZones(ctx); err != nil {
+		return err
+	}
+	h.ctx = ctx
+	h.failures = newFailureLog(h.logger, time.Second)
+	// Only a configured events app can have subscribers; without one there
+	// is no one to tell.
+	if events, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events = events.(*caddyevents.App)
+	}
+	return h.provisionStores()
+}
+
+// provisionZones builds the zone list: the "default" zone of the top-level
+// window and max_requests, then the named zones.
+func (h *Handler) provisionZones(ctx caddy.Context) error {
+	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	h.zones = h.zones[:0]
 	if h.Window != 0 || h.MaxRequests != 0 {
 		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests})
@@ -237,21 +256,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if err := z.provision(ctx, h.Key, h.Algorithm); err != nil {
 			return err
 		}
-	}
-	h.ctx = ctx
-	h.failures = newFailureLog(h.logger, time.Second)
-	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
-	for _, z := range h.zones {
 		z.initMetrics()
 	}
-	// Only a configured events app can have subscribers; without one there
-	// is no one to tell.
-	if events, err := ctx.AppIfConfigured("events"); err == nil {
-		h.events = events.(*caddyevents.App)
-	}
+	return nil
+}
 
+// provisionStores connects the stores: Redis behind a circuit breaker and a
+// deny cache, the in-process store for fail_mode local, or the in-process
+// store alone without Redis.
+func (h *Handler) provisionStores() error {
 	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
 	if redisURL == "" || h.FailMode == failLocal {
 		memory, release := loadMemoryStore()
