@@ -49,8 +49,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	decisions := decisionsBuf[:len(checks):len(checks)]
-	if len(checks) > maxInlineZones {
+	var decisions []limiter.Decision
+	if len(checks) <= maxInlineZones {
+		decisions = decisionsBuf[:len(checks)]
+	} else {
 		decisions = make([]limiter.Decision, len(checks))
 	}
 

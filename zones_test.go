@@ -199,3 +199,27 @@ http://localhost:9080 {
 		}
 	}
 }
+
+// TestManyZones: more zones than the handler keeps on the stack.
+func TestManyZones(t *testing.T) {
+	config := `{"redis": "` + sharedRedis.URL() + `", "key_prefix": "` + uniquePrefix(t) + `", "zones": [`
+	for i := 1; i <= 6; i++ {
+		if i > 1 {
+			config += ","
+		}
+		config += `{"name": "z` + strconv.Itoa(i) + `", "window": "1m", "max_requests": ` + strconv.Itoa(10+i) + `}`
+	}
+	in := newInstance(t, config+`]}`)
+	for i := 1; i <= 11; i++ {
+		status, h := in.serve("192.0.2.50", nil)
+		if status != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, status)
+		}
+		if got, want := h.Get("RateLimit"), `"z1";r=`+strconv.Itoa(11-i)+`;t=60`; got != want {
+			t.Errorf("request %d: RateLimit %q, want %q (the zone with the fewest left)", i, got, want)
+		}
+	}
+	if status, h := in.serve("192.0.2.50", nil); status != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
+		t.Errorf("12th request: %d, Retry-After %q; want 429 from z1", status, h.Get("Retry-After"))
+	}
+}
