@@ -97,6 +97,7 @@ func (s *Server) start() error {
 		"--loglevel", "warning",
 	)
 	cmd := exec.Command(bin, append(args, s.extra...)...)
+	dieWithParent(cmd)
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
