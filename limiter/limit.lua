@@ -26,21 +26,21 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local record = ARGV[1] == '1'
 
--- Runs the first command of a zone on its key (the command's first argument).
--- A key that holds the other algorithm's state, because the zone's algorithm
--- changed on a config reload, is dropped, and the zone starts over, rather
--- than failing with WRONGTYPE on every request until that state expires.
-local function zone_call(...)
-  local r = redis.pcall(...)
-  if type(r) == 'table' and r.err then
-    if string.find(r.err, 'WRONGTYPE', 1, true) then
-      redis.call('DEL', (select(2, ...)))
+-- Checks the reply of a zone's first command on its key (run with
+-- redis.pcall). A key that holds the other algorithm's state, because the
+-- zone's algorithm changed on a config reload, is dropped and the zone starts
+-- over, rather than failing with WRONGTYPE on every request until that state
+-- expires; started_over then reports true.
+local function started_over(reply, key)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'WRONGTYPE', 1, true) then
+      redis.call('DEL', key)
+      return true
     end
-    -- Run it again: on the emptied key, or to raise any other error as
-    -- redis.call does.
-    r = redis.call(...)
+    -- Any other error fails the script, as redis.call would.
+    error(reply)
   end
-  return r
+  return false
 end
 
 local zones = {}
@@ -57,7 +57,10 @@ for i, key in ipairs(KEYS) do
     -- how much of it the sliding window still covers, plus the current one's.
     z.index = math.floor(now / z.window)
     z.elapsed = now - z.index * z.window
-    local h = zone_call('HMGET', key, 'w', 'c', 'p')
+    local h = redis.pcall('HMGET', key, 'w', 'c', 'p')
+    if started_over(h, key) then
+      h = {}
+    end
     local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
     if w == nil or w < z.index - 1 then
       c, p = 0, 0
@@ -69,7 +72,8 @@ for i, key in ipairs(KEYS) do
     z.allowed = z.count + 1 <= z.max
   else
     -- Sliding-window log: the admissions still inside the window.
-    zone_call('ZREMRANGEBYSCORE', key, '-inf', now - z.window)
+    -- The key is empty after a start over, so ZCARD then counts 0.
+    started_over(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now - z.window), key)
     z.count = redis.call('ZCARD', key)
     z.allowed = z.count < z.max
   end
@@ -124,15 +128,18 @@ for i, z in ipairs(zones) do
       local pivot = redis.call('ZRANGE', key, count - z.max, count - z.max, 'WITHSCORES')
       reply[i] = {0, 0, tonumber(pivot[2]) + z.window - now, -1}
     else
-      local reset = 0
+      local reset, oldest = 0, nil
       if count > 0 then
-        local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+        oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
         reset = tonumber(oldest[2]) + z.window - now
       end
       if write then
         local at, seq = now, 0
         if count > 0 then
-          local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+          local newest = oldest
+          if count > 1 then
+            newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+          end
           seq = tonumber(newest[1]) + 1
           -- Scores strictly increase with the sequence, even for two calls in
           -- one microsecond or a Redis clock that steps back, so the newest
