@@ -41,14 +41,24 @@ func startCaddy(t *testing.T, sites string) *caddytest.Tester {
 // get sends a GET with the X-Client header set to client.
 func get(t *testing.T, tester *caddytest.Tester, rawURL, client string) (*http.Response, string) {
 	t.Helper()
+	var headers map[string]string
+	if client != "" {
+		headers = map[string]string{"X-Client": client}
+	}
+	return send(t, tester.Client, rawURL, headers)
+}
+
+// send sends a GET with the given headers and reads the whole body.
+func send(t *testing.T, client *http.Client, rawURL string, headers map[string]string) (*http.Response, string) {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if client != "" {
-		req.Header.Set("X-Client", client)
+	for k, v := range headers {
+		req.Header.Set(k, v)
 	}
-	res, err := tester.Client.Do(req)
+	res, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("GET %s: %v", rawURL, err)
 	}

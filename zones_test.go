@@ -10,18 +10,7 @@ import (
 // getWith sends a GET with the given headers.
 func getWith(t *testing.T, client *http.Client, rawURL string, headers map[string]string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	res, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", rawURL, err)
-	}
-	res.Body.Close()
+	res, _ := send(t, client, rawURL, headers)
 	return res
 }
 
