@@ -177,9 +177,6 @@ type Handler struct {
 	logger   *zap.Logger
 }
 
-// denyCacheEntries bounds each handler's deny cache: a flood of distinct
-// denied keys evicts entries rather than growing memory.
-const denyCacheEntries = 100_000
 
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
@@ -271,7 +268,7 @@ func (h *Handler) provisionStores() error {
 		h.releases = append(h.releases, release)
 		if redisURL == "" {
 			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
-			h.cache = limiter.NewDenyCache(memory, denyCacheEntries)
+			h.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
 			h.inspector = memory
 			h.register(nil) // admin API: registry.go
 			return nil
@@ -295,7 +292,7 @@ func (h *Handler) provisionStores() error {
 	h.breaker = limiter.NewBreaker(timedStore{redisStore}, limiter.BreakerOptions{
 		OnStateChange: h.breakerChanged,
 	})
-	h.cache = limiter.NewDenyCache(h.breaker, denyCacheEntries)
+	h.cache = limiter.NewDenyCache(h.breaker, limiter.DefaultDenyCacheEntries)
 	h.register(client) // admin API and resets from other instances: registry.go
 	return nil
 }
