@@ -177,7 +177,6 @@ type Handler struct {
 	logger   *zap.Logger
 }
 
-
 // CaddyModule returns the Caddy module information.
 func (Handler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{
