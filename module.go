@@ -135,11 +135,11 @@ type Handler struct {
 	// it).
 	RedisTopology string `json:"redis_topology,omitempty"`
 
-	// AutoPipeline batches concurrent decisions into Redis pipelines with
-	// go-redis's AutoPipeline (marked experimental upstream). Default: off,
-	// each decision on its own connection from the pool; see the README for
-	// the measurements behind that. The handler falls back to the default,
-	// with a warning, if the pipeliner cannot be made.
+	// AutoPipeline sends decisions through go-redis's AutoPipeline (marked
+	// experimental upstream) instead of the module's own batcher. Default:
+	// off; both batch concurrent decisions into pipelines, and the README has
+	// the measurements behind the choice. The handler falls back to the
+	// default, with a warning, if the pipeliner cannot be made.
 	AutoPipeline *bool `json:"autopipeline,omitempty"`
 
 	// KeyPrefix starts every Redis key the handler writes. Default "srl:".
@@ -279,11 +279,12 @@ func (h *Handler) provisionStores() error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	h.releases = append(h.releases, release)
-	redisStore := limiter.NewRedisStore(client, h.KeyPrefix)
+	redisStore := limiter.NewRedisStore(client.UniversalClient, h.KeyPrefix)
 	h.inspector = redisStore
+	redisStore = redisStore.Batched(client.batcher)
 	if h.AutoPipeline != nil && *h.AutoPipeline {
-		if ap, err := autoPipeliner(client); err != nil {
-			h.logger.Warn("redis autopipeline unavailable; sending each decision on its own", zap.Error(err))
+		if ap, err := autoPipeliner(client.UniversalClient); err != nil {
+			h.logger.Warn("redis autopipeline unavailable; using the module's own batching", zap.Error(err))
 		} else {
 			redisStore = redisStore.Through(ap)
 		}
@@ -292,7 +293,7 @@ func (h *Handler) provisionStores() error {
 		OnStateChange: h.breakerChanged,
 	})
 	h.cache = limiter.NewDenyCache(h.breaker, limiter.DefaultDenyCacheEntries)
-	h.register(client) // admin API and resets from other instances: registry.go
+	h.register(client.UniversalClient) // admin API and resets from other instances: registry.go
 	return nil
 }
 

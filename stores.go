@@ -35,33 +35,36 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	}
 }
 
-// redisClient is a pooled client and its subscriber to the resets that
-// instances announce (resets.go), which lives as long as the client.
+// redisClient is a pooled client with what lives as long as it: the batcher
+// that pipelines the decisions of every handler on it, and the subscriber to
+// the resets that instances announce (resets.go).
 type redisClient struct {
 	redis.UniversalClient
-	resets *resetBus
+	batcher *limiter.Batcher
+	resets  *resetBus
 }
 
 func (c redisClient) Destruct() error {
 	c.resets.stop()
+	c.batcher.Close()
 	return c.Close()
 }
 
 // loadRedisClient returns the shared client for a topology and URL, and the
 // function that releases this use of it.
-func loadRedisClient(topology, rawURL string) (redis.UniversalClient, func() error, error) {
+func loadRedisClient(topology, rawURL string) (redisClient, func() error, error) {
 	poolKey := "redis " + topology + " " + rawURL
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 		client, err := newRedisClient(topology, rawURL)
 		if err != nil {
 			return nil, err
 		}
-		return redisClient{client, newResetBus(client)}, nil
+		return redisClient{client, limiter.NewBatcher(client), newResetBus(client)}, nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return redisClient{}, nil, err
 	}
-	return v.(redisClient).UniversalClient, func() error {
+	return v.(redisClient), func() error {
 		_, err := stores.Delete(poolKey)
 		return err
 	}, nil

@@ -15,9 +15,11 @@ import (
 )
 
 // TestConformance runs the same contract tests against every store:
-// TestConformance/redis/... on the package's redis-server,
+// TestConformance/redis/... on the package's redis-server (directly,
+// batched and autopipelined),
 // TestConformance/memory/... on a MemoryStore, and
-// TestConformance/redis-cluster/... on a 3-master Redis Cluster of its own.
+// TestConformance/redis-cluster/... on a 3-master Redis Cluster of its own,
+// batched.
 // Cases run with the sliding log (the default algorithm) and, under
 // .../counter/..., those that hold for the approximate sliding counter too.
 // Every case gets a fresh store (a fresh key prefix for Redis). The three
@@ -28,6 +30,14 @@ func TestConformance(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		runConformance(t, func(t *testing.T) Store { return NewRedisStore(testClient, testPrefix(t)) })
+	})
+	// The same through the Batcher, as the Caddy module runs it: concurrent
+	// calls share pipelines and must decide exactly as lone calls do.
+	t.Run("redis-batched", func(t *testing.T) {
+		t.Parallel()
+		b := NewBatcher(testClient)
+		t.Cleanup(func() { b.Close() })
+		runConformance(t, func(t *testing.T) Store { return NewRedisStore(testClient, testPrefix(t)).Batched(b) })
 	})
 	// The same through go-redis's AutoPipeliner, which batches concurrent
 	// calls: it must decide exactly as the plain client does.
@@ -54,8 +64,12 @@ func TestConformance(t *testing.T) {
 		if testing.Short() {
 			t.Skip("starts a Redis Cluster; skipped in -short mode")
 		}
+		// Batched, as the module runs it: a cluster pipeline splits each
+		// batch by node, and the refund across slots goes through it too.
 		client := redistest.StartCluster(t, 3).Client(t)
-		runConformance(t, func(t *testing.T) Store { return NewRedisStore(client, testPrefix(t)) })
+		b := NewBatcher(client)
+		t.Cleanup(func() { b.Close() })
+		runConformance(t, func(t *testing.T) Store { return NewRedisStore(client, testPrefix(t)).Batched(b) })
 	})
 }
 

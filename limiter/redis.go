@@ -29,7 +29,10 @@ var (
 // Redis's clock, so the hosts' clocks do not matter. It is safe for concurrent
 // use.
 type RedisStore struct {
-	client  redis.Scripter
+	client redis.Scripter
+	// scripts runs the scripts: the client itself, or a batcher or
+	// pipeliner in front of it.
+	scripts redis.Scripter
 	prefix  string
 	cluster bool
 	// guarded calls return at the context's deadline even if the client
@@ -42,7 +45,7 @@ type RedisStore struct {
 // failover client or any Scripter) whose keys start with prefix.
 func NewRedisStore(client redis.Scripter, prefix string) *RedisStore {
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{client: client, prefix: prefix, cluster: cluster}
+	return &RedisStore{client: client, scripts: client, prefix: prefix, cluster: cluster}
 }
 
 // Through returns a copy of the store that sends its commands through
@@ -53,8 +56,18 @@ func NewRedisStore(client redis.Scripter, prefix string) *RedisStore {
 // in the background, and its answer, when it comes, is dropped.
 func (s *RedisStore) Through(scripter redis.Scripter) *RedisStore {
 	c := *s
-	c.client = scripter
+	c.scripts = scripter
 	c.guarded = true
+	return &c
+}
+
+// Batched returns a copy of the store that runs its scripts through b, which
+// sends the calls of concurrent decisions to Redis in pipelines. b must be on
+// the store's client.
+func (s *RedisStore) Batched(b *Batcher) *RedisStore {
+	c := *s
+	c.scripts = b
+	c.guarded = false
 	return &c
 }
 
@@ -157,7 +170,7 @@ func (s *RedisStore) run(ctx context.Context, record bool, checks []Check, decis
 // runScript runs limit.lua, within ctx's deadline when guarded.
 func (s *RedisStore) runScript(ctx context.Context, keys []string, args []any) ([]any, error) {
 	if !s.guarded {
-		return limitScript.Run(ctx, s.client, keys, args...).Slice()
+		return limitScript.Run(ctx, s.scripts, keys, args...).Slice()
 	}
 	type result struct {
 		reply []any
@@ -165,7 +178,7 @@ func (s *RedisStore) runScript(ctx context.Context, keys []string, args []any) (
 	}
 	done := make(chan result, 1)
 	go func() {
-		reply, err := limitScript.Run(ctx, s.client, keys, args...).Slice()
+		reply, err := limitScript.Run(ctx, s.scripts, keys, args...).Slice()
 		done <- result{reply, err}
 	}()
 	select {
@@ -194,7 +207,7 @@ func (s *RedisStore) refund(ctx context.Context, checks []Check, decisions []Dec
 		if len(keys) == 0 {
 			continue
 		}
-		if err := refundScript.Run(ctx, s.client, keys, args...).Err(); err != nil {
+		if err := refundScript.Run(ctx, s.scripts, keys, args...).Err(); err != nil {
 			return fmt.Errorf("refunding admissions: %w", err)
 		}
 	}

@@ -83,8 +83,18 @@ func TestRedisStoreHostileKeys(t *testing.T) {
 // TestRedisStoreScriptFlush: the store loads the script again after SCRIPT
 // FLUSH (NOSCRIPT), and the counts survive.
 func TestRedisStoreScriptFlush(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { testScriptFlush(t, NewRedisStore(testClient, testPrefix(t))) })
+	t.Run("batched", func(t *testing.T) {
+		b := NewBatcher(testClient)
+		t.Cleanup(func() { b.Close() })
+		testScriptFlush(t, NewRedisStore(testClient, testPrefix(t)).Batched(b))
+	})
+}
+
+// testScriptFlush: after SCRIPT FLUSH the store loads the script again and
+// decides on the state it had.
+func testScriptFlush(t *testing.T, s *RedisStore) {
 	ctx := testContext(t)
-	s := NewRedisStore(testClient, testPrefix(t))
 	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 3}}
 	for range 2 {
 		allow1(t, s, c)
