@@ -42,8 +42,12 @@ var ErrBatcherClosed = errors.New("redis batcher closed")
 type Batcher struct {
 	client Pipeliner
 	queue  chan *batchCall
+	// mu orders queueing against Close: calls queue under the read lock,
+	// and Close sets closed under the write lock, so every call queued is
+	// one the flushers see before they stop.
+	mu     sync.RWMutex
+	closed bool
 	done   chan struct{}
-	closed sync.Once
 	wg     sync.WaitGroup
 }
 
@@ -75,7 +79,12 @@ func NewBatcher(client Pipeliner) *Batcher {
 // Close stops the flushers once the calls they hold are answered. Calls made
 // after it fail with ErrBatcherClosed. It does not close the client.
 func (b *Batcher) Close() error {
-	b.closed.Do(func() { close(b.done) })
+	b.mu.Lock()
+	if !b.closed {
+		b.closed = true
+		close(b.done)
+	}
+	b.mu.Unlock()
 	b.wg.Wait()
 	return nil
 }
@@ -115,17 +124,8 @@ func (b *Batcher) ScriptLoad(ctx context.Context, script string) *redis.StringCm
 // call queues one script call and waits for its reply or its deadline.
 func (b *Batcher) call(ctx context.Context, sha bool, payload string, keys []string, args []any) *redis.Cmd {
 	c := &batchCall{ctx: ctx, sha: sha, payload: payload, keys: keys, args: args, ready: make(chan struct{})}
-	select {
-	case <-b.done:
-		return failedCmd(ctx, ErrBatcherClosed)
-	default:
-	}
-	select {
-	case b.queue <- c:
-	case <-ctx.Done():
-		return failedCmd(ctx, ctx.Err())
-	case <-b.done:
-		return failedCmd(ctx, ErrBatcherClosed)
+	if err := b.enqueue(c); err != nil {
+		return failedCmd(ctx, err)
 	}
 	select {
 	case <-c.ready:
@@ -133,6 +133,22 @@ func (b *Batcher) call(ctx context.Context, sha bool, payload string, keys []str
 	case <-ctx.Done():
 		// The flusher still answers c; nobody reads it.
 		return failedCmd(ctx, ctx.Err())
+	}
+}
+
+// enqueue hands c to the flushers, waiting for room in the queue until c's
+// deadline.
+func (b *Batcher) enqueue(c *batchCall) error {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return ErrBatcherClosed
+	}
+	select {
+	case b.queue <- c:
+		return nil
+	case <-c.ctx.Done():
+		return c.ctx.Err()
 	}
 }
 
