@@ -47,6 +47,7 @@ type config struct {
 	out         string
 	quick       bool
 	cpuprofile  string
+	profiled    string
 	repo        string
 	limiter     string   // extra subdirectives for the limited site, separated by ';'
 	args        []string // the command line, for the report
@@ -62,7 +63,8 @@ func main() {
 	flag.IntVar(&cfg.threads, "threads", 1, "wrk threads (-t); wrk shares the CPUs with Caddy and Redis")
 	flag.StringVar(&cfg.out, "out", "../BENCHMARKS.md", "report to write; the chart goes next to it with the extension .svg")
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test the tool: 1 run of 3s, 1s warm-up, 3s settle")
-	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra many-clients limited run to this file")
+	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra limited run to this file")
+	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot or mixed")
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
 	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited site, separated by ';' (e.g. 'autopipeline on')")
 	flag.Parse()
@@ -156,7 +158,11 @@ func run(ctx context.Context, cfg config) error {
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
-		if err := profileRun(ctx, cfg, scripts[scenarios[0].slug], site); err != nil {
+		script, ok := scripts[cfg.profiled]
+		if !ok {
+			return fmt.Errorf("-profile-scenario %q: want many, bot or mixed", cfg.profiled)
+		}
+		if err := profileRun(ctx, cfg, script, site); err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
 		}
 		profileNote = cfg.cpuprofile
@@ -231,14 +237,14 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 }
 
 // profileRun fetches a CPU profile from Caddy's admin endpoint during an
-// extra many-clients limited run. It is not one of the measured runs:
+// extra limited run of one scenario. It is not one of the measured runs:
 // profiling costs a few percent, which would bias the medians.
 func profileRun(ctx context.Context, cfg config, script string, site sites) error {
 	secs := int(cfg.duration.Seconds()) - 1
 	if secs < 1 {
 		secs = 1
 	}
-	say("cpu profile: %ds of Caddy during an extra many-clients limited run -> %s", secs, cfg.cpuprofile)
+	say("cpu profile: %ds of Caddy during an extra %s limited run -> %s", secs, cfg.profiled, cfg.cpuprofile)
 	type fetched struct {
 		data []byte
 		err  error

@@ -430,7 +430,7 @@ func (r report) markdown(chartFile string) string {
 		}
 	}
 	if r.profile != "" {
-		p("- A CPU profile of Caddy during an extra, unmeasured many-clients limited run: `%s` (go tool pprof).", r.profile)
+		p("- A CPU profile of Caddy during an extra, unmeasured %s limited run: `%s` (go tool pprof).", r.cfg.profiled, r.profile)
 	}
 	return b.String()
 }
