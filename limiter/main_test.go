@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
@@ -32,6 +33,14 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testClient.Close()
 	srv.Close()
+	// Every store, batcher and breaker the tests made was closed: none may
+	// leave a goroutine behind.
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left after the tests:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 
