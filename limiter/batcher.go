@@ -202,36 +202,46 @@ func (b *Batcher) drain() {
 // have gone, and a Redis that recovers from a freeze should not be handed the
 // backlog.
 func (b *Batcher) send(batch []*batchCall) {
-	pipe := b.client.Pipeline()
-	ctx, cancel := batchContext(batch)
-	defer cancel()
+	live := make([]*batchCall, 0, len(batch))
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
 			c.reply = failedCmd(c.ctx, err)
 			continue
 		}
-		if c.sha {
-			c.reply = pipe.EvalSha(ctx, c.payload, c.keys, c.args...)
-		} else {
-			c.reply = pipe.Eval(ctx, c.payload, c.keys, c.args...)
-		}
+		live = append(live, c)
 	}
-	if pipe.Len() > 0 {
-		// Each command carries its own error; Exec's is the first of them.
-		_, _ = pipe.Exec(ctx)
+	if len(live) > 0 {
+		b.exec(live)
 	}
 	for _, c := range batch {
 		close(c.ready)
 	}
 }
 
+// exec runs calls as one pipeline and sets each call's reply; each command
+// carries its own error.
+func (b *Batcher) exec(calls []*batchCall) {
+	pipe := b.client.Pipeline()
+	ctx, cancel := batchContext(calls)
+	defer cancel()
+	for _, c := range calls {
+		if c.sha {
+			c.reply = pipe.EvalSha(ctx, c.payload, c.keys, c.args...)
+		} else {
+			c.reply = pipe.Eval(ctx, c.payload, c.keys, c.args...)
+		}
+	}
+	// Exec's error is the first command's; every caller reads its own.
+	_, _ = pipe.Exec(ctx)
+}
+
 // batchContext returns the context of one pipeline: it ends at the latest
-// deadline of the batch's calls, so that a frozen Redis releases the
+// deadline of its calls, so that a frozen Redis releases the
 // connection once every caller has given up, and never sooner. It carries no
 // values and no cancellation of any one caller.
-func batchContext(batch []*batchCall) (context.Context, context.CancelFunc) {
+func batchContext(calls []*batchCall) (context.Context, context.CancelFunc) {
 	var latest time.Time
-	for _, c := range batch {
+	for _, c := range calls {
 		d, ok := c.ctx.Deadline()
 		if !ok {
 			return context.WithCancel(context.Background())
