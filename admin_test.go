@@ -44,29 +44,28 @@ func adminDo(t *testing.T, method, path string) (int, []byte) {
 // adminState GETs a client's state and fails the test unless it is a 200.
 func adminState(t *testing.T, zone, escapedKey string) keyState {
 	t.Helper()
-	status, body := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/"+zone+"/keys/"+escapedKey)
-	if status != http.StatusOK {
-		t.Fatalf("GET %s/%s: status %d %s", zone, escapedKey, status, body)
-	}
-	var s keyState
-	if err := json.Unmarshal(body, &s); err != nil {
-		t.Fatalf("GET %s/%s: %v in %s", zone, escapedKey, err, body)
-	}
-	return s
+	return adminKeyCall[keyState](t, http.MethodGet, zone, escapedKey)
 }
 
 // adminReset DELETEs a client and fails the test unless it is a 200.
 func adminReset(t *testing.T, zone, escapedKey string) resetAnswer {
 	t.Helper()
-	status, body := adminDo(t, http.MethodDelete, "/sliding_ratelimit/zones/"+zone+"/keys/"+escapedKey)
+	return adminKeyCall[resetAnswer](t, http.MethodDelete, zone, escapedKey)
+}
+
+// adminKeyCall sends method to a client's admin path and decodes the JSON
+// answer, failing the test unless it is a 200.
+func adminKeyCall[T any](t *testing.T, method, zone, escapedKey string) T {
+	t.Helper()
+	status, body := adminDo(t, method, "/sliding_ratelimit/zones/"+zone+"/keys/"+escapedKey)
 	if status != http.StatusOK {
-		t.Fatalf("DELETE %s/%s: status %d %s", zone, escapedKey, status, body)
+		t.Fatalf("%s %s/%s: status %d %s", method, zone, escapedKey, status, body)
 	}
-	var a resetAnswer
-	if err := json.Unmarshal(body, &a); err != nil {
-		t.Fatalf("DELETE %s/%s: %v in %s", zone, escapedKey, err, body)
+	var answer T
+	if err := json.Unmarshal(body, &answer); err != nil {
+		t.Fatalf("%s %s/%s: %v in %s", method, zone, escapedKey, err, body)
 	}
-	return a
+	return answer
 }
 
 // serveAdmin calls the admin handler directly, as Caddy's admin server
