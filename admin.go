@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,18 +26,25 @@ func init() {
 //	GET    /sliding_ratelimit/zones/<zone>/keys/<key>   a client's state, as JSON
 //	DELETE /sliding_ratelimit/zones/<zone>/keys/<key>   reset the client, everywhere
 //
-// <key> is the client key as the handler builds it before grouping and
-// hashing (an IP address, a header value, ...): everything after /keys/, so
-// it may hold '/'. Percent-encode '%', '?', '#', and a '/' or '.' that would
-// make "//", "/./" or "/../" (the admin server cleans such paths). It is
-// normalised as the handler's keys are, so 2001:db8::1 addresses
-// 2001:db8::/64 with the default ipv6_prefix.
+// <zone> is a zone's name, or its identity ("default:1m:100", see
+// zoneIdentity) where several handlers have zones of that name with
+// different limits: then the name alone is ambiguous and answered with 409
+// Conflict, which lists the identities.
 //
-// A zone name may belong to several handlers (sites, or the old and the new
-// config during a reload). GET answers from the newest; DELETE resets the
-// key in every store those handlers use, drops it from their deny caches,
-// and announces it through Redis so that every other instance drops it from
-// theirs (see resets.go).
+// <key> is the client key: everything after /keys/, so it may hold '/'.
+// Percent-encode '%', '?', '#', and a '/' or '.' that would make "//", "/./"
+// or "/../" (the admin server cleans such paths). An address is grouped as
+// the handler's keys are, so 2001:db8::1 addresses 2001:db8::/64 with the
+// default ipv6_prefix. In a zone keyed by request values, a key that is not
+// an address is a value ("Bearer abc"); an address there means the client
+// address a key fell back to, and "=" before a value addresses a value that
+// looks like an address. A hashed key ("#...") is taken as it is.
+//
+// One zone may belong to several handlers (sites that share it, or the old
+// and the new config during a reload). GET answers from the newest; DELETE
+// resets the key in every store those handlers use, drops it from their deny
+// caches, and announces it through Redis so that every other instance drops
+// it from theirs (see resets.go).
 type AdminAPI struct {
 	logger *zap.Logger
 }
@@ -73,6 +81,8 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 // keyState is the answer to GET: a client's state in a zone now.
 type keyState struct {
 	Zone string `json:"zone"`
+	// Identity names the zone's state: name, window, limit (zoneIdentity).
+	Identity string `json:"identity"`
 	// Key is the client key after normalisation, as stored.
 	Key           string  `json:"key"`
 	Limit         int64   `json:"limit"`
@@ -116,10 +126,28 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name", zoneName),
 		}
 	}
+	if ids := identities(zones); len(ids) > 1 {
+		return caddy.APIError{
+			HTTPStatus: http.StatusConflict,
+			Err: fmt.Errorf("zone %s is ambiguous: handlers have zones of that name with different limits: %s; name one of them in the path instead of %s",
+				zoneName, strings.Join(ids, ", "), zoneName),
+		}
+	}
 	if r.Method == http.MethodGet {
 		return a.peek(w, r, regs[0], zones[0], rawKey)
 	}
-	return a.reset(w, r, regs, zoneName, rawKey)
+	return a.reset(w, r, regs, zones, rawKey)
+}
+
+// identities returns the distinct identities of zones, in order.
+func identities(zones []*Zone) []string {
+	var ids []string
+	for _, z := range zones {
+		if !slices.Contains(ids, z.identity) {
+			ids = append(ids, z.identity)
+		}
+	}
+	return ids
 }
 
 // parseKeyPath returns the zone and the client key of an escaped path of the
@@ -142,10 +170,10 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, reg *registration, z *Zone, rawKey string) error {
 	h := reg.h
-	key := normalizeKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(h))
 	defer cancel()
-	checks := []limiter.Check{{Zone: z.Name, Key: key, Limit: z.limit}}
+	checks := []limiter.Check{{Zone: z.identity, Key: key, Limit: z.limit}}
 	decisions := make([]limiter.Decision, 1)
 	if err := h.inspector.Peek(ctx, checks, decisions); err != nil {
 		return caddy.APIError{
@@ -156,21 +184,29 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, reg *registratio
 	d := decisions[0]
 	return writeJSON(w, http.StatusOK, keyState{
 		Zone:              z.Name,
+		Identity:          z.identity,
 		Key:               key,
 		Limit:             z.limit.Max,
-		WindowSeconds:     z.limit.Window.Seconds(),
+		WindowSeconds:     milliseconds(z.limit.Window),
 		Algorithm:         z.limit.Algorithm.String(),
 		Count:             max(z.limit.Max-d.Remaining, 0),
 		Remaining:         d.Remaining,
-		ResetSeconds:      d.Reset.Seconds(),
-		RetryAfterSeconds: d.RetryAfter.Seconds(),
+		ResetSeconds:      milliseconds(d.Reset),
+		RetryAfterSeconds: milliseconds(d.RetryAfter),
 	})
+}
+
+// milliseconds is d in seconds, rounded to the millisecond, so that JSON
+// shows 59.9 rather than 59.899483000000004.
+func milliseconds(d time.Duration) float64 {
+	return float64(d.Round(time.Millisecond).Milliseconds()) / 1000
 }
 
 // reset answers DELETE: it resets the key in every distinct store of the
 // handlers with the zone, forgets it in their deny caches, then announces it
 // to the other instances.
-func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registration, zone, rawKey string) error {
+func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registration, zones []*Zone, rawKey string) error {
+	zone, identity := zones[0].Name, zones[0].identity
 	type target struct {
 		store any
 		key   string
@@ -188,7 +224,7 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 	)
 	for i, reg := range regs {
 		h := reg.h
-		keys[i] = normalizeKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+		keys[i] = zones[i].key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 		for _, s := range reg.stores {
 			t := target{s.id, keys[i]}
 			if done[t] {
@@ -196,14 +232,14 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 			}
 			done[t] = true
 			ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(h))
-			err := s.store.Reset(ctx, zone, keys[i])
+			err := s.store.Reset(ctx, identity, keys[i])
 			cancel()
 			if err != nil {
 				errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
 				continue
 			}
 			if s.redis != nil && reg.resets != nil {
-				announce = append(announce, announcement{reg.resets, s.redis.Key(zone, keys[i]), h})
+				announce = append(announce, announcement{reg.resets, s.redis.Key(identity, keys[i]), h})
 			}
 		}
 	}
@@ -212,7 +248,7 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 	// the store may have reset the key before failing, and forgetting costs
 	// one store call at most.
 	for i, reg := range regs {
-		reg.h.cache.Forget(zone, keys[i])
+		reg.h.cache.Forget(identity, keys[i])
 	}
 	for _, an := range announce {
 		ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(an.h))

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // adminURL is the caddytest Caddy's admin endpoint (globalOptions).
@@ -131,7 +132,7 @@ http://localhost:9080 {
 	respond "ok"
 }`)
 	s := adminState(t, "adm_get", "alice")
-	if want := (keyState{Zone: "adm_get", Key: "alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Remaining: 5}); s != want {
+	if want := (keyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Remaining: 5}); s != want {
 		t.Errorf("fresh key: %+v, want %+v", s, want)
 	}
 
@@ -187,7 +188,7 @@ http://localhost:9080 {
 	if reg.h.cache.Stats().Hits == 0 {
 		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
 	}
-	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "bob"}) {
+	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
 		t.Errorf("DELETE answered %+v", got)
 	}
 	if s := adminState(t, "adm_del", "bob"); s.Count != 0 || s.Remaining != 2 {
@@ -361,16 +362,20 @@ http://localhost:9080 {
 		paths        []string // escaped as sent
 		stored       string
 	}{
-		{"ipv6 grouped by /64", "2001:db8:1:2::7",
-			[]string{"2001:db8:1:2::/64", "2001:db8:1:2::99", "2001%3Adb8%3A1%3A2%3A%3A%2F64", "2001:db8:1:2::%2F64"}, "2001:db8:1:2::/64"},
-		{"ipv4 grouped by /24", "198.51.100.7",
-			[]string{"198.51.100.200", "198.51.100.0/24", "198.51.100.0%2F24"}, "198.51.100.0/24"},
-		{"slashes", "team/a/b", []string{"team/a/b", "team%2Fa%2Fb"}, "team/a/b"},
-		{"double slash", "a//b", []string{"a%2F%2Fb"}, "a//b"},
-		{"keys in key", "x/keys/y", []string{"x/keys/y"}, "x/keys/y"},
-		{"space and percent", "a b%c", []string{"a%20b%25c"}, "a b%c"},
-		{"unicode", "ключ", []string{url.PathEscape("ключ")}, "ключ"},
-		{"long key hashed", long, []string{long}, normalizeKey(long, 24, 64)},
+		// A value that looks like an address is named with the value mark,
+		// as the zone stores it; without it, the name is the client address
+		// a key fell back to.
+		{"ipv6 value grouped by /64", "2001:db8:1:2::7",
+			[]string{"=2001:db8:1:2::/64", "=2001:db8:1:2::99", "%3D2001%3Adb8%3A1%3A2%3A%3A%2F64", "=2001:db8:1:2::%2F64"}, "=2001:db8:1:2::/64"},
+		{"ipv4 value grouped by /24", "198.51.100.7",
+			[]string{"=198.51.100.200", "=198.51.100.0/24", "=198.51.100.0%2F24"}, "=198.51.100.0/24"},
+		{"fallback address grouped by /24", "", []string{"127.0.0.1", "127.0.0.0/24", "127.0.0.0%2F24", "127.0.0.200"}, "127.0.0.0/24"},
+		{"slashes", "team/a/b", []string{"team/a/b", "team%2Fa%2Fb", "=team/a/b"}, "=team/a/b"},
+		{"double slash", "a//b", []string{"a%2F%2Fb"}, "=a//b"},
+		{"keys in key", "x/keys/y", []string{"x/keys/y"}, "=x/keys/y"},
+		{"space and percent", "a b%c", []string{"a%20b%25c"}, "=a b%c"},
+		{"unicode", "ключ", []string{url.PathEscape("ключ")}, "=ключ"},
+		{"long key hashed", long, []string{long, url.PathEscape(hashedKey("=" + long))}, hashedKey("=" + long)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if res, _ := get(t, tester, "http://localhost:9080/", c.client); res.StatusCode != http.StatusOK {
@@ -559,6 +564,9 @@ var adminPathSeeds = []string{
 	"/sliding_ratelimit/zones/adm_fuzz/keys/\x00\xff\r\n",
 }
 
+// hashedKey is the stored form of a key too long to keep.
+func hashedKey(key string) string { return limiter.BoundKey(key) }
+
 func FuzzAdminKeyPath(f *testing.F) {
 	for _, s := range adminPathSeeds {
 		f.Add(s)
@@ -569,7 +577,10 @@ func FuzzAdminKeyPath(f *testing.F) {
 			t.Errorf("%q: parsed to zone %q key %q without an error", target, zone, key)
 		}
 		if err == nil {
-			normalizeKey(key, 24, 64)
+			tmpl := parseKeyTemplate("{http.request.header.X}")
+			if stored := tmpl.storedKey(key, 24, 64); stored == "" || len(stored) > limiter.MaxKeyLen {
+				t.Errorf("%q: stored key %q, want 1 to %d bytes", target, stored, limiter.MaxKeyLen)
+			}
 		}
 		serveAdmin(http.MethodGet, target)
 	})

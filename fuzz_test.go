@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -31,27 +32,54 @@ func FuzzCaddyfile(f *testing.F) {
 	})
 }
 
-// FuzzClientKey: whatever a client sends, the key is non-empty, at most
-// 64 bytes, free of hash-tag braces, and the same input gives the same key.
+// FuzzClientKey: whatever a client sends, the key is 1 to 64 bytes without
+// hash-tag braces; no value can make an address key (the key another client,
+// or the same client without the header, gets); two different first values
+// never share a key, unless both are addresses in one prefix; and a repeated
+// header adds nothing to the first.
 func FuzzClientKey(f *testing.F) {
-	for _, seed := range []string{
-		"", "192.0.2.1", "2001:db8::1", "::ffff:192.0.2.1", "fe80::1%eth0",
-		strings.Repeat("k", 100), "a{b}c", "#x", "\r\n\x00", "ключ",
+	for _, seed := range [][2]string{
+		{"", ""}, {"192.0.2.1", "x"}, {"2001:db8::1", "2001:db8::2"}, {"::ffff:192.0.2.1", ""},
+		{"fe80::1%eth0", "a"}, {strings.Repeat("k", 100), "b"}, {"a{b}c", "a"}, {"#x", "=x"},
+		{"\r\n\x00", ":"}, {"ключ", "@127.0.0.1"}, {"=192.0.2.1", "192.0.2.1"}, {"a:b", "a%3Ab"},
 	} {
-		f.Add(seed)
+		f.Add(seed[0], seed[1])
 	}
-	f.Fuzz(func(t *testing.T, value string) {
+	templates := []keyTemplate{
+		parseKeyTemplate("{http.request.header.X-Key}"),
+		parseKeyTemplate("k:{http.request.header.X-Key}"),
+		parseKeyTemplate("{http.request.header.X-Key}:{http.request.header.X-Other}"),
+	}
+	request := func(values ...string) *http.Request {
 		r := httptest.NewRequest("GET", "http://example.test/", nil)
-		r.Header["X-Key"] = []string{value}
+		r.RemoteAddr = "192.0.2.1:4000"
+		if len(values) > 0 && values[0] != "" {
+			r.Header["X-Key"] = values
+		}
+		return r
+	}
+	f.Fuzz(func(t *testing.T, a, b string) {
 		repl := caddy.NewReplacer()
-		repl.Set("http.request.header.X-Key", value)
-		for _, bits := range [][2]int{{32, 64}, {24, 48}, {1, 1}, {32, 128}} {
-			key := clientKey(r, repl, "{http.request.header.X-Key}", bits[0], bits[1])
-			if key == "" || len(key) > 64 || strings.ContainsAny(key, "{}") {
-				t.Fatalf("key %q from %q: want 1 to 64 bytes without braces", key, value)
-			}
-			if again := clientKey(r, repl, "{http.request.header.X-Key}", bits[0], bits[1]); again != key {
-				t.Fatalf("key of %q changed: %q then %q", value, key, again)
+		address := addressKey("192.0.2.1", 32, 64)
+		for _, tmpl := range templates {
+			for _, bits := range [][2]int{{32, 64}, {24, 48}, {1, 1}} {
+				key, fellBack := tmpl.key(request(a), repl, bits[0], bits[1])
+				if key == "" || len(key) > 64 || strings.ContainsAny(key, "{}") {
+					t.Fatalf("%s: key %q from %q: want 1 to 64 bytes without braces", tmpl.raw, key, a)
+				}
+				if fellBack != (a == "") {
+					t.Fatalf("%s: value %q: fell back %v", tmpl.raw, a, fellBack)
+				}
+				if a != "" && (key == address || isAddress(key) || !strings.HasPrefix(key, valueKeyMark) && !strings.HasPrefix(key, "#")) {
+					t.Fatalf("%s: value %q made key %q, outside the value namespace", tmpl.raw, a, key)
+				}
+				if repeated, _ := tmpl.key(request(a, b), repl, bits[0], bits[1]); a != "" && repeated != key {
+					t.Fatalf("%s: a repeated header changed the key of %q: %q then %q", tmpl.raw, a, key, repeated)
+				}
+				sameGroup := isAddress(a) && isAddress(b) && groupIP(a, bits[0], bits[1]) == groupIP(b, bits[0], bits[1])
+				if other, _ := tmpl.key(request(b), repl, bits[0], bits[1]); a != b && a != "" && b != "" && !sameGroup && other == key {
+					t.Fatalf("%s: values %q and %q share the key %q", tmpl.raw, a, b, key)
+				}
 			}
 		}
 	})

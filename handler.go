@@ -43,7 +43,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if !applies {
 			continue
 		}
-		checks = append(checks, limiter.Check{Zone: z.Name, Key: h.keyFor(r, repl, z.Key, zones, checks), Limit: z.limit})
+		checks = append(checks, limiter.Check{Zone: z.identity, Key: h.keyFor(r, repl, z, zones, checks), Limit: z.limit})
 		zones = append(zones, z)
 	}
 	if len(checks) == 0 {
@@ -166,15 +166,19 @@ func count(zones []*Zone, result string) {
 	}
 }
 
-// keyFor returns the client key for a zone's key template, reusing the key
-// already built for an earlier zone with the same template.
-func (h *Handler) keyFor(r *http.Request, repl *caddy.Replacer, template string, zones []*Zone, checks []limiter.Check) string {
-	for i, z := range zones {
-		if z.Key == template {
+// keyFor returns the client key of zone z, reusing the key already built for
+// an earlier zone with the same template.
+func (h *Handler) keyFor(r *http.Request, repl *caddy.Replacer, z *Zone, zones []*Zone, checks []limiter.Check) string {
+	for i, other := range zones {
+		if other.Key == z.Key {
 			return checks[i].Key
 		}
 	}
-	return clientKey(r, repl, template, h.IPv4Prefix, h.IPv6Prefix)
+	key, fellBack := z.key.key(r, repl, h.IPv4Prefix, h.IPv6Prefix)
+	if fellBack {
+		z.fallbacks.record(z.Key)
+	}
+	return key
 }
 
 // mostRestrictive picks the decision the headers report: among denying zones

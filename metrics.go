@@ -23,6 +23,7 @@ var limiterMetrics struct {
 	once          sync.Once
 	decisions     *prometheus.CounterVec
 	denyCacheHits *prometheus.CounterVec
+	keyFallbacks  *prometheus.CounterVec
 	redisDuration prometheus.Histogram
 	circuitState  prometheus.Gauge
 }
@@ -39,6 +40,10 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
 			Help: "Denials answered by the local deny cache without a Redis call.",
 		}, []string{"zone"})
+		m.keyFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "key_fallbacks_total",
+			Help: "Requests whose key template expanded to nothing, so that they were keyed by client address.",
+		}, []string{"zone"})
 		m.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "redis_duration_seconds",
 			Help:    "Time of one rate-limit decision by Redis, errors included.",
@@ -52,7 +57,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.redisDuration, m.circuitState} {
+	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

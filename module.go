@@ -249,7 +249,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 			return fmt.Errorf("zone %s is defined twice", z.Name)
 		}
 		seen[z.Name] = true
-		if err := z.provision(ctx, h.Key, h.Algorithm); err != nil {
+		if err := z.provision(ctx, h.logger, h.Key, h.Algorithm); err != nil {
 			return err
 		}
 		z.initMetrics()

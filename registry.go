@@ -106,25 +106,27 @@ func (r *registry) remove(h *Handler) *registration {
 }
 
 // withZone returns the registrations of the handlers that have a zone of
-// that name, newest first, with the zone of each.
+// that name or identity, newest first, with the zone of each.
 func (r *registry) withZone(name string) ([]*registration, []*Zone) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	var regs []*registration
 	var zones []*Zone
 	for i := len(r.regs) - 1; i >= 0; i-- {
-		if z := r.regs[i].h.zone(name); z != nil {
-			regs = append(regs, r.regs[i])
-			zones = append(zones, z)
+		for _, z := range r.regs[i].h.zones {
+			if z.Name == name || z.identity == name {
+				regs = append(regs, r.regs[i])
+				zones = append(zones, z)
+			}
 		}
 	}
 	return regs, zones
 }
 
-// zone returns the handler's zone of that name, or nil.
-func (h *Handler) zone(name string) *Zone {
+// zoneByIdentity returns the handler's zone of that identity, or nil.
+func (h *Handler) zoneByIdentity(identity string) *Zone {
 	for _, z := range h.zones {
-		if z.Name == name {
+		if z.identity == identity {
 			return z
 		}
 	}

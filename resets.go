@@ -273,7 +273,7 @@ func (l *resetListener) forget(key string) {
 	// Client keys never hold '}' (limiter.BoundKey hashes such keys), so
 	// the first "}:" ends the client key.
 	client, zone, ok := strings.Cut(rest, "}:")
-	if ok && l.h.zone(zone) == nil {
+	if ok && l.h.zoneByIdentity(zone) == nil {
 		return
 	}
 	if !ok || l.store.Key(zone, client) != key {

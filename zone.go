@@ -10,9 +10,14 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
+
+// counterMinMax is the smallest max_requests for which the counter algorithm
+// is not warned about: below it, its estimate can block for up to two windows.
+const counterMinMax = 10
 
 // Zone is one named limit. A request is admitted only if every zone that
 // applies to it admits it.
@@ -31,12 +36,13 @@ type Zone struct {
 	// Denied requests do not count. Required; at least 1.
 	MaxRequests int64 `json:"max_requests,omitempty"`
 
-	// Key identifies the client in this zone. Default: the handler's key.
+	// Key identifies the client in this zone, with placeholders expanded per
+	// request (see the handler's key). Default: the handler's key.
 	Key string `json:"key,omitempty"`
 
 	// Algorithm is "log" (exact sliding-window log; memory grows with
-	// MaxRequests) or "counter" (sliding-window counter; O(1) memory per key,
-	// approximate). Default: the handler's algorithm.
+	// max_requests) or "counter" (sliding-window counter; O(1) memory per
+	// key, approximate). Default: the handler's algorithm.
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// MatchersRaw limits the zone to requests that match; default: all
@@ -45,6 +51,12 @@ type Zone struct {
 
 	matchers caddyhttp.MatcherSets
 	limit    limiter.Limit
+	key      keyTemplate
+	// identity names the zone's state in stores and deny caches: the name
+	// and what makes it a different limit (see zoneIdentity).
+	identity string
+	// fallbacks logs keys that fell back to the client address.
+	fallbacks *fallbackLog
 	// policy is the RateLimit-Policy item, fixed per zone.
 	policy string
 	// quotedName and maxText are precomputed for headers and placeholders.
@@ -64,10 +76,11 @@ func (z *Zone) initMetrics() {
 		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
 	}
 	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
+	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
-func (z *Zone) provision(ctx caddy.Context, defaultKey, defaultAlgorithm string) error {
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defaultAlgorithm string) error {
 	if z.Key == "" {
 		z.Key = defaultKey
 	}
@@ -89,7 +102,20 @@ func (z *Zone) provision(ctx caddy.Context, defaultKey, defaultAlgorithm string)
 	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
 	if z.Algorithm == algorithmCounter {
 		z.limit.Algorithm = limiter.SlidingCounter
+		if z.MaxRequests < counterMinMax {
+			logger.Warn("algorithm counter with a small max_requests can block a client for up to two windows; use algorithm log for small limits",
+				zap.String("zone", z.Name), zap.Int64("max_requests", z.MaxRequests))
+		}
 	}
+	z.identity = zoneIdentity(z.Name, z.limit)
+	z.key = parseKeyTemplate(z.Key)
+	for _, name := range z.key.placeholderNames() {
+		if !knownPlaceholder(name) {
+			logger.Warn("key placeholder is not one Caddy provides to a request handler: it will expand to \"\" and the key fall back to the client address (a typo?)",
+				zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), zap.String("key", z.Key))
+		}
+	}
+	z.fallbacks = newFallbackLog(logger, z.Name, time.Minute)
 	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
 	z.quotedName = strconv.Quote(z.Name)
 	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)

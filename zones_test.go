@@ -147,7 +147,7 @@ http://localhost:9080 {
 			t.Errorf("request %d: retry_after placeholder %q, want 0 only while admitted", i, retryAfter)
 		}
 	}
-	card, err := sharedRedis.Client(t).ZCard(context.Background(), prefix+"{r1}:default").Result()
+	card, err := sharedRedis.Client(t).ZCard(context.Background(), prefix+"{=r1}:default:1m:2").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,83 @@
+package slidingratelimit
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// throttle counts events and says when one is due to be logged: at most once
+// per interval, with the count of events since the last line. A Redis outage
+// or a misconfigured key under load must not write one line per request.
+type throttle struct {
+	interval time.Duration
+
+	mu      sync.Mutex
+	last    time.Time
+	pending int64
+}
+
+// event counts one event and, when a line is due, returns the count since the
+// last one and true.
+func (t *throttle) event() (int64, bool) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pending++
+	if !t.last.IsZero() && now.Sub(t.last) < t.interval {
+		return 0, false
+	}
+	count := t.pending
+	t.pending = 0
+	t.last = now
+	return count, true
+}
+
+// failureLog logs store failures, throttled.
+type failureLog struct {
+	logger *zap.Logger
+	throttle
+}
+
+func newFailureLog(logger *zap.Logger, interval time.Duration) *failureLog {
+	return &failureLog{logger: logger, throttle: throttle{interval: interval}}
+}
+
+// record counts one failure decided by failMode and logs when due.
+func (f *failureLog) record(failMode string, err error) {
+	if count, due := f.event(); due {
+		f.logger.Error("rate limit store unavailable; applying fail mode",
+			zap.String("fail_mode", failMode),
+			zap.Int64("failures", count),
+			zap.Error(err))
+	}
+}
+
+// fallbackLog counts and logs, throttled, the requests of a zone whose key
+// template expanded to nothing, so that they were keyed by client address: a
+// header that never comes, or a placeholder with a typo, shows up.
+type fallbackLog struct {
+	logger  *zap.Logger
+	zone    string
+	counter prometheus.Counter
+	throttle
+}
+
+func newFallbackLog(logger *zap.Logger, zone string, interval time.Duration) *fallbackLog {
+	return &fallbackLog{logger: logger, zone: zone, throttle: throttle{interval: interval}}
+}
+
+// record counts one fallback and logs when due.
+func (f *fallbackLog) record(template string) {
+	if f.counter != nil {
+		f.counter.Inc()
+	}
+	if count, due := f.event(); due {
+		f.logger.Info("rate limit key expanded to nothing: keyed by client address",
+			zap.String("zone", f.zone),
+			zap.String("key", template),
+			zap.Int64("requests", count))
+	}
+}

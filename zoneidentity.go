@@ -1,0 +1,46 @@
+package slidingratelimit
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// zoneIdentity names a zone's state in Redis keys and deny caches: its name,
+// window, max_requests and, for the counter, its algorithm, as in
+// "default:1m:100" or "login:10m:3:counter". Two handlers share a zone's state
+// exactly when their zones agree on all of these (and on the Redis and the
+// key prefix), so two sites that both use the three-line form with different
+// limits never count each other's requests, while handlers that are meant to
+// share one limit say so by giving their zones the same name and limit.
+// Changing a zone's limit or algorithm on a reload starts its clients over.
+func zoneIdentity(name string, limit limiter.Limit) string {
+	var b strings.Builder
+	b.WriteString(name)
+	b.WriteByte(':')
+	b.WriteString(formatWindow(limit.Window))
+	b.WriteByte(':')
+	b.WriteString(strconv.FormatInt(limit.Max, 10))
+	if limit.Algorithm == limiter.SlidingCounter {
+		b.WriteString(":counter")
+	}
+	return b.String()
+}
+
+// formatWindow writes a window in its largest whole unit: 1h, 90s, 1500ms,
+// 250us.
+func formatWindow(w time.Duration) string {
+	for _, u := range []struct {
+		unit   time.Duration
+		suffix string
+	}{
+		{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}, {time.Microsecond, "us"},
+	} {
+		if w%u.unit == 0 {
+			return strconv.FormatInt(int64(w/u.unit), 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(w), 10) + "ns"
+}
