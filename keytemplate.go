@@ -61,11 +61,11 @@ type keyTemplate struct {
 type partKind uint8
 
 const (
-	partLiteral partKind = iota
-	partHeader           // {http.request.header.<name>}: the first value
-	partQuery            // {http.request.uri.query.<name>}: the first value
-	partCookie           // {http.request.cookie.<name>}: the first cookie of that name
-	partReplacer         // any other placeholder, expanded by Caddy's replacer
+	partLiteral  partKind = iota
+	partHeader            // {http.request.header.<name>}: the first value
+	partQuery             // {http.request.uri.query.<name>}: the first value
+	partCookie            // {http.request.cookie.<name>}: the first cookie of that name
+	partReplacer          // any other placeholder, expanded by Caddy's replacer
 )
 
 type keyPart struct {
