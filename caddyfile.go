@@ -62,7 +62,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("sliding_ratelimit takes no arguments besides a matcher, got '%s': options go in its block", d.Val())
 	}
 	seen := make(map[string]bool)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -84,8 +84,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.Zones = append(h.Zones, z)
 		case "log_keys":
-			if d.NextArg() {
-				return d.ArgErr()
+			if args := d.RemainingArgs(); len(args) > 0 {
+				return d.Errf("log_keys takes no arguments, got %d", len(args))
 			}
 			h.LogKeys = true
 		default:
@@ -257,13 +257,32 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	return z, nil
 }
 
-// oneArg returns the single argument of the current subdirective.
+// subdirectiveSyntax is the form of each subdirective that takes one
+// argument, for errors that say what was expected.
+var subdirectiveSyntax = map[string]string{
+	"window":       "window <duration>",
+	"max_requests": "max_requests <n>",
+	"key":          "key <template>",
+	"algorithm":    "algorithm log|counter",
+	"mode":         "mode enforce|report",
+	"fail_mode":    "fail_mode open|closed|local",
+	"headers":      "headers draft|legacy|off",
+	"ipv4_prefix":  "ipv4_prefix <bits>",
+	"ipv6_prefix":  "ipv6_prefix <bits>",
+	"key_prefix":   "key_prefix <string>",
+	"timeout":      "timeout <duration>",
+	"autopipeline": "autopipeline on|off",
+}
+
+// oneArg returns the single argument of the current subdirective, or an
+// error that names the subdirective and its form.
 func oneArg(d *caddyfile.Dispenser) (string, error) {
-	var arg string
-	if !d.AllArgs(&arg) {
-		return "", d.ArgErr()
+	name := d.Val()
+	args := d.RemainingArgs()
+	if len(args) != 1 {
+		return "", d.Errf("%s takes one argument (%s), got %d", name, subdirectiveSyntax[name], len(args))
 	}
-	return arg, nil
+	return args[0], nil
 }
 
 // oneOf parses an argument that must be one of allowed.

@@ -91,7 +91,9 @@ const denyCacheEvictSamples = 8
 // On a cache hit (any check's (zone, key) is cached as denied) Allow does not
 // call the wrapped store and records nothing, as the store would not for a
 // denied request. Each cached check gets Allowed false, Remaining 0, and
-// RetryAfter and Reset both the time left until its entry expires; every other
+// RetryAfter and Reset both the true time left: the store's RetryAfter counted
+// from when its answer came back, not the entry's trimmed expiry, so a
+// client is never told to come back early; every other
 // check gets Decision{Allowed: true} with Remaining and Reset zero: on a hit
 // only the denying decisions carry meaning. AllowCached reports whether the
 // answer was a hit.
@@ -138,9 +140,14 @@ type denyKey struct{ zone, key string }
 
 type denySlot struct {
 	k denyKey
-	// until is when the denial ends, in nanoseconds of the cache's monotonic
-	// clock (since its epoch).
+	// until is when the entry expires, in nanoseconds of the cache's
+	// monotonic clock (since its epoch): no later than the key's next
+	// admission anywhere.
 	until int64
+	// retryAt is what a client is told to wait for, on the same clock: the
+	// store's exact retry time counted from when its answer came back, never
+	// earlier than the true admission, and never trimmed.
+	retryAt int64
 }
 
 type denyShard struct {
@@ -215,8 +222,8 @@ func (c *DenyCache) Cached(checks []Check, decisions []Decision) bool {
 	now := c.now()
 	hit := false
 	for i := range checks {
-		if until, ok := c.lookup(checks[i].Zone, checks[i].Key, now); ok {
-			left := time.Duration(until - now)
+		if retryAt, ok := c.lookup(checks[i].Zone, checks[i].Key, now); ok {
+			left := time.Duration(retryAt - now)
 			decisions[i] = Decision{RetryAfter: left, Reset: left, Cached: true, token: -1}
 			hit = true
 		} else {
@@ -238,12 +245,13 @@ func (c *DenyCache) ask(ctx context.Context, checks []Check, decisions []Decisio
 	if err := c.next.Allow(ctx, checks, decisions); err != nil {
 		return err
 	}
+	end := c.now()
 	for i := range decisions {
 		d := decisions[i].RetryAfter
 		if decisions[i].Allowed || d <= 0 || i >= len(checks) {
 			continue
 		}
-		c.remember(checks[i].Zone, checks[i].Key, start+int64(d-d/denyCacheDriftDivisor-denyCacheRounding), gen)
+		c.remember(checks[i].Zone, checks[i].Key, start+int64(d-d/denyCacheDriftDivisor-denyCacheRounding), end+int64(d), gen)
 	}
 	return nil
 }
@@ -316,22 +324,23 @@ func (c *DenyCache) shard(zone, key string) *denyShard {
 	return &c.shards[h&c.mask]
 }
 
-// lookup returns when the denial of key in zone ends, if it is cached and
-// later than now; an expired entry is dropped.
-func (c *DenyCache) lookup(zone, key string, now int64) (until int64, ok bool) {
+// lookup returns when a client denied in zone may retry, if the denial is
+// cached and its entry has not expired by now; an expired entry is dropped.
+func (c *DenyCache) lookup(zone, key string, now int64) (retryAt int64, ok bool) {
 	k := denyKey{zone, key}
 	s := c.shard(zone, key)
 	s.mu.RLock()
 	i, ok := s.index[k]
+	var until int64
 	if ok {
-		until = s.slots[i].until
+		until, retryAt = s.slots[i].until, s.slots[i].retryAt
 	}
 	s.mu.RUnlock()
 	if !ok {
 		return 0, false
 	}
 	if until > now {
-		return until, true
+		return retryAt, true
 	}
 	s.mu.Lock()
 	if i, ok := s.index[k]; ok && s.slots[i].until <= now {
@@ -341,9 +350,10 @@ func (c *DenyCache) lookup(zone, key string, now int64) (until int64, ok bool) {
 	return 0, false
 }
 
-// remember caches that key is denied in zone until until, unless the cache
-// was cleared or a key forgotten since generation gen began.
-func (c *DenyCache) remember(zone, key string, until int64, gen uint64) {
+// remember caches that key is denied in zone until until, and that its
+// clients may retry at retryAt, unless the cache was cleared or a key
+// forgotten since generation gen began.
+func (c *DenyCache) remember(zone, key string, until, retryAt int64, gen uint64) {
 	s := c.shard(zone, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -359,6 +369,7 @@ func (c *DenyCache) remember(zone, key string, until int64, gen uint64) {
 		// Both are lower bounds of the key's next admission; keep the later.
 		if until > s.slots[i].until {
 			s.slots[i].until = until
+			s.slots[i].retryAt = retryAt
 		}
 		return
 	}
@@ -366,7 +377,7 @@ func (c *DenyCache) remember(zone, key string, until int64, gen uint64) {
 		c.evict(s, now)
 	}
 	s.index[k] = int32(len(s.slots))
-	s.slots = append(s.slots, denySlot{k: k, until: until})
+	s.slots = append(s.slots, denySlot{k: k, until: until, retryAt: retryAt})
 	s.minUntil = min(s.minUntil, until)
 	s.sinceSweep++
 	c.entries.Add(1)

@@ -286,8 +286,9 @@ func TestDenyCacheNeverDeniesWhatRedisAdmits(t *testing.T) {
 		if !again.hit || again.d.Allowed || inner.calls.Load() != 3 {
 			t.Fatalf("second denial: hit %v, %+v, %d store calls", again.hit, again.d, inner.calls.Load())
 		}
-		if most := denied.end.Add(denied.d.RetryAfter).Sub(again.start); again.d.RetryAfter <= 0 || again.d.RetryAfter > most {
-			t.Errorf("hit RetryAfter %v, want in (0, %v]", again.d.RetryAfter, most)
+		least, most := denied.start.Add(denied.d.RetryAfter).Sub(again.end), denied.end.Add(denied.d.RetryAfter).Sub(again.start)
+		if again.d.RetryAfter < least || again.d.RetryAfter > most {
+			t.Errorf("hit RetryAfter %v, want the store's retry counted from its answer, in [%v, %v]", again.d.RetryAfter, least, most)
 		}
 		if again.d.Reset != again.d.RetryAfter || again.d.Remaining != 0 {
 			t.Errorf("hit decision %+v: want Reset = RetryAfter, Remaining 0", again.d)
@@ -300,6 +301,27 @@ func TestDenyCacheNeverDeniesWhatRedisAdmits(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// TestDenyCacheTellsTheUntrimmedWait: the drift margin shortens the entry's
+// own life (a day's wait by 86 s), never the wait a client is told.
+func TestDenyCacheTellsTheUntrimmedWait(t *testing.T) {
+	const retry = 24 * time.Hour
+	c := NewDenyCache(dcFunc(func(_ context.Context, checks []Check, ds []Decision) error {
+		for i := range checks {
+			ds[i] = Decision{RetryAfter: retry, Reset: retry}
+		}
+		return nil
+	}), 10)
+	check := Check{Zone: "z", Key: "k", Limit: Limit{Window: retry, Max: 1}}
+	first := dcAllow1(t, c, check)
+	hit := dcAllow1(t, c, check)
+	if !hit.hit {
+		t.Fatal("second call missed the cache")
+	}
+	if least := first.start.Add(retry).Sub(hit.end); hit.d.RetryAfter < least {
+		t.Errorf("hit RetryAfter %v, want at least %v: the trim leaked into the answer", hit.d.RetryAfter, least)
+	}
 }
 
 // TestDenyCacheExpiryFromCallStart checks that the cached expiry counts the
@@ -326,8 +348,10 @@ func TestDenyCacheExpiryFromCallStart(t *testing.T) {
 	if !hit.hit {
 		t.Fatalf("second call missed the cache")
 	}
-	if bound := first.start.Add(retry).Sub(hit.start); hit.d.RetryAfter > bound {
-		t.Errorf("hit RetryAfter %v, later than the retry counted from before the call (%v)", hit.d.RetryAfter, bound)
+	// What the client is told is the store's wait counted from its answer:
+	// never early, and not trimmed like the entry's own expiry.
+	if least, most := first.start.Add(retry).Sub(hit.end), first.end.Add(retry).Sub(hit.start); hit.d.RetryAfter < least || hit.d.RetryAfter > most {
+		t.Errorf("hit RetryAfter %v, want the retry counted from the answer, in [%v, %v]", hit.d.RetryAfter, least, most)
 	}
 	// Before first.end+retry but after first.start+retry: only the safe side
 	// lets it through.
