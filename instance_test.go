@@ -39,6 +39,24 @@ func newInstance(t *testing.T, config string) *instance {
 	return &instance{h}
 }
 
+// provisionError provisions a handler from its JSON config and returns the
+// error of Provision or Validate, nil if both pass.
+func provisionError(t *testing.T, config string) error {
+	t.Helper()
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(config), h); err != nil {
+		t.Fatalf("config %s: %v", config, err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	err := h.Provision(ctx)
+	if err == nil {
+		err = h.Validate()
+	}
+	t.Cleanup(func() { h.Cleanup() })
+	return err
+}
+
 // okHandler is the next handler: it answers 200.
 var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 	w.WriteHeader(http.StatusOK)

@@ -279,6 +279,9 @@ func (h *Handler) provisionStores() error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	h.releases = append(h.releases, release)
+	if err := h.checkRedis(client.UniversalClient); err != nil {
+		return err
+	}
 	redisStore := limiter.NewRedisStore(client.UniversalClient, h.KeyPrefix)
 	h.inspector = redisStore
 	redisStore = redisStore.Batched(client.batcher)

@@ -1,0 +1,341 @@
+package slidingratelimit
+
+import (
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddytest"
+)
+
+// clientAt returns an HTTP client whose connections come from ip, a real
+// second (third, ...) client on the loopback network, not a header that
+// pretends to be one.
+func clientAt(t *testing.T, ip string) *http.Client {
+	t.Helper()
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
+	transport := &http.Transport{DialContext: dialer.DialContext}
+	t.Cleanup(transport.CloseIdleConnections)
+	return &http.Client{Transport: transport, Timeout: 10 * time.Second}
+}
+
+// request sends one GET with headers, each value a separate header line, and
+// returns the status and response headers.
+func request(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) (int, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range headers {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", rawURL, err)
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	return res.StatusCode, res.Header
+}
+
+// limitedSite is a site on :9080 limited by key, max_requests 2 a minute.
+func limitedSite(t *testing.T, key string) string {
+	return `
+:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 2
+		key ` + key + `
+		redis ` + sharedRedis.URL() + `
+		key_prefix ` + uniquePrefix(t) + `
+	}
+	respond "ok"
+}`
+}
+
+// expect sends one request per status in want and checks each answer.
+func expect(t *testing.T, what string, client *http.Client, rawURL string, headers map[string][]string, want ...int) {
+	t.Helper()
+	for i, w := range want {
+		if got, _ := request(t, client, rawURL, headers); got != w {
+			t.Errorf("%s, request %d: status %d, want %d", what, i+1, got, w)
+		}
+	}
+}
+
+const site = "http://127.0.0.1:9080/"
+
+// TestForgedKeyCannotSpendAnotherClientsQuota: a header that holds another
+// client's address lands in the value namespace, never on the key that
+// client falls back to.
+func TestForgedKeyCannotSpendAnotherClientsQuota(t *testing.T) {
+	startCaddy(t, limitedSite(t, "{http.request.header.Authorization}"))
+	attacker, victim := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.1")
+	forged := map[string][]string{"Authorization": {"127.0.0.1"}}
+	expect(t, "127.0.0.2 sending Authorization: 127.0.0.1", attacker, site, forged, 200, 200, 429)
+	expect(t, "127.0.0.1 without the header", victim, site, nil, 200, 200, 429)
+	// And the other way round: the victim's fallback key spends nothing of
+	// the value the attacker used up.
+	expect(t, "127.0.0.3 sending Authorization: 127.0.0.1", clientAt(t, "127.0.0.3"), site, forged, 429)
+}
+
+// TestRepeatedValuesDoNotDodgeTheLimit: the key is the first value, the one
+// the application reads, for headers, query parameters and cookies.
+func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
+	for _, c := range []struct {
+		name, key string
+		first     func() (string, map[string][]string)
+		repeated  func() (string, map[string][]string)
+	}{
+		{"header", "{http.request.header.Authorization}",
+			func() (string, map[string][]string) { return site, map[string][]string{"Authorization": {"Bearer Z"}} },
+			func() (string, map[string][]string) {
+				return site, map[string][]string{"Authorization": {"Bearer Z", "junk1"}}
+			}},
+		{"query", "{http.request.uri.query.apikey}",
+			func() (string, map[string][]string) { return site + "?apikey=k1", nil },
+			func() (string, map[string][]string) { return site + "?apikey=k1&apikey=x1", nil }},
+		{"cookie", "{http.request.cookie.session}",
+			func() (string, map[string][]string) { return site, map[string][]string{"Cookie": {"session=s1"}} },
+			func() (string, map[string][]string) {
+				return site, map[string][]string{"Cookie": {"session=s1; session=x1", "session=x2"}}
+			}},
+		{"caddyfile shorthand", "{header.Authorization}",
+			func() (string, map[string][]string) { return site, map[string][]string{"Authorization": {"Bearer Y"}} },
+			func() (string, map[string][]string) {
+				return site, map[string][]string{"Authorization": {"Bearer Y", "junk2"}}
+			}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			startCaddy(t, limitedSite(t, c.key))
+			client := clientAt(t, "127.0.0.2")
+			url, headers := c.first()
+			expect(t, "first value alone", client, url, headers, 200, 200)
+			url, headers = c.repeated()
+			expect(t, "first value repeated with others", client, url, headers, 429)
+			// Another value is another client.
+			expect(t, "another first value", client, site+"?apikey=other", map[string][]string{
+				"Authorization": {"Bearer other"}, "Cookie": {"session=other"}}, 200)
+		})
+	}
+}
+
+// TestCompositeKeys: a template of several placeholders falls back to the
+// client address only when all of them are empty; a missing part is keyed by
+// address within the others; moving text between parts makes another key.
+func TestCompositeKeys(t *testing.T) {
+	startCaddy(t, limitedSite(t, "{http.request.header.X-Org}:{http.request.header.X-User}"))
+	two, three := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.3")
+
+	expect(t, "127.0.0.2, no headers", two, site, nil, 200, 200, 429)
+	expect(t, "127.0.0.3, no headers", three, site, nil, 200)
+
+	orgOnly := map[string][]string{"X-Org": {"acme"}}
+	expect(t, "127.0.0.2, X-Org only", two, site, orgOnly, 200, 200, 429)
+	expect(t, "127.0.0.3, X-Org only", three, site, orgOnly, 200)
+
+	full := map[string][]string{"X-Org": {"acme"}, "X-User": {"u1"}}
+	expect(t, "127.0.0.2, org and user", two, site, full, 200, 200, 429)
+	expect(t, "127.0.0.3, the same org and user", three, site, full, 429)
+	shifted := map[string][]string{"X-Org": {"acme:u1"}}
+	expect(t, "127.0.0.3, org 'acme:u1' and no user", three, site, shifted, 200)
+	shifted = map[string][]string{"X-Org": {"acme"}, "X-User": {":u1"}}
+	expect(t, "127.0.0.3, org 'acme' and user ':u1'", three, site, shifted, 200)
+	fakeMissing := map[string][]string{"X-Org": {"acme"}, "X-User": {"@127.0.0.2"}}
+	expect(t, "127.0.0.3, user '@127.0.0.2' (the stand-in of a missing user)", three, site, fakeMissing, 200)
+}
+
+// TestSitesWithDifferentLimitsDoNotShare: two sites with the three-line form
+// and their own limits, on one Redis and key prefix, count apart; two zones
+// of the same name and limit share, as asked; the admin API addresses an
+// ambiguous name by identity.
+func TestSitesWithDifferentLimitsDoNotShare(t *testing.T) {
+	prefix := uniquePrefix(t)
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit /a* {
+		window 1m
+		max_requests 3
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+	}
+	sliding_ratelimit /b* {
+		window 1h
+		max_requests 100
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+	}
+	sliding_ratelimit /s1* {
+		zone shared 1m 2
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+	}
+	sliding_ratelimit /s2* {
+		zone shared 1m 2
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+	}
+	respond "ok"
+}`)
+	client := clientAt(t, "127.0.0.2")
+	expect(t, "100/h site", client, site+"b", nil, 200, 200, 200, 200, 200)
+	expect(t, "3/min site after five on the other", client, site+"a", nil, 200, 200, 200, 429)
+	expect(t, "zone shared on one handler", client, site+"s1", nil, 200)
+	expect(t, "zone shared on the other", client, site+"s2", nil, 200, 429)
+
+	status, raw := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/default/keys/127.0.0.2")
+	body := string(raw)
+	if status != http.StatusConflict || !strings.Contains(body, "default:1m:3") || !strings.Contains(body, "default:1h:100") {
+		t.Errorf("GET by the ambiguous name: %d %s, want 409 naming both identities", status, body)
+	}
+	for identity, count := range map[string]int64{"default:1m:3": 3, "default:1h:100": 5, "shared": 2} {
+		if s := adminState(t, identity, "127.0.0.2"); s.Count != count {
+			t.Errorf("GET %s: count %d, want %d", identity, s.Count, count)
+		}
+	}
+}
+
+// TestCachedRetryAfterIsTheTrueWait: denials from the deny cache tell the
+// wait Redis reports, rounded up, not one trimmed for clock drift (a day's
+// window: 86 s early before).
+func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone daily 24h 1
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	client := clientAt(t, "127.0.0.2")
+	expect(t, "first", client, site, nil, 200)
+	reg := registered(t, "daily")
+	for i := 0; i < 3; i++ {
+		status, h := request(t, client, site, nil)
+		if status != http.StatusTooManyRequests {
+			t.Fatalf("denial %d: status %d", i+1, status)
+		}
+		told, err := strconv.ParseInt(h.Get("Retry-After"), 10, 64)
+		if err != nil {
+			t.Fatalf("Retry-After %q: %v", h.Get("Retry-After"), err)
+		}
+		truth := adminState(t, "daily", "127.0.0.2").RetryAfterSeconds
+		if told < int64(math.Floor(truth)) || told > int64(math.Ceil(truth))+1 {
+			t.Errorf("denial %d: Retry-After %d, Redis says %.3f s", i+1, told, truth)
+		}
+		if !strings.Contains(h.Get("RateLimit"), ";t="+h.Get("Retry-After")) {
+			t.Errorf("denial %d: RateLimit %q, want t= the Retry-After %s", i+1, h.Get("RateLimit"), h.Get("Retry-After"))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if reg.h.cache.Stats().Hits == 0 {
+		t.Fatal("no denial came from the deny cache; the test would not cross it")
+	}
+	// The admin API's seconds are rounded to the millisecond.
+	_, raw := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/daily/keys/127.0.0.2")
+	for _, field := range []string{"window_seconds", "reset_seconds", "retry_after_seconds"} {
+		if !regexp.MustCompile(`"` + field + `":\d+(\.\d{1,3})?[,}]`).Match(raw) {
+			t.Errorf("%s not in whole milliseconds: %s", field, raw)
+		}
+	}
+}
+
+// TestKeyTyposAndFallbacksSpeakUp: a placeholder no request has is warned
+// about at provision; keys that fall back to the client address are counted
+// and logged at most once a minute.
+func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+	skip_install_trust
+	admin localhost:2999
+	http_port 9080
+	grace_period 1ns
+	log {
+		output file `+logFile+`
+		level INFO
+	}
+	servers {
+		metrics
+	}
+}
+:9080 {
+	sliding_ratelimit {
+		zone typo 1m 100 {
+			key {http.request.heder.X-Api-Key}
+		}
+		zone header 1m 100 {
+			key {header.X-Api-Key}
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`, "caddyfile")
+	before := scrape(t, `caddy_sliding_ratelimit_key_fallbacks_total{zone="header"}`)
+	client := clientAt(t, "127.0.0.2")
+	expect(t, "without X-Api-Key", client, site, nil, 200, 200, 200)
+	if got := scrape(t, `caddy_sliding_ratelimit_key_fallbacks_total{zone="header"}`) - before; got != 3 {
+		t.Errorf("key_fallbacks_total of zone header rose by %v, want 3", got)
+	}
+	logs, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logs), "http.request.heder.X-Api-Key") || !strings.Contains(string(logs), "not one Caddy provides") {
+		t.Errorf("no warning about the misspelt placeholder; log:\n%s", logs)
+	}
+	if strings.Contains(string(logs), `"placeholder":"{http.request.header.X-Api-Key}"`) {
+		t.Errorf("a correct placeholder was warned about; log:\n%s", logs)
+	}
+	if n := strings.Count(string(logs), `"zone":"header","key":"{http.request.header.X-Api-Key}"`); n != 1 {
+		t.Errorf("%d fallback log lines for zone header after 3 requests, want 1; log:\n%s", n, logs)
+	}
+}
+
+// TestCounterWithSmallLimitWarns: the counter's estimate can block a client
+// for up to two windows when max_requests is small; provision says so.
+func TestCounterWithSmallLimitWarns(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	err := validateCaddyfile(t, `{
+	log {
+		output file `+logFile+`
+	}
+}
+:0 {
+	sliding_ratelimit {
+		zone small 1m 1 {
+			algorithm counter
+		}
+		zone large 1m 100 {
+			algorithm counter
+		}
+	}
+	respond "ok"
+}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logs), "up to two windows") || !strings.Contains(string(logs), `"zone":"small"`) {
+		t.Errorf("no warning for the counter with max_requests 1; log:\n%s", logs)
+	}
+	if strings.Contains(string(logs), `"zone":"large","max_requests":100`) {
+		t.Errorf("warned about the counter with max_requests 100; log:\n%s", logs)
+	}
+}
