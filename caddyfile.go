@@ -1,7 +1,7 @@
 package slidingratelimit
 
 import (
-	"slices"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -77,12 +77,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			for _, other := range h.Zones {
-				if other.Name == z.Name {
-					return d.Errf("zone '%s' is defined twice", z.Name)
-				}
-			}
 			h.Zones = append(h.Zones, z)
+			if err := checkZoneNames(false, h.Zones); err != nil {
+				return d.Err(err.Error())
+			}
 		case "log_keys":
 			if args := d.RemainingArgs(); len(args) > 0 {
 				return d.Errf("log_keys takes no arguments, got %d", len(args))
@@ -109,12 +107,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if !seen["window"] && len(h.Zones) == 0 {
 		return d.Err("window and max_requests are required (or at least one zone)")
 	}
-	if seen["window"] {
-		for _, z := range h.Zones {
-			if z.Name == defaultZone {
-				return d.Errf("zone '%s' clashes with the zone that window and max_requests define", defaultZone)
-			}
-		}
+	if err := checkZoneNames(seen["window"], h.Zones); err != nil {
+		return d.Err(err.Error())
 	}
 	return nil
 }
@@ -123,15 +117,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	switch name {
 	case "mode":
-		return oneOf(d, name, &h.Mode, modeEnforce, modeReport)
+		return oneOf(d, modeEnum, &h.Mode)
 	case "fail_mode":
-		return oneOf(d, name, &h.FailMode, failOpen, failClosed, failLocal)
+		return oneOf(d, failModeEnum, &h.FailMode)
 	case "headers":
-		return oneOf(d, name, &h.Headers, headersDraft, headersLegacy, headersOff)
+		return oneOf(d, headersEnum, &h.Headers)
 	case "ipv4_prefix":
-		return prefixBits(d, name, &h.IPv4Prefix, 32)
+		return prefixBits(d, name, &h.IPv4Prefix, maxIPv4Prefix)
 	case "ipv6_prefix":
-		return prefixBits(d, name, &h.IPv6Prefix, 128)
+		return prefixBits(d, name, &h.IPv6Prefix, maxIPv6Prefix)
 	case "redis":
 		args := d.RemainingArgs()
 		switch {
@@ -154,15 +148,15 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		if err != nil {
 			return err
 		}
-		if strings.ContainsAny(arg, "{}") {
-			return d.Errf("key_prefix must not contain '{' or '}', got %q", arg)
+		if err := checkKeyPrefix(arg); err != nil {
+			return d.Err(err.Error())
 		}
 		h.KeyPrefix = arg
 	case "timeout":
 		return positiveDuration(d, name, &h.Timeout)
 	case "autopipeline":
 		var onOff string
-		if err := oneOf(d, name, &onOff, "on", "off"); err != nil {
+		if err := oneOf(d, enum{"autopipeline", []string{"on", "off"}}, &onOff); err != nil {
 			return err
 		}
 		on := onOff == "on"
@@ -193,7 +187,7 @@ func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duratio
 		}
 		*key = arg
 	case "algorithm":
-		return true, oneOf(d, name, algorithm, algorithmLog, algorithmCounter)
+		return true, oneOf(d, algorithmEnum, algorithm)
 	default:
 		return false, nil
 	}
@@ -263,10 +257,10 @@ var subdirectiveSyntax = map[string]string{
 	"window":       "window <duration>",
 	"max_requests": "max_requests <n>",
 	"key":          "key <template>",
-	"algorithm":    "algorithm log|counter",
-	"mode":         "mode enforce|report",
-	"fail_mode":    "fail_mode open|closed|local",
-	"headers":      "headers draft|legacy|off",
+	"algorithm":    "algorithm " + algorithmEnum.syntax(),
+	"mode":         "mode " + modeEnum.syntax(),
+	"fail_mode":    "fail_mode " + failModeEnum.syntax(),
+	"headers":      "headers " + headersEnum.syntax(),
 	"ipv4_prefix":  "ipv4_prefix <bits>",
 	"ipv6_prefix":  "ipv6_prefix <bits>",
 	"key_prefix":   "key_prefix <string>",
@@ -285,15 +279,18 @@ func oneArg(d *caddyfile.Dispenser) (string, error) {
 	return args[0], nil
 }
 
-// oneOf parses an argument that must be one of allowed.
-func oneOf(d *caddyfile.Dispenser, name string, dst *string, allowed ...string) error {
+// oneOf parses the argument of an enum's subdirective.
+func oneOf(d *caddyfile.Dispenser, e enum, dst *string) error {
 	arg, err := oneArg(d)
 	if err != nil {
 		return err
 	}
-	if !slices.Contains(allowed, arg) {
-		last := len(allowed) - 1
-		return d.Errf("%s must be %s or %s, got %q", name, strings.Join(allowed[:last], ", "), allowed[last], arg)
+	err = e.check(arg)
+	if arg == "" {
+		err = fmt.Errorf("%s must be %s, got %q", e.field, e.syntax(), arg)
+	}
+	if err != nil {
+		return d.Err(err.Error())
 	}
 	*dst = arg
 	return nil
@@ -315,8 +312,8 @@ func parseDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Duration, er
 	if err != nil {
 		return 0, d.Errf("%s: invalid duration %q: %v", name, arg, err)
 	}
-	if dur <= 0 {
-		return 0, d.Errf("%s must be greater than zero, got %s", name, arg)
+	if err := checkPositive(name, dur); err != nil {
+		return 0, d.Err(err.Error())
 	}
 	return caddy.Duration(dur), nil
 }
@@ -326,8 +323,8 @@ func parseMaxRequests(d *caddyfile.Dispenser, arg string) (int64, error) {
 	if err != nil {
 		return 0, d.Errf("max_requests must be a whole number, got %q", arg)
 	}
-	if n < 1 {
-		return 0, d.Errf("max_requests must be at least 1, got %d", n)
+	if err := checkMaxRequests(n); err != nil {
+		return 0, d.Err(err.Error())
 	}
 	return n, nil
 }
@@ -339,8 +336,11 @@ func prefixBits(d *caddyfile.Dispenser, name string, dst *int, max int) error {
 		return err
 	}
 	n, err := strconv.Atoi(arg)
-	if err != nil || n < 1 || n > max {
-		return d.Errf("%s must be a whole number from 1 to %d, got %q", name, max, arg)
+	if err != nil {
+		return d.Errf("%s must be a whole number, got %q", name, arg)
+	}
+	if err := checkPrefixBits(name, n, max); err != nil {
+		return d.Err(err.Error())
 	}
 	*dst = n
 	return nil

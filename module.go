@@ -7,8 +7,6 @@ package slidingratelimit
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -215,10 +213,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Headers == "" {
 		h.Headers = headersDraft
 	}
-	if err := h.checkFields(); err != nil {
-		return err
-	}
-
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}
@@ -243,12 +237,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests})
 	}
 	h.zones = append(h.zones, h.Zones...)
-	seen := make(map[string]bool)
 	for _, z := range h.zones {
-		if seen[z.Name] {
-			return fmt.Errorf("zone %s is defined twice", z.Name)
-		}
-		seen[z.Name] = true
 		if err := z.provision(ctx, h.logger, h.Key, h.Algorithm); err != nil {
 			return err
 		}
@@ -309,44 +298,6 @@ func (h *Handler) breakerChanged(from, to limiter.BreakerState) {
 		return
 	}
 	h.logger.Info("circuit breaker state changed", zap.String("from", from.String()), zap.String("to", to.String()))
-}
-
-// Validate checks the provisioned configuration.
-func (h *Handler) Validate() error {
-	return h.checkFields()
-}
-
-// checkFields reports the first handler field whose value is out of range.
-// Zero values of optional fields are accepted: they mean the default.
-func (h *Handler) checkFields() error {
-	switch {
-	case h.Window == 0 && h.MaxRequests == 0 && len(h.Zones) == 0:
-		return errors.New("no limit: set window and max_requests, or at least one zone")
-	case h.Window < 0 || (h.Window == 0 && h.MaxRequests != 0):
-		return errors.New("window must be greater than zero")
-	case h.MaxRequests < 0 || (h.MaxRequests == 0 && h.Window != 0):
-		return fmt.Errorf("max_requests must be at least 1, got %d", h.MaxRequests)
-	case h.Timeout < 0:
-		return errors.New("timeout must be greater than zero")
-	case h.IPv4Prefix < 0 || h.IPv4Prefix > 32:
-		return fmt.Errorf("ipv4_prefix must be from 1 to 32, got %d", h.IPv4Prefix)
-	case h.IPv6Prefix < 0 || h.IPv6Prefix > 128:
-		return fmt.Errorf("ipv6_prefix must be from 1 to 128, got %d", h.IPv6Prefix)
-	case strings.ContainsAny(h.KeyPrefix, "{}"):
-		return fmt.Errorf("key_prefix must not contain '{' or '}', got %q", h.KeyPrefix)
-	}
-	for _, c := range []struct{ field, value, allowed string }{
-		{"fail_mode", h.FailMode, "open closed local"},
-		{"headers", h.Headers, "draft legacy off"},
-		{"mode", h.Mode, "enforce report"},
-		{"algorithm", h.Algorithm, "log counter"},
-		{"redis_topology", h.RedisTopology, "standalone cluster sentinel"},
-	} {
-		if c.value != "" && !slices.Contains(strings.Fields(c.allowed), c.value) {
-			return fmt.Errorf("%s must be one of %s, got %q", c.field, strings.ReplaceAll(c.allowed, " ", ", "), c.value)
-		}
-	}
-	return nil
 }
 
 // Cleanup releases the stores, closing the Redis client when no other

@@ -1,7 +1,6 @@
 package slidingratelimit
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -87,9 +86,6 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defa
 	if z.Algorithm == "" {
 		z.Algorithm = defaultAlgorithm
 	}
-	if err := z.check(); err != nil {
-		return err
-	}
 	if z.MatchersRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatchersRaw")
 		if err != nil {
@@ -122,46 +118,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defa
 	return nil
 }
 
-// check reports the first field out of range, naming the zone and field.
-func (z *Zone) check() error {
-	if err := checkZoneName(z.Name); err != nil {
-		return err
-	}
-	switch {
-	case z.Window <= 0:
-		return fmt.Errorf("zone %s: window must be greater than zero", z.Name)
-	case z.MaxRequests < 1:
-		return fmt.Errorf("zone %s: max_requests must be at least 1, got %d", z.Name, z.MaxRequests)
-	}
-	switch z.Algorithm {
-	case "", algorithmLog, algorithmCounter:
-	default:
-		return fmt.Errorf("zone %s: algorithm must be log or counter, got %q", z.Name, z.Algorithm)
-	}
-	return nil
-}
-
 // applies reports whether the zone limits r.
 func (z *Zone) applies(r *http.Request) (bool, error) {
 	if len(z.matchers) == 0 {
 		return true, nil
 	}
 	return z.matchers.AnyMatchWithError(r)
-}
-
-// checkZoneName accepts names safe in a quoted header item, a metrics label,
-// a URL path segment and a Redis key.
-func checkZoneName(name string) error {
-	if name == "" {
-		return errors.New("zone name is required")
-	}
-	if len(name) > 64 {
-		return fmt.Errorf("zone name %q is longer than 64 bytes", name)
-	}
-	for _, c := range name {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
-		}
-	}
-	return nil
 }
