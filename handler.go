@@ -19,93 +19,129 @@ var errRateLimited = errors.New("rate limit exceeded")
 // exceededEvent is emitted once per client and block (see ServeHTTP).
 const exceededEvent = "sliding_ratelimit.exceeded"
 
-// maxInlineZones is how many applicable zones a request can have before the
-// per-request buffers spill to the heap.
-const maxInlineZones = 4
-
 // ServeHTTP decides the request in every zone that applies, with one store
 // call, and either passes it on or answers 429 (or, when the store fails,
 // applies the fail mode).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-
-	var (
-		zonesBuf     [maxInlineZones]*Zone
-		checksBuf    [maxInlineZones]limiter.Check
-		decisionsBuf [maxInlineZones]limiter.Decision
-	)
-	zones, checks := zonesBuf[:0], checksBuf[:0]
-	for _, z := range h.zones {
-		applies, err := z.applies(r)
-		if err != nil {
-			return caddyhttp.Error(http.StatusInternalServerError, err)
-		}
-		if !applies {
-			continue
-		}
-		checks = append(checks, limiter.Check{Zone: z.identity, Key: h.keyFor(r, repl, z, zones, checks), Limit: z.limit})
-		zones = append(zones, z)
+	var req request
+	if err := h.applicable(r, repl, &req); err != nil {
+		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
-	if len(checks) == 0 {
+	if len(req.checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	var decisions []limiter.Decision
-	if len(checks) <= maxInlineZones {
-		decisions = decisionsBuf[:len(checks)]
-	} else {
-		decisions = make([]limiter.Decision, len(checks))
-	}
-
-	cached, err := h.decide(r.Context(), checks, decisions)
-	local := false
+	source, err := h.decide(r.Context(), &req)
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away: nothing failed, and no one waits.
 			return nil
 		}
 		h.failures.record(h.FailMode, err)
-		switch h.FailMode {
-		case failClosed:
-			count(zones, resultFailedClosed)
-			return caddyhttp.Error(http.StatusServiceUnavailable, err)
-		case failLocal:
-			// The in-process store never fails.
-			_ = h.local.Allow(r.Context(), checks, decisions)
-			local = true
-		default:
-			count(zones, resultFailedOpen)
-			return next.ServeHTTP(w, r)
+		if h.FailMode != failLocal {
+			return h.failed(w, r, next, &req, err)
 		}
+		// The in-process store never fails.
+		_ = h.local.Allow(r.Context(), req.checks, req.decisions)
+		source = fromLocal
 	}
-
-	shown := mostRestrictive(decisions)
-	writeHeaders(w.Header(), h.Headers, zones, decisions, shown)
-	setPlaceholders(repl, zones[shown], decisions[shown])
-	if limiter.Admitted(decisions) {
-		if local {
-			count(zones, resultLocal)
-		} else {
-			count(zones, resultAllowed)
-		}
+	shown := mostRestrictive(req.decisions)
+	writeHeaders(w.Header(), h.Headers, req.zones, req.decisions, shown)
+	setPlaceholders(repl, req.zones[shown], req.decisions[shown])
+	if limiter.Admitted(req.decisions) {
+		count(req.zones, source.allowed())
 		return next.ServeHTTP(w, r)
 	}
+	return h.deny(w, r, next, &req, shown, source)
+}
 
-	z, d := zones[shown], decisions[shown]
-	result := resultDenied
-	if local {
-		result = resultLocal
+// maxInlineZones is how many applicable zones a request can have before its
+// buffers spill to the heap.
+const maxInlineZones = 4
+
+// request is one request's zones, checks and decisions, index by index; its
+// buffers keep the common case off the heap.
+type request struct {
+	zones     []*Zone
+	checks    []limiter.Check
+	decisions []limiter.Decision
+
+	zonesBuf     [maxInlineZones]*Zone
+	checksBuf    [maxInlineZones]limiter.Check
+	decisionsBuf [maxInlineZones]limiter.Decision
+}
+
+// applicable fills req with the zones that apply to r and their checks.
+func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, req *request) error {
+	req.zones, req.checks = req.zonesBuf[:0], req.checksBuf[:0]
+	for _, z := range h.zones {
+		applies, err := z.applies(r)
+		if err != nil {
+			return err
+		}
+		if !applies {
+			continue
+		}
+		req.checks = append(req.checks, limiter.Check{Zone: z.identity, Key: h.keyFor(r, repl, z, req.zones, req.checks), Limit: z.limit})
+		req.zones = append(req.zones, z)
 	}
-	for i, d := range decisions {
+	if len(req.checks) <= maxInlineZones {
+		req.decisions = req.decisionsBuf[:len(req.checks)]
+	} else {
+		req.decisions = make([]limiter.Decision, len(req.checks))
+	}
+	return nil
+}
+
+// source says who decided a request.
+type source uint8
+
+const (
+	fromStore source = iota // the store (Redis or in-process)
+	fromCache               // the deny cache, without a store call
+	fromLocal               // the in-process fallback, for fail_mode local
+)
+
+func (s source) allowed() string {
+	if s == fromLocal {
+		return resultLocalAllowed
+	}
+	return resultAllowed
+}
+
+func (s source) denied() string {
+	if s == fromLocal {
+		return resultLocalDenied
+	}
+	return resultDenied
+}
+
+// failed applies fail_mode open or closed to a request the store could not
+// decide.
+func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request, err error) error {
+	if h.FailMode == failClosed {
+		count(req.zones, resultFailedClosed)
+		return caddyhttp.Error(http.StatusServiceUnavailable, err)
+	}
+	count(req.zones, resultFailedOpen)
+	return next.ServeHTTP(w, r)
+}
+
+// deny counts a denial and answers it: 429 with Retry-After, or, in report
+// mode, the next handler.
+func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request, shown int, src source) error {
+	for i, d := range req.decisions {
 		if !d.Allowed {
-			zones[i].decisions[result].Inc()
+			req.zones[i].decisions[src.denied()].Inc()
 		}
 	}
-	if cached {
+	z, d := req.zones[shown], req.decisions[shown]
+	if src == fromCache {
 		z.cacheHits.Inc()
 	} else {
 		// Later denials of this block come from the deny cache, so this runs
 		// once per client and block (per instance).
-		h.denied(z, checks[shown].Key, d)
+		h.denied(z, req.checks[shown].Key, d)
 	}
 	if h.Mode == modeReport {
 		return next.ServeHTTP(w, r)
@@ -123,16 +159,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // decide asks the deny cache, and behind it the store, within the timeout.
 // The in-process store answers at once and needs no deadline.
-func (h *Handler) decide(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (cached bool, err error) {
+func (h *Handler) decide(ctx context.Context, req *request) (source, error) {
+	checks, decisions := req.checks, req.decisions
 	if h.breaker == nil {
-		return h.cache.AllowCached(ctx, checks, decisions)
+		hit, err := h.cache.AllowCached(ctx, checks, decisions)
+		return cacheSource(hit), err
 	}
 	if h.cache.Cached(checks, decisions) {
-		return true, nil
+		return fromCache, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
 	defer cancel()
-	return h.cache.AllowCached(ctx, checks, decisions)
+	hit, err := h.cache.AllowCached(ctx, checks, decisions)
+	return cacheSource(hit), err
+}
+
+func cacheSource(hit bool) source {
+	if hit {
+		return fromCache
+	}
+	return fromStore
 }
 
 // hasErrorRoutes reports whether the server has handle_errors routes, which

@@ -27,9 +27,9 @@ func clientAt(t *testing.T, ip string) *http.Client {
 	return &http.Client{Transport: transport, Timeout: 10 * time.Second}
 }
 
-// request sends one GET with headers, each value a separate header line, and
+// sendFrom sends one GET with headers, each value a separate header line, and
 // returns the status and response headers.
-func request(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) (int, http.Header) {
+func sendFrom(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) (int, http.Header) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
 	if err != nil {
@@ -68,7 +68,7 @@ func limitedSite(t *testing.T, key string) string {
 func expect(t *testing.T, what string, client *http.Client, rawURL string, headers map[string][]string, want ...int) {
 	t.Helper()
 	for i, w := range want {
-		if got, _ := request(t, client, rawURL, headers); got != w {
+		if got, _ := sendFrom(t, client, rawURL, headers); got != w {
 			t.Errorf("%s, request %d: status %d, want %d", what, i+1, got, w)
 		}
 	}
@@ -223,7 +223,7 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 	expect(t, "first", client, site, nil, 200)
 	reg := registered(t, "daily")
 	for i := 0; i < 3; i++ {
-		status, h := request(t, client, site, nil)
+		status, h := sendFrom(t, client, site, nil)
 		if status != http.StatusTooManyRequests {
 			t.Fatalf("denial %d: status %d", i+1, status)
 		}

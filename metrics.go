@@ -13,7 +13,8 @@ const (
 	resultDenied       = "denied"
 	resultFailedOpen   = "failed_open"
 	resultFailedClosed = "failed_closed"
-	resultLocal        = "local"
+	resultLocalAllowed = "local_allowed"
+	resultLocalDenied  = "local_denied"
 )
 
 // limiterMetrics are process-wide collectors, created once and registered on
@@ -34,7 +35,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	m.once.Do(func() {
 		m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
-			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, local).",
+			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, and local_allowed and local_denied by the in-process store while Redis fails with fail_mode local).",
 		}, []string{"zone", "result"})
 		m.denyCacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",

@@ -71,7 +71,7 @@ type Zone struct {
 // label values.
 func (z *Zone) initMetrics() {
 	z.decisions = make(map[string]prometheus.Counter)
-	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocal} {
+	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied} {
 		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
 	}
 	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
