@@ -11,6 +11,14 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
+// prepareHeaders precomputes the zone's parts of the headers and
+// placeholders, which are the same for every request.
+func (z *Zone) prepareHeaders() {
+	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
+	z.quotedName = strconv.Quote(z.Name)
+	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+}
+
 // writeHeaders sets the rate-limit headers of a decision
 // (draft-ietf-httpapi-ratelimit-headers-11):
 //

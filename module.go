@@ -241,7 +241,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 		if err := z.provision(ctx, h.logger, h.Key, h.Algorithm); err != nil {
 			return err
 		}
-		z.initMetrics()
+		z.bindMetrics()
 	}
 	return nil
 }

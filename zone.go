@@ -3,7 +3,6 @@ package slidingratelimit
 import (
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -67,17 +66,6 @@ type Zone struct {
 	cacheHits prometheus.Counter
 }
 
-// initMetrics binds the zone's counters once, so requests do not look up
-// label values.
-func (z *Zone) initMetrics() {
-	z.decisions = make(map[string]prometheus.Counter)
-	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied} {
-		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
-	}
-	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
-	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
-}
-
 // provision loads the zone's matchers and precomputes what requests need.
 func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defaultAlgorithm string) error {
 	if z.Key == "" {
@@ -112,9 +100,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defa
 		}
 	}
 	z.fallbacks = newFallbackLog(logger, z.Name, time.Minute)
-	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
-	z.quotedName = strconv.Quote(z.Name)
-	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+	z.prepareHeaders()
 	return nil
 }
 

@@ -1,0 +1,74 @@
+package slidingratelimit
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+func TestMostRestrictive(t *testing.T) {
+	allow := func(remaining int64, reset time.Duration) limiter.Decision {
+		return limiter.Decision{Allowed: true, Remaining: remaining, Reset: reset}
+	}
+	deny := func(retry time.Duration) limiter.Decision {
+		return limiter.Decision{RetryAfter: retry, Reset: retry}
+	}
+	for _, c := range []struct {
+		name      string
+		decisions []limiter.Decision
+		want      int
+	}{
+		{"one", []limiter.Decision{allow(3, time.Second)}, 0},
+		{"fewest left", []limiter.Decision{allow(5, time.Second), allow(2, time.Second), allow(4, time.Second)}, 1},
+		{"tie: later reset", []limiter.Decision{allow(2, time.Second), allow(2, time.Minute)}, 1},
+		{"a denial beats any admission", []limiter.Decision{allow(0, time.Hour), deny(time.Second)}, 1},
+		{"the denial that admits last", []limiter.Decision{deny(time.Second), deny(time.Hour), deny(time.Minute)}, 1},
+	} {
+		if got := mostRestrictive(c.decisions); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestWriteHeaders(t *testing.T) {
+	burst := &Zone{Name: "burst", Window: 1e9, MaxRequests: 10}
+	hourly := &Zone{Name: "hourly", Window: 3600e9, MaxRequests: 1000}
+	for _, z := range []*Zone{burst, hourly} {
+		z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
+		z.prepareHeaders()
+	}
+	decisions := []limiter.Decision{
+		{Allowed: true, Remaining: 9, Reset: 400 * time.Millisecond},
+		{Allowed: true, Remaining: 999, Reset: time.Hour},
+	}
+	for _, c := range []struct {
+		mode string
+		want http.Header
+	}{
+		{headersDraft, http.Header{
+			"Ratelimit-Policy": {`"burst";q=10;w=1, "hourly";q=1000;w=3600`},
+			"Ratelimit":        {`"burst";r=9;t=1`},
+		}},
+		{headersLegacy, http.Header{
+			"Ratelimit-Policy":      {`"burst";q=10;w=1, "hourly";q=1000;w=3600`},
+			"Ratelimit":             {`"burst";r=9;t=1`},
+			"X-Ratelimit-Limit":     {"10"},
+			"X-Ratelimit-Remaining": {"9"},
+			"X-Ratelimit-Reset":     {"1"},
+		}},
+		{headersOff, http.Header{}},
+	} {
+		h := http.Header{}
+		writeHeaders(h, c.mode, []*Zone{burst, hourly}, decisions, 0)
+		if len(h) != len(c.want) {
+			t.Errorf("%s: headers %v, want %v", c.mode, h, c.want)
+		}
+		for k, v := range c.want {
+			if got := h.Get(k); got != v[0] {
+				t.Errorf("%s: %s %q, want %q", c.mode, k, got, v[0])
+			}
+		}
+	}
+}
