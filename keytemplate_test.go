@@ -54,9 +54,9 @@ func TestKeyTemplate(t *testing.T) {
 
 func TestGroupIP(t *testing.T) {
 	for _, c := range []struct {
-		in         string
+		in           string
 		bits4, bits6 int
-		want       string
+		want         string
 	}{
 		{"192.0.2.77", 32, 64, "192.0.2.77"},
 		{"192.0.2.77", 24, 64, "192.0.2.0/24"},
