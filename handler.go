@@ -47,7 +47,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	shown := mostRestrictive(req.decisions)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.decisions, shown)
-	setPlaceholders(repl, req.zones[shown], req.decisions[shown])
+	setPlaceholders(r, repl, req.zones[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {
 		count(req.zones, source.allowed())
 		return next.ServeHTTP(w, r)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -26,7 +27,9 @@ func (z *Zone) prepareHeaders() {
 //	RateLimit: "<zone>";r=<remaining>;t=<seconds until a slot frees> (the most restrictive)
 //
 // and with mode legacy also X-RateLimit-Limit, X-RateLimit-Remaining and
-// X-RateLimit-Reset (seconds) of the most restrictive zone.
+// X-RateLimit-Reset (seconds) of the most restrictive zone. It runs on every
+// request: the values share one backing array, and the RateLimit item is
+// built in one allocation.
 func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter.Decision, shown int) {
 	if mode == headersOff {
 		return
@@ -40,37 +43,66 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter
 		policy = strings.Join(items, ", ")
 	}
 	z, d := zones[shown], decisions[shown]
-	reset := formatSeconds(d.Reset)
-	remaining := strconv.FormatInt(d.Remaining, 10)
-	h["Ratelimit-Policy"] = []string{policy}
-	h["Ratelimit"] = []string{z.quotedName + ";r=" + remaining + ";t=" + reset}
-	if mode == headersLegacy {
-		h["X-Ratelimit-Limit"] = []string{z.maxText}
-		h["X-Ratelimit-Remaining"] = []string{remaining}
-		h["X-Ratelimit-Reset"] = []string{reset}
+	var buf [96]byte
+	item := append(buf[:0], z.quotedName...)
+	item = append(item, ";r="...)
+	item = strconv.AppendInt(item, d.Remaining, 10)
+	item = append(item, ";t="...)
+	item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	if mode != headersLegacy {
+		values := make([]string, 2)
+		values[0], values[1] = policy, string(item)
+		// Full slice expressions: an append to one header never writes
+		// into the other's value.
+		h["Ratelimit-Policy"], h["Ratelimit"] = values[0:1:1], values[1:2:2]
+		return
 	}
+	values := make([]string, 5)
+	values[0], values[1] = policy, string(item)
+	values[2] = z.maxText
+	values[3] = strconv.FormatInt(d.Remaining, 10)
+	values[4] = formatSeconds(d.Reset)
+	h["Ratelimit-Policy"], h["Ratelimit"] = values[0:1:1], values[1:2:2]
+	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = values[2:3:3], values[3:4:4], values[4:5:5]
 }
 
 // setPlaceholders exposes a decision as {http.sliding_ratelimit.*}, for
 // handle_errors and logs. The values are formatted only if a placeholder is
 // used; a later decision on the same request (a second handler) replaces
-// the earlier one.
-func setPlaceholders(repl *caddy.Replacer, z *Zone, d limiter.Decision) {
-	if p, ok := repl.Get(placeholdersKey); ok {
-		*p.(*decisionPlaceholders) = decisionPlaceholders{z, d}
+// the earlier one. The request's provider is found through its vars, a map
+// lookup, rather than through the replacer, which asks every provider.
+func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, d limiter.Decision) {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if vars == nil {
+		// Not a request Caddy's server prepared; keep the provider in the
+		// replacer itself.
+		vars = make(map[string]any, 1)
+		if v, ok := repl.Get(placeholdersVar); ok {
+			vars = v.(map[string]any)
+		} else {
+			repl.Set(placeholdersVar, vars)
+		}
+	}
+	if p, ok := vars[placeholdersVar].(*decisionPlaceholders); ok {
+		p.zone, p.decision = z, d
 		return
 	}
-	p := &decisionPlaceholders{z, d}
-	repl.Set(placeholdersKey, p)
+	p := &decisionPlaceholders{zone: z, decision: d}
+	vars[placeholdersVar] = p
 	repl.Map(p.replace)
 }
 
-// placeholdersKey holds a request's decisionPlaceholders in its replacer.
-const placeholdersKey = "http.sliding_ratelimit._decision"
+// placeholdersVar holds a request's decisionPlaceholders in its vars.
+const placeholdersVar = "sliding_ratelimit.decision"
 
 type decisionPlaceholders struct {
 	zone     *Zone
 	decision limiter.Decision
+}
+
+// String keeps the decision readable where vars are printed.
+func (p *decisionPlaceholders) String() string {
+	return p.zone.Name + " remaining " + strconv.FormatInt(p.decision.Remaining, 10)
 }
 
 func (p *decisionPlaceholders) replace(key string) (any, bool) {

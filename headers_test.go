@@ -2,8 +2,12 @@ package slidingratelimit
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -69,6 +73,28 @@ func TestWriteHeaders(t *testing.T) {
 			if got := h.Get(k); got != v[0] {
 				t.Errorf("%s: %s %q, want %q", c.mode, k, got, v[0])
 			}
+		}
+	}
+}
+
+// TestPlaceholdersShowTheLastDecision: a second handler on one request
+// replaces the first one's placeholders, with or without Caddy's vars.
+func TestPlaceholdersShowTheLastDecision(t *testing.T) {
+	first := &Zone{Name: "first", MaxRequests: 5}
+	second := &Zone{Name: "second", MaxRequests: 9}
+	first.prepareHeaders()
+	second.prepareHeaders()
+	for _, prepared := range []bool{true, false} {
+		r := httptest.NewRequest("GET", "http://example.test/", nil)
+		repl := caddy.NewReplacer()
+		if prepared {
+			r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
+		}
+		setPlaceholders(r, repl, first, limiter.Decision{Allowed: true, Remaining: 4})
+		setPlaceholders(r, repl, second, limiter.Decision{RetryAfter: 1500 * time.Millisecond})
+		got := repl.ReplaceAll("{http.sliding_ratelimit.zone} {http.sliding_ratelimit.limit} {http.sliding_ratelimit.remaining} {http.sliding_ratelimit.retry_after}", "")
+		if want := "second 9 0 2"; got != want {
+			t.Errorf("prepared %v: placeholders %q, want %q", prepared, got, want)
 		}
 	}
 }
