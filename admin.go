@@ -352,8 +352,8 @@ func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
 // longest wait first, at most limit. A client that several handlers hold in
 // zones of the same identity (sites that share a zone, or the old and the
 // new config during a reload) is listed once, with its longest wait, and
-// counted once if it is among the first limit of any handler; beyond those
-// it may be counted once per handler.
+// counted once if it is among the first limit of each of those handlers;
+// otherwise it may be counted once per handler.
 func blockedClients(handlers []*Handler, limit int) blockedAnswer {
 	answer := blockedAnswer{Blocked: []blockedClient{}}
 	type clientInZone struct{ identity, key string }

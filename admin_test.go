@@ -765,3 +765,34 @@ func TestAdminBlockedEnds(t *testing.T) {
 	}
 	expect(t, "after the block ended", clientAt(t, "127.0.0.2"), site+"short", headers, 200)
 }
+
+// TestAdminBlockedSharedZone: two handlers with the same zone both hold a
+// client, which is listed and counted once.
+func TestAdminBlockedSharedZone(t *testing.T) {
+	prefix := uniquePrefix(t)
+	handler := `
+		sliding_ratelimit {
+			redis ` + sharedRedis.URL() + `
+			key_prefix ` + prefix + `
+			zone blk_shared 1m 1
+		}
+		respond "ok"`
+	startCaddy(t, `
+:9080 {
+	handle /a {`+handler+`
+	}
+	handle /b {`+handler+`
+	}
+}`)
+	client := clientAt(t, "127.0.0.2")
+	expect(t, "/a then /b", client, site+"a", nil, 200, 429)
+	expect(t, "/b, denied by Redis", client, site+"b", nil, 429)
+	regs, _ := handlerRegistry.withZone("blk_shared")
+	if len(regs) != 2 || regs[0].h.cache.Stats().Entries != 1 || regs[1].h.cache.Stats().Entries != 1 {
+		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(regs))
+	}
+	answer := adminBlocked(t, "")
+	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared:1m:1" {
+		t.Errorf("blocked: %+v, want 127.0.0.2 once", answer)
+	}
+}
