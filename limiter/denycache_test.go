@@ -965,3 +965,31 @@ func BenchmarkDenyCacheDenied(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(c.shards)), "ns/shard")
 }
+
+// ExampleDenyCache_Denied lists who is blocked, as an operator would ask.
+func ExampleDenyCache_Denied() {
+	store := NewMemoryStore()
+	defer store.Close()
+	cache := NewDenyCache(store, 0)
+	ctx := context.Background()
+	for _, check := range []Check{
+		{Zone: "api", Key: "198.51.100.2", Limit: Limit{Window: time.Minute, Max: 1}},
+		{Zone: "login", Key: "203.0.113.7", Limit: Limit{Window: 10 * time.Minute, Max: 1}},
+		{Zone: "login", Key: "192.0.2.1", Limit: Limit{Window: 10 * time.Minute, Max: 5}},
+	} {
+		// The second request of a client with Max 1 is denied, and the
+		// denial remembered.
+		for range 2 {
+			_ = cache.Allow(ctx, []Check{check}, make([]Decision, 1))
+		}
+	}
+	denied, total := cache.Denied(make([]DeniedKey, 0, 10), 10)
+	fmt.Println(total, "blocked")
+	for _, d := range denied {
+		fmt.Printf("%s %s may retry in about %v\n", d.Zone, d.Key, d.RetryAfter.Round(time.Minute))
+	}
+	// Output:
+	// 2 blocked
+	// login 203.0.113.7 may retry in about 10m0s
+	// api 198.51.100.2 may retry in about 1m0s
+}
