@@ -86,7 +86,7 @@ const blockedDefaultLimit = 100
 // request's decision gets, since nobody waits behind it.
 const adminMinTimeout = time.Second
 
-// Routes returns the route of the /sliding_ratelimit/ endpoint.
+// Routes returns the routes of the /sliding_ratelimit/ endpoint.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/sliding_ratelimit/", Handler: caddy.AdminHandlerFunc(a.serveKey)},
