@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +27,7 @@ func init() {
 //
 //	GET    /sliding_ratelimit/zones/<zone>/keys/<key>   a client's state, as JSON
 //	DELETE /sliding_ratelimit/zones/<zone>/keys/<key>   reset the client, everywhere
+//	GET    /sliding_ratelimit/blocked[?limit=N]         the clients held as blocked here
 //
 // <zone> is a zone's name, or its identity ("default:1m:100", see
 // zoneIdentity) where several handlers have zones of that name with
@@ -45,6 +48,12 @@ func init() {
 // resets the key in every store those handlers use, drops it from their deny
 // caches, and announces it through Redis so that every other instance drops
 // it from theirs (see resets.go).
+//
+// The blocked list is what this instance's deny caches hold: the clients a
+// store denied whose wait has not ended, the longest wait first, at most
+// limit of them (default 100). It costs no store call, so it does not show
+// clients blocked only on other instances, nor clients whose denial has not
+// reached this instance yet.
 type AdminAPI struct {
 	logger *zap.Logger
 }
@@ -63,19 +72,26 @@ func (a *AdminAPI) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// adminKeyPath is the shape of the admin API's paths.
-const adminKeyPath = "/sliding_ratelimit/zones/<zone>/keys/<key>"
+// Paths of the admin API.
+const (
+	adminKeyPath     = "/sliding_ratelimit/zones/<zone>/keys/<key>"
+	adminBlockedPath = "/sliding_ratelimit/blocked"
+)
+
+// blockedDefaultLimit is how many entries the blocked list has without
+// ?limit: enough to see an attack, small enough to read.
+const blockedDefaultLimit = 100
 
 // adminMinTimeout is the least time an admin call gives a store: more than a
 // request's decision gets, since nobody waits behind it.
 const adminMinTimeout = time.Second
 
-// Routes returns the route of the /sliding_ratelimit/ endpoint.
+// Routes returns the routes of the /sliding_ratelimit/ endpoint.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
-	return []caddy.AdminRoute{{
-		Pattern: "/sliding_ratelimit/",
-		Handler: caddy.AdminHandlerFunc(a.serveKey),
-	}}
+	return []caddy.AdminRoute{
+		{Pattern: "/sliding_ratelimit/", Handler: caddy.AdminHandlerFunc(a.serveKey)},
+		{Pattern: adminBlockedPath, Handler: caddy.AdminHandlerFunc(a.serveBlocked)},
+	}
 }
 
 // keyState is the answer to GET: a client's state in a zone now.
@@ -156,7 +172,7 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 	rest, ok := strings.CutPrefix(escaped, "/sliding_ratelimit/zones/")
 	rawZone, rawKey, found := strings.Cut(rest, "/keys/")
 	if !ok || !found || rawZone == "" || strings.Contains(rawZone, "/") || rawKey == "" {
-		return "", "", fmt.Errorf("malformed path: want %s", adminKeyPath)
+		return "", "", fmt.Errorf("malformed path: want %s or %s", adminKeyPath, adminBlockedPath)
 	}
 	if zone, err = url.PathUnescape(rawZone); err != nil {
 		return "", "", fmt.Errorf("malformed zone in path: %v", err)
@@ -207,42 +223,11 @@ func milliseconds(d time.Duration) float64 {
 // to the other instances.
 func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registration, zones []*Zone, rawKey string) error {
 	zone, identity := zones[0].Name, zones[0].identity
-	type target struct {
-		store any
-		key   string
-	}
-	type announcement struct {
-		bus *resetBus
-		key string
-		h   *Handler
-	}
-	var (
-		done     = make(map[target]bool)
-		announce []announcement
-		errs     []error
-		keys     = make([]string, len(regs))
-	)
+	keys := make([]string, len(regs))
 	for i, reg := range regs {
-		h := reg.h
-		keys[i] = zones[i].key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
-		for _, s := range reg.stores {
-			t := target{s.id, keys[i]}
-			if done[t] {
-				continue
-			}
-			done[t] = true
-			ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(h))
-			err := s.store.Reset(ctx, identity, keys[i])
-			cancel()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
-				continue
-			}
-			if s.redis != nil && reg.resets != nil {
-				announce = append(announce, announcement{reg.resets, s.redis.Key(identity, keys[i]), h})
-			}
-		}
+		keys[i] = zones[i].key.storedKey(rawKey, reg.h.IPv4Prefix, reg.h.IPv6Prefix)
 	}
+	announce, errs := resetStores(r.Context(), regs, zone, identity, keys)
 	// Directly, not through pub/sub: this instance is exact as soon as the
 	// stores are, even while its subscriber is away. Also after an error:
 	// the store may have reset the key before failing, and forgetting costs
@@ -250,9 +235,62 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 	for i, reg := range regs {
 		reg.h.cache.Forget(identity, keys[i])
 	}
+	errs = append(errs, a.announce(r.Context(), zone, announce)...)
+	if len(errs) > 0 {
+		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.Join(errs...)}
+	}
+	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(regs)), zap.Int("announced", len(announce)))
+	return writeJSON(w, http.StatusOK, resetAnswer{Reset: true, Zone: zone, Key: keys[0]})
+}
+
+// announcement is a reset to announce to the other instances: the full
+// Redis key, on the bus of the handler's Redis client.
+type announcement struct {
+	bus *resetBus
+	key string
+	h   *Handler
+}
+
+// resetStores resets keys[i] of the zone's identity in each store of
+// regs[i], every distinct (store, key) once however many handlers share it,
+// and returns the resets of Redis keys to announce.
+func resetStores(ctx context.Context, regs []*registration, zone, identity string, keys []string) ([]announcement, []error) {
+	type target struct {
+		store any
+		key   string
+	}
+	done := make(map[target]bool)
+	var announce []announcement
+	var errs []error
+	for i, reg := range regs {
+		for _, s := range reg.stores {
+			t := target{s.id, keys[i]}
+			if done[t] {
+				continue
+			}
+			done[t] = true
+			callCtx, cancel := context.WithTimeout(ctx, adminTimeout(reg.h))
+			err := s.store.Reset(callCtx, identity, keys[i])
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
+				continue
+			}
+			if s.redis != nil && reg.resets != nil {
+				announce = append(announce, announcement{reg.resets, s.redis.Key(identity, keys[i]), reg.h})
+			}
+		}
+	}
+	return announce, errs
+}
+
+// announce publishes the resets to the other instances, warning when this
+// instance's own subscriber does not see one come back.
+func (a *AdminAPI) announce(ctx context.Context, zone string, announce []announcement) []error {
+	var errs []error
 	for _, an := range announce {
-		ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(an.h))
-		echoed, err := an.bus.publish(ctx, an.key)
+		callCtx, cancel := context.WithTimeout(ctx, adminTimeout(an.h))
+		echoed, err := an.bus.publish(callCtx, an.key)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("zone %s: %w", zone, err))
@@ -263,11 +301,101 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 				zap.String("zone", zone), zap.Duration("waited", resetEchoTimeout))
 		}
 	}
-	if len(errs) > 0 {
-		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.Join(errs...)}
+	return errs
+}
+
+// blockedAnswer is the answer to GET /sliding_ratelimit/blocked.
+type blockedAnswer struct {
+	// Count is how many clients are held as blocked, listed or not.
+	Count int `json:"count"`
+	// Blocked lists them, the longest wait first, at most limit.
+	Blocked []blockedClient `json:"blocked"`
+}
+
+// blockedClient is one client held as blocked in one zone.
+type blockedClient struct {
+	Zone string `json:"zone"`
+	// Identity names the zone's state: name, window, limit (zoneIdentity).
+	Identity string `json:"identity"`
+	// Key is the client key as stored: normalised, hashed if long.
+	Key string `json:"key"`
+	// RetryAfterSeconds is the time left until the client may retry: what
+	// its next request is told.
+	RetryAfterSeconds float64 `json:"retry_after_seconds"`
+}
+
+// serveBlocked answers GET /sliding_ratelimit/blocked from the deny caches
+// of every handler, without a store call.
+func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		return caddy.APIError{
+			HTTPStatus: http.StatusMethodNotAllowed,
+			Err:        fmt.Errorf("method %s not allowed: use GET", r.Method),
+		}
 	}
-	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(regs)), zap.Int("announced", len(announce)))
-	return writeJSON(w, http.StatusOK, resetAnswer{Reset: true, Zone: zone, Key: keys[0]})
+	limit := blockedDefaultLimit
+	if raw := r.URL.Query().Get("limit"); raw != "" {
+		n, err := strconv.Atoi(raw)
+		if err != nil || n < 0 {
+			return caddy.APIError{
+				HTTPStatus: http.StatusBadRequest,
+				Err:        fmt.Errorf("limit must be a whole number of at least 0, not %.32q", raw),
+			}
+		}
+		limit = n
+	}
+	return writeJSON(w, http.StatusOK, blockedClients(registeredHandlers(), limit))
+}
+
+// blockedClients lists the clients the handlers' deny caches hold, the
+// longest wait first, at most limit. A client that several handlers hold in
+// zones of the same identity (sites that share a zone, or the old and the
+// new config during a reload) is listed once, with its longest wait, and
+// counted once if it is among the first limit of each of those handlers;
+// otherwise it may be counted once per handler.
+func blockedClients(handlers []*Handler, limit int) blockedAnswer {
+	answer := blockedAnswer{Blocked: []blockedClient{}}
+	type clientInZone struct{ identity, key string }
+	seen := make(map[clientInZone]int) // index in answer.Blocked
+	for _, h := range handlers {
+		denied, total := h.cache.Denied(nil, limit)
+		answer.Count += total
+		for _, d := range denied {
+			id := clientInZone{d.Zone, d.Key}
+			wait := milliseconds(d.RetryAfter)
+			if i, ok := seen[id]; ok {
+				answer.Count--
+				answer.Blocked[i].RetryAfterSeconds = max(answer.Blocked[i].RetryAfterSeconds, wait)
+				continue
+			}
+			name := d.Zone
+			if z := h.zoneByIdentity(d.Zone); z != nil {
+				name = z.Name
+			}
+			seen[id] = len(answer.Blocked)
+			answer.Blocked = append(answer.Blocked, blockedClient{Zone: name, Identity: d.Zone, Key: d.Key, RetryAfterSeconds: wait})
+		}
+	}
+	slices.SortStableFunc(answer.Blocked, func(a, b blockedClient) int {
+		if c := cmp.Compare(b.RetryAfterSeconds, a.RetryAfterSeconds); c != 0 {
+			return c
+		}
+		return cmp.Or(strings.Compare(a.Identity, b.Identity), strings.Compare(a.Key, b.Key))
+	})
+	answer.Blocked = answer.Blocked[:min(len(answer.Blocked), limit)]
+	return answer
+}
+
+// registeredHandlers returns the provisioned handlers, newest first.
+func registeredHandlers() []*Handler {
+	handlerRegistry.mu.RLock()
+	defer handlerRegistry.mu.RUnlock()
+	handlers := make([]*Handler, 0, len(handlerRegistry.regs))
+	for i := len(handlerRegistry.regs) - 1; i >= 0; i-- {
+		handlers = append(handlers, handlerRegistry.regs[i].h)
+	}
+	return handlers
 }
 
 func (a *AdminAPI) log() *zap.Logger {

@@ -436,6 +436,11 @@ http://localhost:9081 {
 		{"PUT", "/sliding_ratelimit/zones/adm_err/keys/a", 405, "use GET or DELETE"},
 		{"GET", "/sliding_ratelimit/zones/adm_down/keys/a", 503, "zone adm_down: reading"},
 		{"DELETE", "/sliding_ratelimit/zones/adm_down/keys/a", 503, "zone adm_down: resetting"},
+		{"GET", "/sliding_ratelimit/blocked?limit=-1", 400, "limit must be a whole number"},
+		{"GET", "/sliding_ratelimit/blocked?limit=ten", 400, "limit must be a whole number"},
+		{"POST", "/sliding_ratelimit/blocked", 405, "use GET"},
+		{"DELETE", "/sliding_ratelimit/blocked", 405, "use GET"},
+		{"GET", "/sliding_ratelimit/blocked/x", 400, "malformed path"},
 	} {
 		status, body := adminDo(t, c.method, c.path)
 		var answer struct {
@@ -584,4 +589,210 @@ func FuzzAdminKeyPath(f *testing.F) {
 		}
 		serveAdmin(http.MethodGet, target)
 	})
+}
+
+// adminBlocked GETs the blocked list with the query (such as "?limit=1")
+// and fails the test unless it is a 200.
+func adminBlocked(t *testing.T, query string) blockedAnswer {
+	t.Helper()
+	status, body := adminDo(t, http.MethodGet, "/sliding_ratelimit/blocked"+query)
+	if status != http.StatusOK {
+		t.Fatalf("GET blocked%s: status %d %s", query, status, body)
+	}
+	var answer blockedAnswer
+	if err := json.Unmarshal(body, &answer); err != nil {
+		t.Fatalf("GET blocked%s: %v in %s", query, err, body)
+	}
+	if answer.Blocked == nil {
+		t.Fatalf("GET blocked%s: no blocked list in %s", query, body)
+	}
+	return answer
+}
+
+// blockedEntry returns the entry of key in the zone, if listed.
+func blockedEntry(answer blockedAnswer, zone, key string) (blockedClient, bool) {
+	for _, b := range answer.Blocked {
+		if b.Zone == zone && b.Key == key {
+			return b, true
+		}
+	}
+	return blockedClient{}, false
+}
+
+// blockedSites is three handlers on :9080: /ip keyed by the client address,
+// /hdr by a header (both on Redis), /short by a header with a one-second
+// window in process.
+func blockedSites(t *testing.T) string {
+	prefix := uniquePrefix(t)
+	return `
+:9080 {
+	handle /ip {
+		sliding_ratelimit {
+			redis ` + sharedRedis.URL() + `
+			key_prefix ` + prefix + `
+			zone blk_ip 1m 1
+		}
+		respond "ok"
+	}
+	handle /hdr {
+		sliding_ratelimit {
+			redis ` + sharedRedis.URL() + `
+			key_prefix ` + prefix + `
+			key {http.request.header.X-Client}
+			zone blk_hdr 1m 2
+		}
+		respond "ok"
+	}
+	handle /short {
+		sliding_ratelimit {
+			key {http.request.header.X-Client}
+			zone blk_short 1s 1
+		}
+		respond "ok"
+	}
+}`
+}
+
+// denyUntilBlocked sends requests until one is denied and returns its
+// Retry-After in seconds.
+func denyUntilBlocked(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) float64 {
+	t.Helper()
+	for i := 0; i < 10; i++ {
+		status, h := sendFrom(t, client, rawURL, headers)
+		if status == http.StatusTooManyRequests {
+			retry, err := strconv.ParseFloat(h.Get("Retry-After"), 64)
+			if err != nil {
+				t.Fatalf("%s: Retry-After %q: %v", rawURL, h.Get("Retry-After"), err)
+			}
+			return retry
+		}
+		if status != http.StatusOK {
+			t.Fatalf("%s: status %d", rawURL, status)
+		}
+	}
+	t.Fatalf("%s: not denied after 10 requests", rawURL)
+	return 0
+}
+
+func TestAdminBlockedList(t *testing.T) {
+	startCaddy(t, blockedSites(t))
+	two, three := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.3")
+	long := strings.Repeat("L", 100)
+	told := map[string]float64{
+		"127.0.0.2":           denyUntilBlocked(t, two, site+"ip", nil),
+		"=abc":                denyUntilBlocked(t, three, site+"hdr", map[string][]string{"X-Client": {"abc"}}),
+		hashedKey("=" + long): denyUntilBlocked(t, three, site+"hdr", map[string][]string{"X-Client": {long}}),
+	}
+	// Admitted, never denied: not blocked.
+	expect(t, "127.0.0.3 on /ip", three, site+"ip", nil, 200)
+	expect(t, "X-Client fine on /hdr", three, site+"hdr", map[string][]string{"X-Client": {"fine"}}, 200)
+
+	all := adminBlocked(t, "")
+	if all.Count != 3 || len(all.Blocked) != 3 {
+		t.Fatalf("blocked: count %d, %d listed, want 3 and 3: %+v", all.Count, len(all.Blocked), all.Blocked)
+	}
+	want := map[string]blockedClient{
+		"127.0.0.2":           {Zone: "blk_ip", Identity: "blk_ip:1m:1", Key: "127.0.0.2"},
+		"=abc":                {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: "=abc"},
+		hashedKey("=" + long): {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: hashedKey("=" + long)},
+	}
+	for i, got := range all.Blocked {
+		w, ok := want[got.Key]
+		if !ok || got.Zone != w.Zone || got.Identity != w.Identity {
+			t.Errorf("entry %d: %+v, want one of %+v", i, got, want)
+			continue
+		}
+		// Retry-After is the wait rounded up when it was told; the list's
+		// is the wait now, a little later.
+		if r := told[got.Key]; got.RetryAfterSeconds > r || got.RetryAfterSeconds < r-10 {
+			t.Errorf("%s: retry_after_seconds %g, told Retry-After %g", got.Key, got.RetryAfterSeconds, r)
+		}
+		if i > 0 && got.RetryAfterSeconds > all.Blocked[i-1].RetryAfterSeconds {
+			t.Errorf("entry %d waits %g, longer than entry %d's %g", i, got.RetryAfterSeconds, i-1, all.Blocked[i-1].RetryAfterSeconds)
+		}
+	}
+
+	for _, c := range []struct {
+		query  string
+		listed int
+	}{{"?limit=1", 1}, {"?limit=2", 2}, {"?limit=0", 0}, {"?limit=1000", 3}} {
+		got := adminBlocked(t, c.query)
+		if got.Count != 3 || len(got.Blocked) != c.listed {
+			t.Errorf("%s: count %d, %d listed, want 3 and %d", c.query, got.Count, len(got.Blocked), c.listed)
+		}
+		for i := range got.Blocked {
+			if got.Blocked[i].Key != all.Blocked[i].Key {
+				t.Errorf("%s: entry %d is %s, want %s (the longest waits first)", c.query, i, got.Blocked[i].Key, all.Blocked[i].Key)
+			}
+		}
+	}
+
+	adminReset(t, "blk_hdr", "abc")
+	after := adminBlocked(t, "")
+	if _, ok := blockedEntry(after, "blk_hdr", "=abc"); ok || after.Count != 2 {
+		t.Errorf("after DELETE of abc: count %d, %+v; want 2 without =abc", after.Count, after.Blocked)
+	}
+	if _, ok := blockedEntry(after, "blk_ip", "127.0.0.2"); !ok {
+		t.Errorf("after DELETE of abc: 127.0.0.2 no longer listed: %+v", after.Blocked)
+	}
+}
+
+// TestAdminBlockedEnds: an entry leaves the list when its block ends.
+func TestAdminBlockedEnds(t *testing.T) {
+	startCaddy(t, blockedSites(t))
+	client := "short-" + strings.TrimSuffix(uniquePrefix(t), ":")
+	headers := map[string][]string{"X-Client": {client}}
+	if retry := denyUntilBlocked(t, clientAt(t, "127.0.0.2"), site+"short", headers); retry != 1 {
+		t.Errorf("Retry-After %g, want 1 in a 1s window", retry)
+	}
+	got, ok := blockedEntry(adminBlocked(t, ""), "blk_short", "="+client)
+	if !ok || got.Identity != "blk_short:1s:1" || got.RetryAfterSeconds <= 0 || got.RetryAfterSeconds > 1 {
+		t.Fatalf("while blocked: %+v listed %v, want blk_short:1s:1 with a wait in (0, 1]", got, ok)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		answer := adminBlocked(t, "")
+		if _, ok := blockedEntry(answer, "blk_short", "="+client); !ok {
+			if answer.Count != 0 {
+				t.Errorf("after the block ended: count %d, want 0: %+v", answer.Count, answer.Blocked)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still listed 10s after a 1s block began")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	expect(t, "after the block ended", clientAt(t, "127.0.0.2"), site+"short", headers, 200)
+}
+
+// TestAdminBlockedSharedZone: two handlers with the same zone both hold a
+// client, which is listed and counted once.
+func TestAdminBlockedSharedZone(t *testing.T) {
+	prefix := uniquePrefix(t)
+	handler := `
+		sliding_ratelimit {
+			redis ` + sharedRedis.URL() + `
+			key_prefix ` + prefix + `
+			zone blk_shared 1m 1
+		}
+		respond "ok"`
+	startCaddy(t, `
+:9080 {
+	handle /a {`+handler+`
+	}
+	handle /b {`+handler+`
+	}
+}`)
+	client := clientAt(t, "127.0.0.2")
+	expect(t, "/a then /b", client, site+"a", nil, 200, 429)
+	expect(t, "/b, denied by Redis", client, site+"b", nil, 429)
+	regs, _ := handlerRegistry.withZone("blk_shared")
+	if len(regs) != 2 || regs[0].h.cache.Stats().Entries != 1 || regs[1].h.cache.Stats().Entries != 1 {
+		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(regs))
+	}
+	answer := adminBlocked(t, "")
+	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared:1m:1" {
+		t.Errorf("blocked: %+v, want 127.0.0.2 once", answer)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -304,6 +305,107 @@ func (c *DenyCache) Clear() {
 		s.minUntil = math.MaxInt64
 		s.sinceSweep = 0
 		s.mu.Unlock()
+	}
+}
+
+// DeniedKey is one client a DenyCache holds as denied.
+type DeniedKey struct {
+	// Zone and Key are the denied check's, as its caller passed them.
+	Zone, Key string
+	// RetryAfter is the time left until the client may retry: what a denial
+	// from the cache tells it now (see DenyCache), always greater than zero.
+	RetryAfter time.Duration
+}
+
+// Denied lists the clients the cache holds as denied now, the longest wait
+// first (equal waits by zone, then key), at most n of them, appended to
+// dst[:0]; total is the number of all of them. Entries that have expired are
+// neither listed nor counted.
+//
+// It visits the shards one at a time, each under its read lock for a single
+// pass over its entries, so cache hits never wait for it and an insertion
+// waits for one shard's pass at most. It allocates nothing when dst has room
+// for n entries.
+func (c *DenyCache) Denied(dst []DeniedKey, n int) (denied []DeniedKey, total int) {
+	dst = dst[:0]
+	if n > 0 {
+		dst = slices.Grow(dst, min(n, int(c.entries.Load())))
+	}
+	now := c.now()
+	// dst is a min-heap of the n longest waits seen so far, the shortest at
+	// dst[0], so that a longer one replaces it in O(log n).
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.RLock()
+		for j := range s.slots {
+			sl := &s.slots[j]
+			if sl.until <= now {
+				continue
+			}
+			total++
+			e := DeniedKey{Zone: sl.k.zone, Key: sl.k.key, RetryAfter: time.Duration(sl.retryAt - now)}
+			switch {
+			case len(dst) < n:
+				dst = append(dst, e)
+				deniedUp(dst, len(dst)-1)
+			case n > 0 && deniedBefore(e, dst[0]):
+				dst[0] = e
+				deniedDown(dst, 0)
+			}
+		}
+		s.mu.RUnlock()
+	}
+	slices.SortFunc(dst, func(a, b DeniedKey) int {
+		if deniedBefore(a, b) {
+			return -1
+		}
+		if deniedBefore(b, a) {
+			return 1
+		}
+		return 0
+	})
+	return dst, total
+}
+
+// deniedBefore reports whether a is listed before b: a longer wait, then the
+// smaller zone and key.
+func deniedBefore(a, b DeniedKey) bool {
+	if a.RetryAfter != b.RetryAfter {
+		return a.RetryAfter > b.RetryAfter
+	}
+	if a.Zone != b.Zone {
+		return a.Zone < b.Zone
+	}
+	return a.Key < b.Key
+}
+
+// deniedUp restores the heap order of h (the entry listed last at h[0])
+// after h[i] was added.
+func deniedUp(h []DeniedKey, i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !deniedBefore(h[parent], h[i]) {
+			return
+		}
+		h[parent], h[i] = h[i], h[parent]
+		i = parent
+	}
+}
+
+// deniedDown restores the heap order of h after h[i] was replaced.
+func deniedDown(h []DeniedKey, i int) {
+	for {
+		last := i
+		for child := 2*i + 1; child <= 2*i+2 && child < len(h); child++ {
+			if deniedBefore(h[last], h[child]) {
+				last = child
+			}
+		}
+		if last == i {
+			return
+		}
+		h[i], h[last] = h[last], h[i]
+		i = last
 	}
 }
 

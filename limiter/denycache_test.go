@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -661,6 +662,15 @@ func TestDenyCacheConcurrent(t *testing.T) {
 				if st := c.Stats(); st.Entries > maxEntries {
 					t.Errorf("Stats %+v", st)
 				}
+				denied, total := c.Denied(nil, 10)
+				if len(denied) > 10 || len(denied) > total || total > maxEntries {
+					t.Errorf("Denied: %d listed of %d", len(denied), total)
+				}
+				for j, d := range denied {
+					if d.RetryAfter <= 0 || j > 0 && d.RetryAfter > denied[j-1].RetryAfter {
+						t.Errorf("Denied: entry %d waits %v after %v", j, d.RetryAfter, denied[j-1].RetryAfter)
+					}
+				}
 			case 2:
 				if i%300 == 2 {
 					c.Clear()
@@ -822,4 +832,164 @@ func TestDenyCacheInspector(t *testing.T) {
 	if err := plain.Reset(context.Background(), "z", "k"); err == nil {
 		t.Error("Reset on a store that is no Inspector: no error")
 	}
+}
+
+// dcDenyByKey returns a store that denies every check for as many minutes as
+// its key says ("7" waits 7 minutes) and admits keys that are no number.
+func dcDenyByKey() Store {
+	return dcFunc(func(_ context.Context, checks []Check, ds []Decision) error {
+		for i, ch := range checks {
+			minutes, err := strconv.Atoi(ch.Key)
+			if err != nil {
+				ds[i] = Decision{Allowed: true, Remaining: 1}
+				continue
+			}
+			r := time.Duration(minutes) * time.Minute
+			ds[i] = Decision{RetryAfter: r, Reset: r}
+		}
+		return nil
+	})
+}
+
+func TestDenyCacheDenied(t *testing.T) {
+	c := NewDenyCache(dcDenyByKey(), 1000)
+	// 60 denied keys in two zones, waits 1 to 30 minutes, and admitted ones.
+	start := time.Now()
+	for m := 1; m <= 30; m++ {
+		for _, zone := range []string{"b", "a"} {
+			dcAllow1(t, c, Check{Zone: zone, Key: strconv.Itoa(m)})
+		}
+		dcAllow1(t, c, Check{Zone: "a", Key: "admitted" + strconv.Itoa(m)})
+	}
+
+	denied, total := c.Denied(nil, 5)
+	if total != 60 {
+		t.Errorf("total %d, want 60", total)
+	}
+	want := []struct{ zone, key string }{{"a", "30"}, {"b", "30"}, {"a", "29"}, {"b", "29"}, {"a", "28"}}
+	if len(denied) != len(want) {
+		t.Fatalf("%d listed, want %d: %+v", len(denied), len(want), denied)
+	}
+	for i, w := range want {
+		d := denied[i]
+		minutes, _ := strconv.Atoi(w.key)
+		full := time.Duration(minutes) * time.Minute
+		if d.Zone != w.zone || d.Key != w.key || d.RetryAfter > full || d.RetryAfter < full-time.Since(start) {
+			t.Errorf("entry %d: %+v, want %s/%s waiting at most %v and about that", i, d, w.zone, w.key, full)
+		}
+	}
+
+	all, total := c.Denied(make([]DeniedKey, 3), 1000)
+	if len(all) != 60 || total != 60 {
+		t.Fatalf("n 1000: %d listed of %d, want 60 of 60", len(all), total)
+	}
+	for i := 1; i < len(all); i++ {
+		if all[i].RetryAfter > all[i-1].RetryAfter {
+			t.Errorf("entry %d waits %v, longer than entry %d's %v", i, all[i].RetryAfter, i-1, all[i-1].RetryAfter)
+		}
+	}
+	for _, d := range all {
+		if strings.HasPrefix(d.Key, "admitted") {
+			t.Errorf("admitted key listed: %+v", d)
+		}
+	}
+
+	if none, total := c.Denied(nil, 0); len(none) != 0 || total != 60 {
+		t.Errorf("n 0: %d listed of %d, want 0 of 60", len(none), total)
+	}
+	c.Forget("a", "30")
+	if top, total := c.Denied(nil, 1); total != 59 || len(top) != 1 || top[0].Zone != "b" || top[0].Key != "30" {
+		t.Errorf("after Forget(a, 30): %+v of %d, want b/30 of 59", top, total)
+	}
+	c.Clear()
+	if none, total := c.Denied(nil, 10); len(none) != 0 || total != 0 {
+		t.Errorf("after Clear: %+v of %d", none, total)
+	}
+}
+
+// TestDenyCacheDeniedUntilIsTheEnd: an entry whose own, trimmed expiry has
+// passed is not listed, though the wait it would tell has not.
+func TestDenyCacheDeniedUntilIsTheEnd(t *testing.T) {
+	c := NewDenyCache(dcDenyAll(time.Minute), 10)
+	now := c.now()
+	c.remember("z", "short", now+int64(time.Millisecond), now+int64(time.Hour), c.gen.Load())
+	c.remember("z", "long", now+int64(time.Hour), now+int64(2*time.Hour), c.gen.Load())
+	if denied, total := c.Denied(nil, 10); total != 2 || len(denied) != 2 || denied[0].Key != "long" {
+		t.Fatalf("before the short entry ends: %+v of %d", denied, total)
+	}
+	for c.now() <= now+int64(time.Millisecond) {
+		time.Sleep(time.Millisecond)
+	}
+	denied, total := c.Denied(nil, 10)
+	if total != 1 || len(denied) != 1 || denied[0].Key != "long" {
+		t.Fatalf("after the short entry ended: %+v of %d, want long alone", denied, total)
+	}
+	if d := denied[0].RetryAfter; d <= time.Hour || d > 2*time.Hour {
+		t.Errorf("long waits %v, want the told wait (2h less the time passed), not the expiry", d)
+	}
+}
+
+func TestDenyCacheDeniedAllocs(t *testing.T) {
+	c := NewDenyCache(dcDenyByKey(), 1000)
+	for m := 1; m <= 100; m++ {
+		dcAllow1(t, c, Check{Zone: "z", Key: strconv.Itoa(m)})
+	}
+	dst := make([]DeniedKey, 0, 10)
+	if n := testing.AllocsPerRun(100, func() {
+		if denied, total := c.Denied(dst, 10); len(denied) != 10 || total != 100 {
+			t.Fatalf("%d listed of %d", len(denied), total)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations a listing", n)
+	}
+}
+
+// BenchmarkDenyCacheDenied lists the 100 longest waits of a full cache of
+// DefaultDenyCacheEntries entries; the time a shard's lock is held is the
+// time per op divided by the shards.
+func BenchmarkDenyCacheDenied(b *testing.B) {
+	c := NewDenyCache(dcDenyAll(time.Hour), DefaultDenyCacheEntries)
+	now := c.now()
+	for i := range DefaultDenyCacheEntries {
+		wait := int64(time.Duration(rand.IntN(3600)) * time.Second)
+		c.remember("zone", strconv.Itoa(i), now+int64(2*time.Hour)+wait, now+int64(2*time.Hour)+wait, c.gen.Load())
+	}
+	if got := c.Stats().Entries; got < DefaultDenyCacheEntries*9/10 {
+		b.Fatalf("%d entries", got)
+	}
+	dst := make([]DeniedKey, 0, 100)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		dst, _ = c.Denied(dst, 100)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(c.shards)), "ns/shard")
+}
+
+// ExampleDenyCache_Denied lists who is blocked, as an operator would ask.
+func ExampleDenyCache_Denied() {
+	store := NewMemoryStore()
+	defer store.Close()
+	cache := NewDenyCache(store, 0)
+	ctx := context.Background()
+	for _, check := range []Check{
+		{Zone: "api", Key: "198.51.100.2", Limit: Limit{Window: time.Minute, Max: 1}},
+		{Zone: "login", Key: "203.0.113.7", Limit: Limit{Window: 10 * time.Minute, Max: 1}},
+		{Zone: "login", Key: "192.0.2.1", Limit: Limit{Window: 10 * time.Minute, Max: 5}},
+	} {
+		// The second request of a client with Max 1 is denied, and the
+		// denial remembered.
+		for range 2 {
+			_ = cache.Allow(ctx, []Check{check}, make([]Decision, 1))
+		}
+	}
+	denied, total := cache.Denied(make([]DeniedKey, 0, 10), 10)
+	fmt.Println(total, "blocked")
+	for _, d := range denied {
+		fmt.Printf("%s %s may retry in about %v\n", d.Zone, d.Key, d.RetryAfter.Round(time.Minute))
+	}
+	// Output:
+	// 2 blocked
+	// login 203.0.113.7 may retry in about 10m0s
+	// api 198.51.100.2 may retry in about 1m0s
 }

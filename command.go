@@ -1,0 +1,234 @@
+package slidingratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+// The `caddy sliding-ratelimit` command talks to a running Caddy's admin API
+// (admin.go), as `caddy reload` and `caddy stop` do: it finds the admin
+// address the same way, sends one request and prints the answer.
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "sliding-ratelimit",
+		Usage: "status|reset --zone <zone> --key <key> | blocked [--limit <n>]",
+		Short: "Shows, lists and resets the clients sliding_ratelimit limits",
+		Long: `
+Reads and changes the state of sliding_ratelimit in a running Caddy through
+its admin API, which must be enabled.
+
+  status --zone <zone> --key <key>   a client's count, remaining requests and
+                                     wait in a zone; records nothing
+  reset  --zone <zone> --key <key>   forgets the client's requests in a zone,
+                                     on every instance that shares the store
+  blocked [--limit <n>]              the clients this instance holds as blocked,
+                                     the longest wait first (default 100)
+
+<zone> is a zone's name ("default" for the top-level window and
+max_requests), or its identity ("login:10m:3") where handlers have zones of
+that name with different limits. <key> is the client key as the zone builds
+it: a client address (127.0.0.1, or 2001:db8::/64 with the default
+ipv6_prefix) or a value of the zone's key ("Bearer abc"); "=" before a
+value names a value that looks like an address, and a hashed key ("#...")
+is taken as it is. The command escapes the key for the URL.
+
+Every subcommand takes:
+  --address <interface>  the admin API address (default ` + caddy.DefaultAdminListen + `)
+  --config <path>        a config to read the admin address from, if
+                         --address is not given
+  --adapter <name>       the adapter of --config
+  --json                 print the admin API's JSON answer as it is
+
+An error from the admin API (an unknown zone, say) is printed as its
+message, with a non-zero exit status.`,
+		CobraFunc: buildSlidingRatelimitCommand,
+	})
+}
+
+// buildSlidingRatelimitCommand adds the subcommands.
+func buildSlidingRatelimitCommand(cmd *cobra.Command) {
+	status := &cobra.Command{
+		Use:   "status --zone <zone> --key <key>",
+		Short: "Shows a client's state in a zone",
+		Args:  cobra.NoArgs,
+		RunE:  commandRunner(cmdStatus),
+	}
+	reset := &cobra.Command{
+		Use:   "reset --zone <zone> --key <key>",
+		Short: "Resets a client in a zone, on every instance",
+		Args:  cobra.NoArgs,
+		RunE:  commandRunner(cmdReset),
+	}
+	for _, sub := range []*cobra.Command{status, reset} {
+		sub.Flags().String("zone", "", "Zone name, or identity")
+		sub.Flags().String("key", "", "Client key, as the zone builds it")
+		_ = sub.MarkFlagRequired("zone")
+		_ = sub.MarkFlagRequired("key")
+	}
+	blocked := &cobra.Command{
+		Use:   "blocked [--limit <n>]",
+		Short: "Lists the clients this instance holds as blocked",
+		Args:  cobra.NoArgs,
+		RunE:  commandRunner(cmdBlocked),
+	}
+	blocked.Flags().Int("limit", blockedDefaultLimit, "Most clients to list, the longest wait first")
+	for _, sub := range []*cobra.Command{status, reset, blocked} {
+		adminFlags(sub)
+		cmd.AddCommand(sub)
+	}
+}
+
+// adminFlags adds the flags that find and read the admin API, named as in
+// Caddy's own commands.
+func adminFlags(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.String("address", "", "The address of the admin API, if not the default")
+	fs.StringP("config", "c", "", "Configuration file to read the admin address from, if --address is not used")
+	fs.StringP("adapter", "a", "", "Name of config adapter to apply (when --config is used)")
+	fs.Bool("json", false, "Print the admin API's JSON answer")
+}
+
+// commandRunner runs f as a Caddy command that prints to the command's
+// output.
+func commandRunner(f func(caddycmd.Flags, io.Writer) (int, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		run := func(fl caddycmd.Flags) (int, error) { return f(fl, cmd.OutOrStdout()) }
+		return caddycmd.WrapCommandFuncForCobra(run)(cmd, args)
+	}
+}
+
+func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
+	path, err := keyPath(fl)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	return callAdmin(fl, out, "GET", path, func(tw io.Writer, body []byte) error {
+		var s keyState
+		if err := json.Unmarshal(body, &s); err != nil {
+			return err
+		}
+		fmt.Fprintln(tw, "ZONE\tIDENTITY\tKEY\tCOUNT\tREMAINING\tRESET\tRETRY AFTER")
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(s.Zone), cell(s.Identity), cell(s.Key),
+			s.Count, s.Remaining, seconds(s.ResetSeconds), seconds(s.RetryAfterSeconds))
+		return nil
+	})
+}
+
+func cmdReset(fl caddycmd.Flags, out io.Writer) (int, error) {
+	path, err := keyPath(fl)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	return callAdmin(fl, out, "DELETE", path, func(tw io.Writer, body []byte) error {
+		var r resetAnswer
+		if err := json.Unmarshal(body, &r); err != nil {
+			return err
+		}
+		fmt.Fprintln(tw, "ZONE\tKEY\tRESET")
+		fmt.Fprintf(tw, "%s\t%s\t%t\n", cell(r.Zone), cell(r.Key), r.Reset)
+		return nil
+	})
+}
+
+func cmdBlocked(fl caddycmd.Flags, out io.Writer) (int, error) {
+	path := adminBlockedPath + "?limit=" + strconv.Itoa(fl.Int("limit"))
+	return callAdmin(fl, out, "GET", path, func(tw io.Writer, body []byte) error {
+		var b blockedAnswer
+		if err := json.Unmarshal(body, &b); err != nil {
+			return err
+		}
+		if b.Count == 0 {
+			fmt.Fprintln(tw, "no client is blocked on this instance")
+			return nil
+		}
+		fmt.Fprintln(tw, "ZONE\tIDENTITY\tKEY\tRETRY AFTER")
+		for _, c := range b.Blocked {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", cell(c.Zone), cell(c.Identity), cell(c.Key), seconds(c.RetryAfterSeconds))
+		}
+		fmt.Fprintf(tw, "%d blocked, %d listed\n", b.Count, len(b.Blocked))
+		return nil
+	})
+}
+
+// keyPath is the admin path of the --zone and --key flags, escaped as the
+// admin API reads it (see AdminAPI).
+func keyPath(fl caddycmd.Flags) (string, error) {
+	zone, key := fl.String("zone"), fl.String("key")
+	if zone == "" || key == "" {
+		return "", errors.New("--zone and --key must not be empty")
+	}
+	return "/sliding_ratelimit/zones/" + url.PathEscape(zone) + "/keys/" + escapeKey(key), nil
+}
+
+// escapeKey escapes a client key for the admin path. PathEscape escapes '/',
+// '%', '?' and '#', which leaves the key one path segment; that segment
+// must not be "." or "..", which the admin server would clean away.
+func escapeKey(key string) string {
+	if key == "." || key == ".." {
+		return strings.ReplaceAll(key, ".", "%2E")
+	}
+	return url.PathEscape(key)
+}
+
+// callAdmin sends the request to the admin API the flags name and prints
+// the answer: as it is with --json, else through table.
+func callAdmin(fl caddycmd.Flags, out io.Writer, method, path string, table func(io.Writer, []byte) error) (int, error) {
+	addr, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin API address: %w", err)
+	}
+	body, err := adminRequest(addr, method, path)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if fl.Bool("json") {
+		_, err := out.Write(body)
+		return exitCode(err), err
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	if err := table(tw, body); err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("reading the admin API's answer: %w", err)
+	}
+	err = tw.Flush()
+	return exitCode(err), err
+}
+
+// exitCode is the exit status of a command that ended with err.
+func exitCode(err error) int {
+	if err != nil {
+		return caddy.ExitCodeFailedStartup
+	}
+	return caddy.ExitCodeSuccess
+}
+
+// seconds formats seconds from the admin API for people: to the tenth of a
+// second, or to the millisecond below one.
+func seconds(s float64) string {
+	d := time.Duration(s * float64(time.Second))
+	if d >= time.Second {
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// cell is s for a table cell: quoted if it holds a space or a character
+// that is not printable, which would shift the columns.
+func cell(s string) string {
+	if s == "" || strings.ContainsFunc(s, func(r rune) bool { return unicode.IsSpace(r) || !unicode.IsPrint(r) }) {
+		return strconv.Quote(s)
+	}
+	return s
+}
