@@ -1,88 +1,427 @@
--- All-or-nothing rate-limit decision over one or more zones of one request.
--- Run alone: redis-cli --eval limit.lua 'srl:{1.2.3.4}:default' , 1 log 60000000 60
+-- Decides a batch of rate-limit requests in one call: TIME once, then each
+-- request's zones all or nothing, then one packed reply.
+-- Run alone (one request, one log zone of window 60 s and max 60):
+--   redis-cli --eval limit.lua 'srl:{1.2.3.4}:default' , \
+--     "$(printf '\001\001\000'; printf '%s' 60000000 60 0 | ...)"
+-- (the arguments are binary: see ARGV[1] below; the Go store packs them).
 --
--- KEYS[i]       state of zone i for one client:
---                 log:     sorted set of admissions, member = sequence number
---                          (short, unique in the set), score = admission time
---                          in microseconds of the Redis clock
---                 counter: hash {w = index of the current fixed window,
---                          c = admissions in it, p = admissions in the one before}
--- ARGV[1]       1: record the admission in every zone if all admit; 0: dry run,
---               write nothing (inspection, or zones after a denial elsewhere)
--- ARGV[3i-1]    algorithm of zone i: log | counter
--- ARGV[3i]      window of zone i, in microseconds
--- ARGV[3i+1]    max admissions of zone i in any window
+-- KEYS[i]   state of the i-th zone of the batch, requests in order:
+--             log:     a ring (string) of the last max admission times, below
+--             counter: hash {w = index of the current fixed window,
+--                      c = admissions in it, p = admissions in the one before}
+-- ARGV[1]   the requests, packed big-endian, one after another:
+--             op      uint8: 0 peek (write nothing), 1 allow (record in every
+--                     zone if all admit), 2 refund (take back what an allow
+--                     recorded: the token of each zone)
+--             zones   uint8: how many KEYS this request takes, in order
+--             then per zone:
+--               algo    uint8: 0 log, 1 counter
+--               window  double: microseconds
+--               max     double: admissions in any window
+--               token   double: refund only; else ignored
 --
--- Reply: one {allowed, remaining, reset_us, token} per key.
---   allowed    1 if this zone admits (recorded only if every zone admits)
---   remaining  admissions left now (after this one, when it was recorded)
---   reset_us   denying zone: exact time until it admits again;
---              otherwise: time until the count next drops (a slot frees)
---   token      what was recorded, for a refund (refund.lua): the log member,
---              or the counter's window index; -1 when nothing was recorded
+-- Reply: one string, per zone of every request in order, packed big-endian:
+--   allowed    uint8: 1 if this zone admits (recorded only if every zone of
+--              the request admits); for a refund, 1 if something was taken back
+--   remaining  double: admissions left now (after this one, when recorded)
+--   reset      double: microseconds; denying zone: exact time until it admits
+--              again; otherwise: until the count next drops (a slot frees)
+--   token      double: what was recorded, for a refund: the log's admission
+--              time or the counter's window index; -1 when nothing
+--
+-- The ring: header cap, head, count (uint32 each), then B samples, then cap
+-- slots; every time is a uint56 of microseconds (W bytes). Slot p is physical;
+-- the logical i-th oldest kept time is in slot (head + i) % cap, and times
+-- strictly increase with i. Sample b is a copy of slot b*S when that slot
+-- is kept, so that a search reads the header and one bucket of S slots
+-- rather than the whole ring. Rings of cap <= SMALL have no samples and are
+-- read and written whole (GET, SET): cheaper than several ranges.
 
--- One clock for every caller: Redis's own, not each server's.
+local W = 7
+local HEADER = 12
+local SMALL = 512
+local TIMEFMT = '>I7'
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local record = ARGV[1] == '1'
 
--- Checks the reply of a zone's first command on its key (run with
--- redis.pcall). A key that holds the other algorithm's state, because the
--- zone's algorithm changed on a config reload, is dropped and the zone starts
--- over, rather than failing with WRONGTYPE on every request until that state
--- expires; started_over then reports true.
+-- layout returns the number of samples and the bucket size of a ring.
+local function layout(cap)
+  if cap <= SMALL then
+    return 0, cap
+  end
+  local S = math.ceil(math.sqrt(cap))
+  return math.ceil(cap / S), S
+end
+
+local function size(cap)
+  local B = layout(cap)
+  return HEADER + W * (B + cap)
+end
+
+-- A ring of one key: cap slots allocated, n of them kept from slot h on.
+-- Small rings hold their whole value (v) and are written back whole; large
+-- ones read and write ranges. A ring made anew (fresh, grown, converted) is
+-- written whole, so Redis allocates it at its size.
+local Ring = {}
+Ring.__index = Ring
+
+local function new_ring(key, cap)
+  local B, S = layout(cap)
+  return setmetatable({key = key, cap = cap, h = 0, n = 0, B = B, S = S,
+    small = cap <= SMALL, puts = {}}, Ring)
+end
+
+-- get returns len bytes at byte offset off (0-based).
+function Ring:get(off, len)
+  if self.small then
+    return string.sub(self.v, off + 1, off + len)
+  end
+  return redis.call('GETRANGE', self.key, off, off + len - 1)
+end
+
+function Ring:put(off, bytes)
+  if self.small then
+    local v = self.v
+    self.v = string.sub(v, 1, off) .. bytes .. string.sub(v, off + #bytes + 1)
+  else
+    self.puts[#self.puts + 1] = {off, bytes}
+  end
+end
+
+function Ring:slot_off(p)
+  return HEADER + W * (self.B + p)
+end
+
+-- times returns the logical range [lo, hi) as one string of W-byte times.
+function Ring:times(lo, hi)
+  if hi <= lo then
+    return ''
+  end
+  local p = (self.h + lo) % self.cap
+  local len = hi - lo
+  if p + len <= self.cap then
+    return self:get(self:slot_off(p), W * len)
+  end
+  local first = self.cap - p
+  return self:get(self:slot_off(p), W * first) .. self:get(self:slot_off(0), W * (len - first))
+end
+
+-- set_times writes the string of times d at logical index lo on.
+function Ring:set_times(lo, d)
+  local len = #d / W
+  local p = (self.h + lo) % self.cap
+  if p + len <= self.cap then
+    self:put(self:slot_off(p), d)
+  else
+    local first = self.cap - p
+    self:put(self:slot_off(p), string.sub(d, 1, W * first))
+    self:put(self:slot_off(0), string.sub(d, W * first + 1))
+  end
+end
+
+function Ring:at(i)
+  return (struct.unpack(TIMEFMT, self:times(i, i + 1)))
+end
+
+-- set_sample keeps sample b equal to slot b*S.
+function Ring:set_sample(b, packed)
+  self.samples = string.sub(self.samples, 1, W * b) .. packed .. string.sub(self.samples, W * b + W + 1)
+  self.samples_dirty = true
+end
+
+-- first_after returns the logical index of the first kept time > cutoff
+-- (n if none), and that time.
+function Ring:first_after(cutoff)
+  local n, h, cap, S = self.n, self.h, self.cap, self.S
+  local lo, hi = 0, n
+  if self.B > 0 then
+    -- Samples in logical order start at the first bucket at or after head.
+    local B = self.B
+    local b0 = math.ceil(h / S) % B
+    local function L(k)
+      return ((((b0 + k) % B) * S) - h) % cap
+    end
+    local function sample(k)
+      return (struct.unpack(TIMEFMT, self.samples, W * ((b0 + k) % B) + 1))
+    end
+    -- The largest k whose sample is kept and <= cutoff: a true prefix.
+    local a, z = -1, B - 1
+    while a < z do
+      local m = math.floor((a + z + 1) / 2)
+      if L(m) < n and sample(m) <= cutoff then
+        a = m
+      else
+        z = m - 1
+      end
+    end
+    if a >= 0 then
+      lo = L(a) + 1
+    end
+    if a + 1 < B and L(a + 1) < n then
+      hi = L(a + 1)
+    end
+  end
+  -- Search [lo, hi] in one read of the bucket (and of slot hi, whose time
+  -- the caller wants when it is the answer).
+  local d = self:times(lo, math.min(hi + 1, n))
+  local a, z = 0, hi - lo
+  while a < z do
+    local m = math.floor((a + z) / 2)
+    if struct.unpack(TIMEFMT, d, W * m + 1) > cutoff then
+      z = m
+    else
+      a = m + 1
+    end
+  end
+  local f = lo + a
+  if f < n then
+    return f, (struct.unpack(TIMEFMT, d, W * a + 1))
+  end
+  return n, nil
+end
+
+-- commit writes the ring, and makes the key expire ttl_ms from now.
+function Ring:commit(ttl_ms)
+  local hdr = struct.pack('>I4I4I4', self.cap, self.h, self.n)
+  if self.small or self.whole then
+    if self.small then
+      self:put(0, hdr)
+    else
+      self.v = hdr .. self.samples .. string.sub(self.v, HEADER + W * self.B + 1)
+    end
+    redis.call('SET', self.key, self.v, 'PX', ttl_ms)
+    return
+  end
+  if self.samples_dirty then
+    redis.call('SETRANGE', self.key, 0, hdr .. self.samples)
+  else
+    redis.call('SETRANGE', self.key, 0, hdr)
+  end
+  for _, pb in ipairs(self.puts) do
+    redis.call('SETRANGE', self.key, pb[1], pb[2])
+  end
+  redis.call('PEXPIRE', self.key, ttl_ms)
+end
+
+-- build returns a ring of cap holding times, a string of packed times
+-- (oldest first, strictly increasing, at most cap of them), to be
+-- committed whole.
+local function build(key, cap, times)
+  local r = new_ring(key, cap)
+  r.n = #times / W
+  local slots = times .. string.rep('\0', W * (cap - r.n))
+  local samples = {}
+  for b = 0, r.B - 1 do
+    samples[b + 1] = string.sub(slots, W * b * r.S + 1, W * b * r.S + W)
+  end
+  r.samples = table.concat(samples)
+  r.v = string.rep('\0', HEADER) .. r.samples .. slots
+  r.whole = true
+  return r
+end
+
+-- initial_cap is the size of a ring made for n times under max: rings grow
+-- by doubling as they fill, so a client's state is the size of its use.
+local function grown_cap(n, max)
+  return math.min(max, math.max(4, 2 * n))
+end
+
+-- convert rebuilds a key that holds no ring: the sorted set of an older
+-- version (member = sequence, score = admission time) becomes a ring of its
+-- admissions still in the window, the last max of them; anything else (a
+-- counter's hash) starts over.
+local function convert(key, max, cutoff, kind)
+  local parts = {}
+  if kind == 'zset' then
+    local z = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%.0f', cutoff), '+inf', 'WITHSCORES')
+    for i = 2, #z, 2 do
+      parts[#parts + 1] = struct.pack(TIMEFMT, tonumber(z[i]))
+    end
+  end
+  redis.call('DEL', key)
+  local first = math.max(1, #parts - max + 1)
+  local times = table.concat(parts, '', first)
+  return build(key, grown_cap(#times / W, max), times), #parts > 0
+end
+
+-- load returns the ring of a log zone of max.
+local function load(key, max, cutoff)
+  local B = layout(max)
+  local v
+  if max <= SMALL then
+    v = redis.pcall('GET', key)
+  else
+    v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
+  end
+  if type(v) == 'table' and v.err then
+    if not string.find(v.err, 'WRONGTYPE', 1, true) then
+      error(v)
+    end
+    local r, kept = convert(key, max, cutoff, redis.call('TYPE', key).ok)
+    if kept then
+      -- Written now: the request may be denied, and its state must stay.
+      local newest = struct.unpack(TIMEFMT, r.v, #r.v - W * (r.cap - r.n) - W + 1)
+      r:commit(math.max(1, math.ceil((newest + (now - cutoff) - now) / 1000)))
+      r.whole = false
+      r.puts = {}
+      if not r.small then
+        r.v = nil
+      end
+    end
+    return r
+  end
+  if not v or #v < HEADER then
+    return build(key, 0, '')
+  end
+  local cap, h, n = struct.unpack('>I4I4I4', v)
+  local r = new_ring(key, cap)
+  r.h, r.n = h, n
+  if r.small then
+    if #v ~= size(cap) then
+      v = redis.call('GET', key)
+    end
+    r.v = v
+  else
+    if #v < HEADER + W * r.B then
+      v = redis.call('GETRANGE', key, 0, HEADER + W * r.B - 1)
+    end
+    r.samples = string.sub(v, HEADER + 1, HEADER + W * r.B)
+  end
+  return r
+end
+
+-- A log zone's decision, before any write: allowed iff fewer than max kept
+-- times lie in the window. (A ring may hold more than max, after max was
+-- lowered: so lowering max and raising it again forgets nothing.)
+local function log_decide(z)
+  local cutoff = now - z.window
+  local r = load(z.key, z.max, cutoff)
+  z.ring = r
+  if r.n == 0 then
+    z.in_window, z.first, z.allowed = 0, nil, true
+    return
+  end
+  local oldest = r:at(0)
+  local f = 0
+  if oldest > cutoff then
+    z.first = oldest
+  else
+    f, z.first = r:first_after(cutoff)
+  end
+  z.in_window = r.n - f
+  z.allowed = z.in_window < z.max
+  if not z.allowed then
+    -- The max-th newest admission must age out before one more fits.
+    local i = r.n - z.max
+    z.pivot = i == 0 and oldest or r:at(i)
+  end
+end
+
+-- Records an admission in a log zone that log_decide admitted; returns its
+-- time. Times strictly increase, even for two calls in one microsecond or a
+-- Redis clock that steps back.
+local function log_record(z)
+  local r = z.ring
+  local at = now
+  if r.n > 0 then
+    local newest = r:at(r.n - 1)
+    if newest >= at then
+      at = newest + 1
+    end
+  end
+  if r.n == r.cap and r.cap < z.max then
+    r = build(z.key, grown_cap(r.n, z.max), r:times(0, r.n))
+  end
+  local p
+  if r.n < r.cap then
+    p = (r.h + r.n) % r.cap
+    r.n = r.n + 1
+  else
+    -- Full: the oldest is outside the window, or this was denied.
+    p = r.h
+    r.h = (r.h + 1) % r.cap
+  end
+  local packed = struct.pack(TIMEFMT, at)
+  if r.whole then
+    r.v = string.sub(r.v, 1, r:slot_off(p)) .. packed .. string.sub(r.v, r:slot_off(p) + W + 1)
+  else
+    r:put(r:slot_off(p), packed)
+  end
+  if r.B > 0 and p % r.S == 0 then
+    r:set_sample(p / r.S, packed)
+  end
+  r:commit(math.max(1, math.ceil((at + z.window - now) / 1000)))
+  return at
+end
+
+-- Takes back the admission at time token from a log zone: the newer kept
+-- times move back one slot, so the ring stays in order with one fewer.
+local function log_refund(z, token)
+  local r = load(z.key, z.max, now - z.window)
+  if r.n == 0 then
+    return 0
+  end
+  local j, at = r:first_after(token - 1)
+  if at ~= token then
+    return 0
+  end
+  local newer = r:times(j + 1, r.n)
+  if #newer > 0 then
+    r:set_times(j, newer)
+  end
+  r.n = r.n - 1
+  if r.B > 0 then
+    -- Samples of the slots that moved.
+    for k = 0, #newer / W - 1 do
+      local p = (r.h + j + k) % r.cap
+      if p % r.S == 0 then
+        r:set_sample(p / r.S, string.sub(newer, W * k + 1, W * k + W))
+      end
+    end
+  end
+  local ttl = redis.call('PTTL', z.key)
+  if ttl <= 0 then
+    ttl = math.ceil(z.window / 1000)
+  end
+  r:commit(ttl)
+  return 1
+end
+
+-- Checks the reply of a counter zone's first command. A key that holds the
+-- log's state, because the zone's algorithm changed on a config reload, is
+-- dropped and the zone starts over, rather than failing with WRONGTYPE on
+-- every request until that state expires.
 local function started_over(reply, key)
   if type(reply) == 'table' and reply.err then
     if string.find(reply.err, 'WRONGTYPE', 1, true) then
       redis.call('DEL', key)
       return true
     end
-    -- Any other error fails the script, as redis.call would.
     error(reply)
   end
   return false
 end
 
-local zones = {}
-local admit = true
-for i, key in ipairs(KEYS) do
-  local z = {
-    key = key,
-    algo = ARGV[3 * i - 1],
-    window = tonumber(ARGV[3 * i]),
-    max = tonumber(ARGV[3 * i + 1]),
-  }
-  if z.algo == 'counter' then
-    -- Sliding-window counter: the previous fixed window's count, weighted by
-    -- how much of it the sliding window still covers, plus the current one's.
-    z.index = math.floor(now / z.window)
-    z.elapsed = now - z.index * z.window
-    local h = redis.pcall('HMGET', key, 'w', 'c', 'p')
-    if started_over(h, key) then
-      h = {}
-    end
-    local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
-    if w == nil or w < z.index - 1 then
-      c, p = 0, 0
-    elseif w == z.index - 1 then
-      c, p = 0, c
-    end
-    z.c, z.p = c, p
-    z.count = p * (z.window - z.elapsed) / z.window + c
-    z.allowed = z.count + 1 <= z.max
-  else
-    -- Sliding-window log: the admissions still inside the window.
-    -- The key is empty after a start over, so ZCARD then counts 0.
-    started_over(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', now - z.window), key)
-    z.count = redis.call('ZCARD', key)
-    z.allowed = z.count < z.max
+-- Sliding-window counter: the previous fixed window's count, weighted by how
+-- much of it the sliding window still covers, plus the current one's.
+local function counter_decide(z)
+  z.index = math.floor(now / z.window)
+  z.elapsed = now - z.index * z.window
+  local h = redis.pcall('HMGET', z.key, 'w', 'c', 'p')
+  if started_over(h, z.key) then
+    h = {}
   end
-  if not z.allowed then
-    admit = false
+  local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
+  if w == nil or w < z.index - 1 then
+    c, p = 0, 0
+  elseif w == z.index - 1 then
+    c, p = 0, c
   end
-  zones[i] = z
+  z.c, z.p = c, p
+  z.count = p * (z.window - z.elapsed) / z.window + c
+  z.allowed = z.count + 1 <= z.max
 end
-local write = record and admit
 
 -- Time until a counter zone's estimate allows one more admission.
 local function counter_wait(z)
@@ -105,58 +444,93 @@ local function counter_reset(z, c, p)
   return 0
 end
 
-local reply = {}
-for i, z in ipairs(zones) do
-  local key = z.key
-  if z.algo == 'counter' then
-    if not z.allowed then
-      reply[i] = {0, 0, counter_wait(z), -1}
-    elseif write then
-      local c = z.c + 1
-      redis.call('HSET', key, 'w', z.index, 'c', c, 'p', z.p)
-      -- Kept while it can still weigh: to the end of the next window.
-      redis.call('PEXPIRE', key, math.ceil((2 * z.window - z.elapsed) / 1000))
-      local left = math.floor(z.max - (z.count + 1))
-      reply[i] = {1, left, counter_reset(z, c, z.p), z.index}
-    else
-      reply[i] = {1, math.floor(z.max - z.count), counter_reset(z, z.c, z.p), -1}
+local function counter_refund(z, token)
+  local w = tonumber(redis.call('HGET', z.key, 'w'))
+  if w == token then
+    redis.call('HINCRBY', z.key, 'c', -1)
+    return 1
+  elseif w == token + 1 then
+    redis.call('HINCRBY', z.key, 'p', -1)
+    return 1
+  end
+  return 0
+end
+
+local REPLY = '>Bddd'
+local out = {}
+local args = ARGV[1]
+local pos = 1
+local k = 0
+while pos <= #args do
+  local op, nz
+  op, nz, pos = struct.unpack('>BB', args, pos)
+  local zones = {}
+  for i = 1, nz do
+    local algo, window, max, token
+    algo, window, max, token, pos = struct.unpack('>Bddd', args, pos)
+    k = k + 1
+    zones[i] = {key = KEYS[k], counter = algo == 1, window = window, max = max, token = token}
+  end
+  if op == 2 then
+    for _, z in ipairs(zones) do
+      local done = 0
+      if z.token >= 0 then
+        if z.counter then
+          done = counter_refund(z, z.token)
+        else
+          done = log_refund(z, z.token)
+        end
+      end
+      out[#out + 1] = struct.pack(REPLY, done, 0, 0, -1)
     end
   else
-    local count = z.count
-    if not z.allowed then
-      -- The (count-max+1)-th oldest admission must age out before one more fits.
-      local pivot = redis.call('ZRANGE', key, count - z.max, count - z.max, 'WITHSCORES')
-      reply[i] = {0, 0, tonumber(pivot[2]) + z.window - now, -1}
-    else
-      local reset, oldest = 0, nil
-      if count > 0 then
-        oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-        reset = tonumber(oldest[2]) + z.window - now
-      end
-      if write then
-        local at, seq = now, 0
-        if count > 0 then
-          local newest = oldest
-          if count > 1 then
-            newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-          end
-          seq = tonumber(newest[1]) + 1
-          -- Scores strictly increase with the sequence, even for two calls in
-          -- one microsecond or a Redis clock that steps back, so the newest
-          -- member is always the last one and never ties with another.
-          if tonumber(newest[2]) >= at then
-            at = tonumber(newest[2]) + 1
-          end
-        else
-          reset = z.window
-        end
-        redis.call('ZADD', key, at, seq)
-        redis.call('PEXPIRE', key, math.ceil((at + z.window - now) / 1000))
-        reply[i] = {1, z.max - count - 1, reset, seq}
+    local admit = true
+    for _, z in ipairs(zones) do
+      if z.counter then
+        counter_decide(z)
       else
-        reply[i] = {1, z.max - count, reset, -1}
+        log_decide(z)
       end
+      if not z.allowed then
+        admit = false
+      end
+    end
+    local write = op == 1 and admit
+    for _, z in ipairs(zones) do
+      local reply
+      if z.counter then
+        if not z.allowed then
+          reply = {0, 0, counter_wait(z), -1}
+        elseif write then
+          local c = z.c + 1
+          redis.call('HSET', z.key, 'w', z.index, 'c', c, 'p', z.p)
+          -- Kept while it can still weigh: to the end of the next window.
+          redis.call('PEXPIRE', z.key, math.ceil((2 * z.window - z.elapsed) / 1000))
+          reply = {1, math.floor(z.max - (z.count + 1)), counter_reset(z, c, z.p), z.index}
+        else
+          reply = {1, math.floor(z.max - z.count), counter_reset(z, z.c, z.p), -1}
+        end
+      else
+        local in_window = z.in_window
+        if not z.allowed then
+          reply = {0, 0, z.pivot + z.window - now, -1}
+        elseif write then
+          local reset = z.window
+          if in_window > 0 then
+            reset = z.first + z.window - now
+          end
+          local at = log_record(z)
+          reply = {1, z.max - in_window - 1, reset, at}
+        else
+          local reset = 0
+          if in_window > 0 then
+            reset = z.first + z.window - now
+          end
+          reply = {1, z.max - in_window, reset, -1}
+        end
+      end
+      out[#out + 1] = struct.pack(REPLY, reply[1], reply[2], reply[3], reply[4])
     end
   end
 end
-return reply
+return table.concat(out)
