@@ -1,9 +1,7 @@
 -- Decides a batch of rate-limit requests in one call: TIME once, then each
 -- request's zones all or nothing, then one packed reply.
--- Run alone (one request, one log zone of window 60 s and max 60):
---   redis-cli --eval limit.lua 'srl:{1.2.3.4}:default' , \
---     "$(printf '\001\001\000'; printf '%s' 60000000 60 0 | ...)"
--- (the arguments are binary: see ARGV[1] below; the Go store packs them).
+-- Its arguments and reply are packed binary (script.go packs and reads
+-- them), so that a batch costs Redis and the store little to parse.
 --
 -- KEYS[i]   state of the i-th zone of the batch, requests in order:
 --             log:     a ring (string) of the last max admission times, below
@@ -19,6 +17,7 @@
 --               window  double: microseconds
 --               max     double: admissions in any window
 --               token   double: refund only; else ignored
+-- ARGV[2]   optional, for tests: the time in microseconds, in place of TIME
 --
 -- Reply: one string, per zone of every request in order, packed big-endian:
 --   allowed    uint8: 1 if this zone admits (recorded only if every zone of
@@ -30,7 +29,9 @@
 --              time or the counter's window index; -1 when nothing
 --
 -- The ring: header cap, head, count (uint32 each), then B samples, then cap
--- slots; every time is a uint56 of microseconds (W bytes). Slot p is physical;
+-- slots; every time is a uint56 of microseconds (W bytes). A ring starts
+-- small and doubles as it fills, up to max, so a client's state is the size
+-- of its use. Slot p is physical;
 -- the logical i-th oldest kept time is in slot (head + i) % cap, and times
 -- strictly increase with i. Sample b is a copy of slot b*S when that slot
 -- is kept, so that a search reads the header and one bucket of S slots
@@ -42,8 +43,13 @@ local HEADER = 12
 local SMALL = 512
 local TIMEFMT = '>I7'
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- One clock for every caller: Redis's own, not each server's. (ARGV[2], the
+-- time in microseconds, replaces it in tests of clock steps.)
+local now = tonumber(ARGV[2])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 
 -- layout returns the number of samples and the bucket size of a ring.
 local function layout(cap)
