@@ -227,7 +227,7 @@ func TestRingStrictlyIncreasing(t *testing.T) {
 	s := newRedisStore(t, testClient, testPrefix(t))
 	c.Key = testKey(t)
 	key = s.Key(c.Zone, c.Key)
-	future := time.Now().Add(10*time.Second).UnixMicro()
+	future := time.Now().Add(10 * time.Second).UnixMicro()
 	allow(future)
 	r := allow1(t, s, c)
 	if !r.d.Allowed || r.d.token != future+1 {
