@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -305,5 +306,46 @@ func TestRedisStoreErrors(t *testing.T) {
 	cancel()
 	if err := s.Allow(ctx, []Check{c}, make([]Decision, 1)); err == nil {
 		t.Error("Allow with a canceled context: no error")
+	}
+}
+
+// TestRedisStoreUnfixableErrors: errors that no retry can fix reach every
+// caller as what they are (a refused database index, a missing or wrong
+// password), alone or batched with others, never as a reply that could not
+// be decoded.
+func TestRedisStoreUnfixableErrors(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client(t).ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		opts redis.Options
+		want string
+	}{
+		{"db-index", redis.Options{Password: "s3cret", DB: 99}, "DB index is out of range"},
+		{"wrong-password", redis.Options{Password: "wrong"}, "WRONGPASS"},
+		{"no-password", redis.Options{}, "NOAUTH"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := c.opts
+			opts.Addr = srv.Addr()
+			client := redis.NewClient(&opts)
+			t.Cleanup(func() { client.Close() })
+			s := newRedisStore(t, client, testPrefix(t))
+			check := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 3}}
+			errs := make(chan error, 8)
+			var wg sync.WaitGroup
+			for range cap(errs) {
+				wg.Go(func() { errs <- s.Allow(testContext(t), []Check{check}, make([]Decision, 1)) })
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("Allow: error %v, want one that says %q", err, c.want)
+				}
+			}
+		})
 	}
 }
