@@ -28,20 +28,23 @@
 --   token      double: what was recorded, for a refund: the log's admission
 --              time or the counter's window index; -1 when nothing
 --
--- The ring: header cap, head, count (uint32 each), then B samples, then cap
--- slots; every time is a uint56 of microseconds (W bytes). A ring starts
--- small and doubles as it fills, up to max, so a client's state is the size
--- of its use. Slot p is physical;
--- the logical i-th oldest kept time is in slot (head + i) % cap, and times
--- strictly increase with i. Sample b is a copy of slot b*S when that slot
--- is kept, so that a search reads the header and one bucket of S slots
--- rather than the whole ring. Rings of cap <= SMALL have no samples and are
--- read and written whole (GET, SET): cheaper than several ranges.
+-- The ring: a header of cap, head, count and base (uint32 each; base in
+-- seconds), then B samples, then cap slots; every time is a uint48 offset
+-- in microseconds from base (W bytes). A ring starts small and doubles as
+-- it fills, up to max, so a client's state is the size of its use. Slot p
+-- is physical; the logical i-th oldest kept time is in slot (head + i) %
+-- cap, and times strictly increase with i. Sample b is a copy of slot b*S
+-- when that slot is kept, so that a search reads the header and one bucket
+-- of S slots rather than the whole ring. Rings of cap <= SMALL have no
+-- samples and are read and written whole (GET, SET): cheaper than several
+-- ranges.
 
-local W = 7
-local HEADER = 12
+local W = 6
+local HEADER = 16
 local SMALL = 512
-local TIMEFMT = '>I7'
+local TIMEFMT = '>I6'
+-- Offsets from the base stay below SPAN (8.9 years).
+local SPAN = 2 ^ 48
 
 -- One clock for every caller: Redis's own, not each server's. (ARGV[2], the
 -- time in microseconds, replaces it in tests of clock steps.)
@@ -65,42 +68,57 @@ local function size(cap)
   return HEADER + W * (B + cap)
 end
 
--- A ring of one key: cap slots allocated, n of them kept from slot h on.
--- Small rings hold their whole value (v) and are written back whole; large
--- ones read and write ranges. A ring made anew (fresh, grown, converted) is
--- written whole, so Redis allocates it at its size.
+-- A ring of one key: cap slots, n of them kept from slot h on, times as
+-- offsets from base (seconds). A ring whose value is in hand (v: small
+-- ones, and rings made anew) is read from it and written back whole, so
+-- Redis allocates it at its size; a large one reads and writes ranges.
 local Ring = {}
 Ring.__index = Ring
 
-local function new_ring(key, cap)
+local function new_ring(key, cap, base)
   local B, S = layout(cap)
   return setmetatable({key = key, cap = cap, h = 0, n = 0, B = B, S = S,
-    small = cap <= SMALL, puts = {}}, Ring)
-end
-
--- get returns len bytes at byte offset off (0-based).
-function Ring:get(off, len)
-  if self.small then
-    return string.sub(self.v, off + 1, off + len)
-  end
-  return redis.call('GETRANGE', self.key, off, off + len - 1)
-end
-
-function Ring:put(off, bytes)
-  if self.small then
-    local v = self.v
-    self.v = string.sub(v, 1, off) .. bytes .. string.sub(v, off + #bytes + 1)
-  else
-    self.puts[#self.puts + 1] = {off, bytes}
-  end
+    base = base, base_us = base * 1000000, puts = {}}, Ring)
 end
 
 function Ring:slot_off(p)
   return HEADER + W * (self.B + p)
 end
 
--- times returns the logical range [lo, hi) as one string of W-byte times.
-function Ring:times(lo, hi)
+-- get returns len bytes at byte offset off (0-based).
+function Ring:get(off, len)
+  if self.v then
+    return string.sub(self.v, off + 1, off + len)
+  end
+  return redis.call('GETRANGE', self.key, off, off + len - 1)
+end
+
+-- off_at returns the offset from base of the logical i-th kept time.
+function Ring:off_at(i)
+  local off = self:slot_off((self.h + i) % self.cap)
+  if self.v then
+    return (struct.unpack(TIMEFMT, self.v, off + 1))
+  end
+  return (struct.unpack(TIMEFMT, redis.call('GETRANGE', self.key, off, off + W - 1)))
+end
+
+function Ring:at(i)
+  return self.base_us + self:off_at(i)
+end
+
+-- ends returns the oldest and the newest kept time, in one read when their
+-- slots are adjacent (a full ring).
+function Ring:ends()
+  if not self.v and self.n == self.cap and self.h > 0 then
+    local d = self:get(self:slot_off(self.h - 1), 2 * W)
+    local newest, oldest = struct.unpack(TIMEFMT .. 'I6', d)
+    return self.base_us + oldest, self.base_us + newest
+  end
+  return self:at(0), self:at(self.n - 1)
+end
+
+-- raw returns the logical range [lo, hi) as one string of offsets.
+function Ring:raw(lo, hi)
   if hi <= lo then
     return ''
   end
@@ -113,8 +131,22 @@ function Ring:times(lo, hi)
   return self:get(self:slot_off(p), W * first) .. self:get(self:slot_off(0), W * (len - first))
 end
 
--- set_times writes the string of times d at logical index lo on.
-function Ring:set_times(lo, d)
+-- all returns every kept time, oldest first.
+function Ring:all()
+  local d = self:raw(0, self.n)
+  local out = {}
+  for i = 0, self.n - 1 do
+    out[i + 1] = self.base_us + struct.unpack(TIMEFMT, d, W * i + 1)
+  end
+  return out
+end
+
+function Ring:put(off, bytes)
+  self.puts[#self.puts + 1] = {off, bytes}
+end
+
+-- set_raw writes the string of offsets d at logical index lo on.
+function Ring:set_raw(lo, d)
   local len = #d / W
   local p = (self.h + lo) % self.cap
   if p + len <= self.cap then
@@ -126,36 +158,40 @@ function Ring:set_times(lo, d)
   end
 end
 
-function Ring:at(i)
-  return (struct.unpack(TIMEFMT, self:times(i, i + 1)))
+function Ring:sample(b)
+  if self.v then
+    return (struct.unpack(TIMEFMT, self.v, HEADER + W * b + 1))
+  end
+  return (struct.unpack(TIMEFMT, self.samples, W * b + 1))
 end
 
 -- set_sample keeps sample b equal to slot b*S.
 function Ring:set_sample(b, packed)
-  self.samples = string.sub(self.samples, 1, W * b) .. packed .. string.sub(self.samples, W * b + W + 1)
-  self.samples_dirty = true
+  if self.v then
+    self:put(HEADER + W * b, packed)
+  else
+    self.samples = string.sub(self.samples, 1, W * b) .. packed .. string.sub(self.samples, W * b + W + 1)
+    self.samples_dirty = true
+  end
 end
 
 -- first_after returns the logical index of the first kept time > cutoff
 -- (n if none), and that time.
 function Ring:first_after(cutoff)
-  local n, h, cap, S = self.n, self.h, self.cap, self.S
+  local n, h, cap, S, B = self.n, self.h, self.cap, self.S, self.B
+  local c = cutoff - self.base_us
   local lo, hi = 0, n
-  if self.B > 0 then
+  if B > 0 then
     -- Samples in logical order start at the first bucket at or after head.
-    local B = self.B
     local b0 = math.ceil(h / S) % B
     local function L(k)
       return ((((b0 + k) % B) * S) - h) % cap
-    end
-    local function sample(k)
-      return (struct.unpack(TIMEFMT, self.samples, W * ((b0 + k) % B) + 1))
     end
     -- The largest k whose sample is kept and <= cutoff: a true prefix.
     local a, z = -1, B - 1
     while a < z do
       local m = math.floor((a + z + 1) / 2)
-      if L(m) < n and sample(m) <= cutoff then
+      if L(m) < n and self:sample((b0 + m) % B) <= c then
         a = m
       else
         z = m - 1
@@ -168,13 +204,28 @@ function Ring:first_after(cutoff)
       hi = L(a + 1)
     end
   end
+  if self.v then
+    local a, z = lo, hi
+    while a < z do
+      local m = math.floor((a + z) / 2)
+      if self:off_at(m) > c then
+        z = m
+      else
+        a = m + 1
+      end
+    end
+    if a < n then
+      return a, self:at(a)
+    end
+    return n, nil
+  end
   -- Search [lo, hi] in one read of the bucket (and of slot hi, whose time
   -- the caller wants when it is the answer).
-  local d = self:times(lo, math.min(hi + 1, n))
+  local d = self:raw(lo, math.min(hi + 1, n))
   local a, z = 0, hi - lo
   while a < z do
     local m = math.floor((a + z) / 2)
-    if struct.unpack(TIMEFMT, d, W * m + 1) > cutoff then
+    if struct.unpack(TIMEFMT, d, W * m + 1) > c then
       z = m
     else
       a = m + 1
@@ -182,76 +233,73 @@ function Ring:first_after(cutoff)
   end
   local f = lo + a
   if f < n then
-    return f, (struct.unpack(TIMEFMT, d, W * a + 1))
+    return f, self.base_us + struct.unpack(TIMEFMT, d, W * a + 1)
   end
   return n, nil
 end
 
 -- commit writes the ring, and makes the key expire ttl_ms from now.
 function Ring:commit(ttl_ms)
-  local hdr = struct.pack('>I4I4I4', self.cap, self.h, self.n)
-  if self.small or self.whole then
-    if self.small then
-      self:put(0, hdr)
+  local hdr = struct.pack('>I4I4I4I4', self.cap, self.h, self.n, self.base)
+  local puts = self.puts
+  self.puts = {}
+  if self.v then
+    local v = self.v
+    if #puts == 1 then
+      local off, b = puts[1][1], puts[1][2]
+      v = hdr .. string.sub(v, HEADER + 1, off) .. b .. string.sub(v, off + #b + 1)
     else
-      self.v = hdr .. self.samples .. string.sub(self.v, HEADER + W * self.B + 1)
+      for _, pb in ipairs(puts) do
+        v = string.sub(v, 1, pb[1]) .. pb[2] .. string.sub(v, pb[1] + #pb[2] + 1)
+      end
+      v = hdr .. string.sub(v, HEADER + 1)
     end
-    redis.call('SET', self.key, self.v, 'PX', ttl_ms)
+    self.v = v
+    redis.call('SET', self.key, v, 'PX', ttl_ms)
     return
   end
   if self.samples_dirty then
     redis.call('SETRANGE', self.key, 0, hdr .. self.samples)
+    self.samples_dirty = false
   else
     redis.call('SETRANGE', self.key, 0, hdr)
   end
-  for _, pb in ipairs(self.puts) do
+  for _, pb in ipairs(puts) do
     redis.call('SETRANGE', self.key, pb[1], pb[2])
   end
   redis.call('PEXPIRE', self.key, ttl_ms)
 end
 
--- build returns a ring of cap holding times, a string of packed times
--- (oldest first, strictly increasing, at most cap of them), to be
--- committed whole.
+-- build returns a ring of cap holding times (oldest first, strictly
+-- increasing, at most cap of them), in hand, to be committed whole.
 local function build(key, cap, times)
-  local r = new_ring(key, cap)
-  r.n = #times / W
-  local slots = times .. string.rep('\0', W * (cap - r.n))
+  local base = math.floor((times[1] or now) / 1000000)
+  local r = new_ring(key, cap, base)
+  local parts = {}
+  for i, at in ipairs(times) do
+    parts[i] = struct.pack(TIMEFMT, at - r.base_us)
+  end
+  r.n = #times
+  local slots = table.concat(parts) .. string.rep('\0', W * (cap - r.n))
   local samples = {}
   for b = 0, r.B - 1 do
     samples[b + 1] = string.sub(slots, W * b * r.S + 1, W * b * r.S + W)
   end
-  r.samples = table.concat(samples)
-  r.v = string.rep('\0', HEADER) .. r.samples .. slots
-  r.whole = true
+  r.v = string.rep('\0', HEADER) .. table.concat(samples) .. slots
   return r
 end
 
--- initial_cap is the size of a ring made for n times under max: rings grow
+-- grown_cap is the size of a ring made for n times under max: rings grow
 -- by doubling as they fill, so a client's state is the size of its use.
 local function grown_cap(n, max)
   return math.min(max, math.max(4, 2 * n))
 end
 
--- convert rebuilds a key that holds no ring: the sorted set of an older
--- version (member = sequence, score = admission time) becomes a ring of its
--- admissions still in the window, the last max of them; anything else (a
--- counter's hash) starts over.
-local function convert(key, max, cutoff, kind)
-  local parts = {}
-  if kind == 'zset' then
-    local z = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%.0f', cutoff), '+inf', 'WITHSCORES')
-    for i = 2, #z, 2 do
-      parts[#parts + 1] = struct.pack(TIMEFMT, tonumber(z[i]))
-    end
-  end
-  redis.call('DEL', key)
-  local first = math.max(1, #parts - max + 1)
-  local times = table.concat(parts, '', first)
-  return build(key, grown_cap(#times / W, max), times), #parts > 0
-end
-
--- load returns the ring of a log zone of max.
+-- load returns the ring of a log zone of max. A key that holds no string
+-- is converted: the sorted set of an older version (member = sequence,
+-- score = admission time) becomes a ring of its admissions still in the
+-- window, the last max of them, written at once, so that a denied request
+-- leaves it converted; anything else (a counter's hash) starts over.
 local function load(key, max, cutoff)
   local B = layout(max)
   local v
@@ -264,26 +312,27 @@ local function load(key, max, cutoff)
     if not string.find(v.err, 'WRONGTYPE', 1, true) then
       error(v)
     end
-    local r, kept = convert(key, max, cutoff, redis.call('TYPE', key).ok)
-    if kept then
-      -- Written now: the request may be denied, and its state must stay.
-      local newest = struct.unpack(TIMEFMT, r.v, #r.v - W * (r.cap - r.n) - W + 1)
-      r:commit(math.max(1, math.ceil((newest + (now - cutoff) - now) / 1000)))
-      r.whole = false
-      r.puts = {}
-      if not r.small then
-        r.v = nil
+    local times = {}
+    if redis.call('TYPE', key).ok == 'zset' then
+      local z = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%.0f', cutoff), '+inf', 'WITHSCORES')
+      for i = math.max(2, #z - 2 * max + 2), #z, 2 do
+        times[#times + 1] = tonumber(z[i])
       end
+    end
+    redis.call('DEL', key)
+    local r = build(key, grown_cap(#times, max), times)
+    if #times > 0 then
+      r:commit(math.max(1, math.ceil((times[#times] + (now - cutoff) - now) / 1000)))
     end
     return r
   end
   if not v or #v < HEADER then
-    return build(key, 0, '')
+    return build(key, 0, {})
   end
-  local cap, h, n = struct.unpack('>I4I4I4', v)
-  local r = new_ring(key, cap)
+  local cap, h, n, base = struct.unpack('>I4I4I4I4', v)
+  local r = new_ring(key, cap, base)
   r.h, r.n = h, n
-  if r.small then
+  if cap <= SMALL then
     if #v ~= size(cap) then
       v = redis.call('GET', key)
     end
@@ -308,10 +357,13 @@ local function log_decide(z)
     z.in_window, z.first, z.allowed = 0, nil, true
     return
   end
-  local oldest = r:at(0)
+  local oldest, newest = r:ends()
+  z.newest = newest
   local f = 0
   if oldest > cutoff then
     z.first = oldest
+  elseif newest <= cutoff then
+    f, z.first = r.n, nil
   else
     f, z.first = r:first_after(cutoff)
   end
@@ -330,30 +382,37 @@ end
 local function log_record(z)
   local r = z.ring
   local at = now
-  if r.n > 0 then
-    local newest = r:at(r.n - 1)
-    if newest >= at then
-      at = newest + 1
-    end
+  if r.n > 0 and z.newest >= at then
+    at = z.newest + 1
   end
   if r.n == r.cap and r.cap < z.max then
-    r = build(z.key, grown_cap(r.n, z.max), r:times(0, r.n))
+    r = build(z.key, grown_cap(r.n, z.max), r:all())
+  end
+  if r.n == 0 then
+    r.base = math.floor(at / 1000000)
+    r.base_us = r.base * 1000000
+  elseif at - r.base_us >= SPAN then
+    -- Offsets are running out: start the base again at the oldest time
+    -- still in the window.
+    local kept = {}
+    for _, t in ipairs(r:all()) do
+      if t > now - z.window then
+        kept[#kept + 1] = t
+      end
+    end
+    r = build(z.key, r.cap, kept)
   end
   local p
   if r.n < r.cap then
     p = (r.h + r.n) % r.cap
     r.n = r.n + 1
   else
-    -- Full: the oldest is outside the window, or this was denied.
+    -- Full: the oldest is outside the window, or this would be denied.
     p = r.h
     r.h = (r.h + 1) % r.cap
   end
-  local packed = struct.pack(TIMEFMT, at)
-  if r.whole then
-    r.v = string.sub(r.v, 1, r:slot_off(p)) .. packed .. string.sub(r.v, r:slot_off(p) + W + 1)
-  else
-    r:put(r:slot_off(p), packed)
-  end
+  local packed = struct.pack(TIMEFMT, at - r.base_us)
+  r:put(r:slot_off(p), packed)
   if r.B > 0 and p % r.S == 0 then
     r:set_sample(p / r.S, packed)
   end
@@ -372,9 +431,9 @@ local function log_refund(z, token)
   if at ~= token then
     return 0
   end
-  local newer = r:times(j + 1, r.n)
+  local newer = r:raw(j + 1, r.n)
   if #newer > 0 then
-    r:set_times(j, newer)
+    r:set_raw(j, newer)
   end
   r.n = r.n - 1
   if r.B > 0 then

@@ -9,11 +9,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The ring's layout, as limit.lua writes it: a header of cap, head and count
-// (uint32 each), then the samples, then cap slots; every time is W bytes.
+// The ring's layout, as limit.lua writes it: a header of cap, head, count
+// and base (uint32 each; base in seconds), then the samples, then cap
+// slots; every time is an offset of W bytes in microseconds from base.
 const (
-	ringHeader = 12
-	ringW      = 7
+	ringHeader = 16
+	ringW      = 6
 	ringSmall  = 512
 )
 
@@ -36,9 +37,9 @@ type ringState struct {
 	slots   []int64
 }
 
-func readTime(b []byte) int64 {
+func readOffset(b []byte) int64 {
 	var buf [8]byte
-	copy(buf[1:], b[:ringW])
+	copy(buf[8-ringW:], b[:ringW])
 	return int64(binary.BigEndian.Uint64(buf[:]))
 }
 
@@ -56,6 +57,8 @@ func readRing(tb testing.TB, client redis.Cmdable, key string) ringState {
 	}
 	r := ringState{cap: int(binary.BigEndian.Uint32(v[0:])), head: int(binary.BigEndian.Uint32(v[4:]))}
 	n := int(binary.BigEndian.Uint32(v[8:]))
+	base := int64(binary.BigEndian.Uint32(v[12:])) * 1_000_000
+	readTime := func(b []byte) int64 { return base + readOffset(b) }
 	b, s := ringSamples(r.cap)
 	if want := ringHeader + ringW*(b+r.cap); len(v) != want {
 		tb.Fatalf("ring %s of cap %d: %d bytes, want %d", key, r.cap, len(v), want)
@@ -82,4 +85,27 @@ func readRing(tb testing.TB, client redis.Cmdable, key string) ringState {
 		}
 	}
 	return r
+}
+
+// encodeRing returns the value of a full ring of cap holding times (oldest
+// first, at most cap of them), head at slot 0, as limit.lua writes it.
+func encodeRing(cap int, times []int64) []byte {
+	b, s := ringSamples(cap)
+	v := make([]byte, ringHeader+ringW*(b+cap))
+	binary.BigEndian.PutUint32(v[0:], uint32(cap))
+	binary.BigEndian.PutUint32(v[8:], uint32(len(times)))
+	base := times[0] / 1_000_000
+	binary.BigEndian.PutUint32(v[12:], uint32(base))
+	put := func(off int, t int64) {
+		var buf [8]byte
+		binary.BigEndian.PutUint64(buf[:], uint64(t-base*1_000_000))
+		copy(v[off:off+ringW], buf[8-ringW:])
+	}
+	for i, t := range times {
+		put(ringHeader+ringW*(b+i), t)
+		if s > 0 && i%s == 0 && b > 0 {
+			put(ringHeader+ringW*(i/s), t)
+		}
+	}
+	return v
 }
