@@ -292,8 +292,8 @@ func TestBatchFrozenRedis(t *testing.T) {
 }
 
 // TestBatchClusterSlots: on Redis Cluster, a batch of many clients goes out
-// as one call per slot, and each client gets exactly max admissions; the
-// store's slot of a key is the cluster's.
+// as one call per slot, also right after SCRIPT FLUSH, and each client gets
+// exactly max admissions; the store's slot of a key is the cluster's.
 func TestBatchClusterSlots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Redis Cluster; skipped in -short mode")
@@ -316,6 +316,13 @@ func TestBatchClusterSlots(t *testing.T) {
 		rounds  = 10
 	)
 	s := newRedisStore(t, client, testPrefix(t))
+	// Batches of several slots go out as pipelines; with the script flushed
+	// from every node, they meet NOSCRIPT and send it.
+	if err := client.ForEachShard(testContext(t), func(ctx context.Context, shard *redis.Client) error {
+		return shard.ScriptFlush(ctx).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
 	admitted := make([]atomic.Int64, clients)
 	var wg sync.WaitGroup
 	for i := range clients {

@@ -46,30 +46,62 @@ func infoFields(tb testing.TB, client *redis.Client, section string, names ...st
 	return out
 }
 
+// floorScript is the least a decision can cost Redis: one read and one
+// write of the client's value, batched as limit.lua batches.
+var floorScript = redis.NewScript(`
+for _, key in ipairs(KEYS) do
+  redis.call('SET', key, redis.call('GET', key), 'PX', 120000)
+end
+return #KEYS`)
+
+// cpuMode is how BenchmarkRedisCPUPerDecision sends its decisions.
+type cpuMode int
+
+const (
+	// viaStore: 32 concurrent callers of a RedisStore, which batches them
+	// as they come (two script calls in flight).
+	viaStore cpuMode = iota
+	// batch32: limit.lua calls of exactly 32 decisions each, two in flight.
+	batch32
+	// floor32: floorScript calls of 32 keys each, two in flight.
+	floor32
+)
+
+func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor32"}[m] }
+
 // BenchmarkRedisCPUPerDecision measures Redis's CPU per decision of the
-// sliding log at several limits: 32 concurrent callers (so batches of up to
-// 32 decisions per script call) over many clients, each client's ring full
+// sliding log at several limits, over many clients, each client's ring full
 // of admissions spread over the window with its oldest ones just aged out,
 // so that every decision admits, overwriting the oldest slot, and finds its
 // remaining and reset by search: the steady state of a client at its limit.
 // Clients are fewer at the largest limits, to bound the memory they take.
-// It reports INFO commandstats' EVALSHA time and INFO cpu's delta, per
-// decision; it asserts nothing about them.
+// Decisions go through a RedisStore from 32 concurrent callers, and as
+// script calls of exactly 32 decisions; at max 60 the floor (a GET and a
+// SET per key, batched alike) is measured too, on the same keys, as the
+// reference that a loaded machine shifts along with the rest. It reports
+// INFO cpu's delta and INFO commandstats' script time per decision; it
+// asserts nothing about them.
 //
 //	go test -run '^$' -bench RedisCPUPerDecision -benchtime 1x ./limiter/
 func BenchmarkRedisCPUPerDecision(b *testing.B) {
 	for _, limit := range []int{60, 1000, 10_000, 100_000} {
-		b.Run(fmt.Sprint("max", limit), func(b *testing.B) {
-			clients := min(10_000, 20_000_000/limit)
-			rounds := max(3, 20_000/clients)
-			for b.Loop() {
-				redisCPUPerDecision(b, limit, clients, rounds)
-			}
-		})
+		modes := []cpuMode{viaStore, batch32}
+		if limit <= ringSmall {
+			modes = append(modes, floor32)
+		}
+		for _, mode := range modes {
+			b.Run(fmt.Sprintf("max%d/%s", limit, mode), func(b *testing.B) {
+				clients := min(10_000, 20_000_000/limit)
+				rounds := max(3, 20_000/clients)
+				for b.Loop() {
+					redisCPUPerDecision(b, limit, clients, rounds, mode)
+				}
+			})
+		}
 	}
 }
 
-func redisCPUPerDecision(b *testing.B, max, clients, rounds int) {
+func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	const (
 		window  = time.Minute
 		callers = 32
@@ -108,10 +140,12 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int) {
 		b.Fatal(err)
 	}
 	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim}) // load the script
+	if err := floorScript.Load(ctx, client).Err(); err != nil {
+		b.Fatal(err)
+	}
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
-	fields := []string{"cmdstat_evalsha.usec", "cmdstat_evalsha.calls"}
 	cpu := []string{"used_cpu_user", "used_cpu_sys"}
 	cpuBefore := infoFields(b, client, "cpu", cpu...)
 
@@ -119,29 +153,72 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int) {
 	decisions := int64(clients * rounds)
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range callers {
-		wg.Go(func() {
-			checks := []Check{{Zone: "z", Limit: lim}}
-			ds := make([]Decision, 1)
-			for {
-				n := next.Add(1) - 1
-				if n >= decisions {
-					return
+	if mode == viaStore {
+		for range callers {
+			wg.Go(func() {
+				checks := []Check{{Zone: "z", Limit: lim}}
+				ds := make([]Decision, 1)
+				for {
+					n := next.Add(1) - 1
+					if n >= decisions {
+						return
+					}
+					checks[0].Key = key(int(n % int64(clients)))
+					if err := s.Allow(ctx, checks, ds); err != nil {
+						b.Error(err)
+						return
+					}
+					if !ds[0].Allowed {
+						denied.Add(1)
+					}
 				}
-				checks[0].Key = key(int(n % int64(clients)))
-				if err := s.Allow(ctx, checks, ds); err != nil {
-					b.Error(err)
-					return
+			})
+		}
+	} else {
+		for range batchFlushers {
+			wg.Go(func() {
+				for {
+					n := next.Add(callers) - callers
+					if n >= decisions {
+						return
+					}
+					keys := make([]string, 0, callers)
+					var args []byte
+					for j := n; j < n+callers && j < decisions; j++ {
+						c := Check{Zone: "z", Key: key(int(j % int64(clients))), Limit: lim}
+						keys = append(keys, s.Key(c.Zone, c.Key))
+						args = appendRequest(args, opAllow, []Check{c}, nil)
+					}
+					if mode == floor32 {
+						if err := floorScript.Run(ctx, client, keys).Err(); err != nil {
+							b.Error(err)
+						}
+						continue
+					}
+					reply, err := limitScript.Run(ctx, client, keys, args).Result()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					r, err := checkReply(reply, len(keys))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					ds := make([]Decision, len(keys))
+					decodeReply(r, opAllow, ds)
+					for _, d := range ds {
+						if !d.Allowed {
+							denied.Add(1)
+						}
+					}
 				}
-				if !ds[0].Allowed {
-					denied.Add(1)
-				}
-			}
-		})
+			})
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	stats := infoFields(b, client, "commandstats", fields...)
+	stats := infoFields(b, client, "commandstats", "cmdstat_evalsha.usec", "cmdstat_evalsha.calls")
 	cpuAfter := infoFields(b, client, "cpu", cpu...)
 	cpuUsec := (cpuAfter["used_cpu_user"] + cpuAfter["used_cpu_sys"] - cpuBefore["used_cpu_user"] - cpuBefore["used_cpu_sys"]) * 1e6
 	if denied.Load() != 0 {
@@ -151,9 +228,9 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int) {
 	b.ReportMetric(perDecision, "evalsha-µs/decision")
 	b.ReportMetric(cpuUsec/float64(decisions), "cpu-µs/decision")
 	b.ReportMetric(float64(decisions)/stats["cmdstat_evalsha.calls"], "decisions/call")
-	b.Logf("max %d, %d clients at their limit, %d decisions in %v: EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each), Redis CPU %.2f µs/decision",
-		max, clients, decisions, elapsed.Round(time.Millisecond), perDecision, stats["cmdstat_evalsha.calls"],
-		float64(decisions)/stats["cmdstat_evalsha.calls"], cpuUsec/float64(decisions))
+	b.Logf("max %d, %s, %d clients at their limit, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each)",
+		max, mode, clients, decisions, elapsed.Round(time.Millisecond), cpuUsec/float64(decisions), perDecision,
+		stats["cmdstat_evalsha.calls"], float64(decisions)/stats["cmdstat_evalsha.calls"])
 }
 
 // BenchmarkRedisMemoryPerClient measures what Redis holds for a client at

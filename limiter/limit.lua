@@ -39,6 +39,8 @@
 -- samples and are read and written whole (GET, SET): cheaper than several
 -- ranges.
 
+local unpack, pack, floor, ceil = struct.unpack, struct.pack, math.floor, math.ceil
+
 local W = 6
 local HEADER = 16
 local SMALL = 512
@@ -59,8 +61,8 @@ local function layout(cap)
   if cap <= SMALL then
     return 0, cap
   end
-  local S = math.ceil(math.sqrt(cap))
-  return math.ceil(cap / S), S
+  local S = ceil(math.sqrt(cap))
+  return ceil(cap / S), S
 end
 
 local function size(cap)
@@ -78,7 +80,8 @@ Ring.__index = Ring
 local function new_ring(key, cap, base)
   local B, S = layout(cap)
   return setmetatable({key = key, cap = cap, h = 0, n = 0, B = B, S = S,
-    base = base, base_us = base * 1000000, puts = {}}, Ring)
+    base = base, base_us = base * 1000000, v = false, samples = false,
+    samples_dirty = false, puts = {}}, Ring)
 end
 
 function Ring:slot_off(p)
@@ -97,9 +100,9 @@ end
 function Ring:off_at(i)
   local off = self:slot_off((self.h + i) % self.cap)
   if self.v then
-    return (struct.unpack(TIMEFMT, self.v, off + 1))
+    return (unpack(TIMEFMT, self.v, off + 1))
   end
-  return (struct.unpack(TIMEFMT, redis.call('GETRANGE', self.key, off, off + W - 1)))
+  return (unpack(TIMEFMT, redis.call('GETRANGE', self.key, off, off + W - 1)))
 end
 
 function Ring:at(i)
@@ -109,9 +112,15 @@ end
 -- ends returns the oldest and the newest kept time, in one read when their
 -- slots are adjacent (a full ring).
 function Ring:ends()
-  if not self.v and self.n == self.cap and self.h > 0 then
+  local v = self.v
+  if v then
+    local so, h, cap = HEADER + W * self.B + 1, self.h, self.cap
+    return self.base_us + unpack(TIMEFMT, v, so + W * h),
+      self.base_us + unpack(TIMEFMT, v, so + W * ((h + self.n - 1) % cap))
+  end
+  if self.n == self.cap and self.h > 0 then
     local d = self:get(self:slot_off(self.h - 1), 2 * W)
-    local newest, oldest = struct.unpack(TIMEFMT .. 'I6', d)
+    local newest, oldest = unpack(TIMEFMT .. 'I6', d)
     return self.base_us + oldest, self.base_us + newest
   end
   return self:at(0), self:at(self.n - 1)
@@ -136,7 +145,7 @@ function Ring:all()
   local d = self:raw(0, self.n)
   local out = {}
   for i = 0, self.n - 1 do
-    out[i + 1] = self.base_us + struct.unpack(TIMEFMT, d, W * i + 1)
+    out[i + 1] = self.base_us + unpack(TIMEFMT, d, W * i + 1)
   end
   return out
 end
@@ -160,9 +169,9 @@ end
 
 function Ring:sample(b)
   if self.v then
-    return (struct.unpack(TIMEFMT, self.v, HEADER + W * b + 1))
+    return (unpack(TIMEFMT, self.v, HEADER + W * b + 1))
   end
-  return (struct.unpack(TIMEFMT, self.samples, W * b + 1))
+  return (unpack(TIMEFMT, self.samples, W * b + 1))
 end
 
 -- set_sample keeps sample b equal to slot b*S.
@@ -183,14 +192,14 @@ function Ring:first_after(cutoff)
   local lo, hi = 0, n
   if B > 0 then
     -- Samples in logical order start at the first bucket at or after head.
-    local b0 = math.ceil(h / S) % B
+    local b0 = ceil(h / S) % B
     local function L(k)
       return ((((b0 + k) % B) * S) - h) % cap
     end
     -- The largest k whose sample is kept and <= cutoff: a true prefix.
     local a, z = -1, B - 1
     while a < z do
-      local m = math.floor((a + z + 1) / 2)
+      local m = floor((a + z + 1) / 2)
       if L(m) < n and self:sample((b0 + m) % B) <= c then
         a = m
       else
@@ -204,18 +213,20 @@ function Ring:first_after(cutoff)
       hi = L(a + 1)
     end
   end
-  if self.v then
+  local v = self.v
+  if v then
+    local so = HEADER + W * B + 1
     local a, z = lo, hi
     while a < z do
-      local m = math.floor((a + z) / 2)
-      if self:off_at(m) > c then
+      local m = floor((a + z) / 2)
+      if unpack(TIMEFMT, v, so + W * ((h + m) % cap)) > c then
         z = m
       else
         a = m + 1
       end
     end
     if a < n then
-      return a, self:at(a)
+      return a, self.base_us + unpack(TIMEFMT, v, so + W * ((h + a) % cap))
     end
     return n, nil
   end
@@ -224,8 +235,8 @@ function Ring:first_after(cutoff)
   local d = self:raw(lo, math.min(hi + 1, n))
   local a, z = 0, hi - lo
   while a < z do
-    local m = math.floor((a + z) / 2)
-    if struct.unpack(TIMEFMT, d, W * m + 1) > c then
+    local m = floor((a + z) / 2)
+    if unpack(TIMEFMT, d, W * m + 1) > c then
       z = m
     else
       a = m + 1
@@ -233,16 +244,15 @@ function Ring:first_after(cutoff)
   end
   local f = lo + a
   if f < n then
-    return f, self.base_us + struct.unpack(TIMEFMT, d, W * a + 1)
+    return f, self.base_us + unpack(TIMEFMT, d, W * a + 1)
   end
   return n, nil
 end
 
 -- commit writes the ring, and makes the key expire ttl_ms from now.
 function Ring:commit(ttl_ms)
-  local hdr = struct.pack('>I4I4I4I4', self.cap, self.h, self.n, self.base)
+  local hdr = pack('>I4I4I4I4', self.cap, self.h, self.n, self.base)
   local puts = self.puts
-  self.puts = {}
   if self.v then
     local v = self.v
     if #puts == 1 then
@@ -255,9 +265,11 @@ function Ring:commit(ttl_ms)
       v = hdr .. string.sub(v, HEADER + 1)
     end
     self.v = v
+    self.puts = {}
     redis.call('SET', self.key, v, 'PX', ttl_ms)
     return
   end
+  self.puts = {}
   if self.samples_dirty then
     redis.call('SETRANGE', self.key, 0, hdr .. self.samples)
     self.samples_dirty = false
@@ -273,11 +285,11 @@ end
 -- build returns a ring of cap holding times (oldest first, strictly
 -- increasing, at most cap of them), in hand, to be committed whole.
 local function build(key, cap, times)
-  local base = math.floor((times[1] or now) / 1000000)
+  local base = floor((times[1] or now) / 1000000)
   local r = new_ring(key, cap, base)
   local parts = {}
   for i, at in ipairs(times) do
-    parts[i] = struct.pack(TIMEFMT, at - r.base_us)
+    parts[i] = pack(TIMEFMT, at - r.base_us)
   end
   r.n = #times
   local slots = table.concat(parts) .. string.rep('\0', W * (cap - r.n))
@@ -322,14 +334,14 @@ local function load(key, max, cutoff)
     redis.call('DEL', key)
     local r = build(key, grown_cap(#times, max), times)
     if #times > 0 then
-      r:commit(math.max(1, math.ceil((times[#times] + (now - cutoff) - now) / 1000)))
+      r:commit(math.max(1, ceil((times[#times] + (now - cutoff) - now) / 1000)))
     end
     return r
   end
   if not v or #v < HEADER then
     return build(key, 0, {})
   end
-  local cap, h, n, base = struct.unpack('>I4I4I4I4', v)
+  local cap, h, n, base = unpack('>I4I4I4I4', v)
   local r = new_ring(key, cap, base)
   r.h, r.n = h, n
   if cap <= SMALL then
@@ -389,7 +401,7 @@ local function log_record(z)
     r = build(z.key, grown_cap(r.n, z.max), r:all())
   end
   if r.n == 0 then
-    r.base = math.floor(at / 1000000)
+    r.base = floor(at / 1000000)
     r.base_us = r.base * 1000000
   elseif at - r.base_us >= SPAN then
     -- Offsets are running out: start the base again at the oldest time
@@ -411,12 +423,12 @@ local function log_record(z)
     p = r.h
     r.h = (r.h + 1) % r.cap
   end
-  local packed = struct.pack(TIMEFMT, at - r.base_us)
+  local packed = pack(TIMEFMT, at - r.base_us)
   r:put(r:slot_off(p), packed)
   if r.B > 0 and p % r.S == 0 then
     r:set_sample(p / r.S, packed)
   end
-  r:commit(math.max(1, math.ceil((at + z.window - now) / 1000)))
+  r:commit(math.max(1, ceil((at + z.window - now) / 1000)))
   return at
 end
 
@@ -447,7 +459,7 @@ local function log_refund(z, token)
   end
   local ttl = redis.call('PTTL', z.key)
   if ttl <= 0 then
-    ttl = math.ceil(z.window / 1000)
+    ttl = ceil(z.window / 1000)
   end
   r:commit(ttl)
   return 1
@@ -471,7 +483,7 @@ end
 -- Sliding-window counter: the previous fixed window's count, weighted by how
 -- much of it the sliding window still covers, plus the current one's.
 local function counter_decide(z)
-  z.index = math.floor(now / z.window)
+  z.index = floor(now / z.window)
   z.elapsed = now - z.index * z.window
   local h = redis.pcall('HMGET', z.key, 'w', 'c', 'p')
   if started_over(h, z.key) then
@@ -493,18 +505,18 @@ local function counter_wait(z)
   local W, e, c, p, max = z.window, z.elapsed, z.c, z.p, z.max
   if c + 1 <= max and p > 0 then
     -- Within this window the previous one's weight decays linearly.
-    return math.ceil(W - (max - 1 - c) * W / p - e)
+    return ceil(W - (max - 1 - c) * W / p - e)
   end
   -- This window alone is full: wait for the next, where c becomes p.
-  return math.ceil((W - e) + W - (max - 1) * W / c)
+  return ceil((W - e) + W - (max - 1) * W / c)
 end
 
 -- Time until a counter zone's estimate next falls by about one.
 local function counter_reset(z, c, p)
   if p > 0 then
-    return math.min(math.ceil(z.window / p), z.window - z.elapsed)
+    return math.min(ceil(z.window / p), z.window - z.elapsed)
   elseif c > 0 then
-    return math.ceil((z.window - z.elapsed) + z.window / c)
+    return ceil((z.window - z.elapsed) + z.window / c)
   end
   return 0
 end
@@ -528,13 +540,16 @@ local pos = 1
 local k = 0
 while pos <= #args do
   local op, nz
-  op, nz, pos = struct.unpack('>BB', args, pos)
+  op, nz, pos = unpack('>BB', args, pos)
   local zones = {}
   for i = 1, nz do
     local algo, window, max, token
-    algo, window, max, token, pos = struct.unpack('>Bddd', args, pos)
+    algo, window, max, token, pos = unpack('>Bddd', args, pos)
     k = k + 1
-    zones[i] = {key = KEYS[k], counter = algo == 1, window = window, max = max, token = token}
+    -- Every field at once: a table that grows rehashes.
+    zones[i] = {key = KEYS[k], counter = algo == 1, window = window, max = max,
+      token = token, allowed = false, ring = false, in_window = 0, first = false,
+      newest = false, pivot = false, index = 0, elapsed = 0, c = 0, p = 0, count = 0}
   end
   if op == 2 then
     for _, z in ipairs(zones) do
@@ -546,7 +561,7 @@ while pos <= #args do
           done = log_refund(z, z.token)
         end
       end
-      out[#out + 1] = struct.pack(REPLY, done, 0, 0, -1)
+      out[#out + 1] = pack(REPLY, done, 0, 0, -1)
     end
   else
     local admit = true
@@ -565,36 +580,36 @@ while pos <= #args do
       local reply
       if z.counter then
         if not z.allowed then
-          reply = {0, 0, counter_wait(z), -1}
+          reply = pack(REPLY, 0, 0, counter_wait(z), -1)
         elseif write then
           local c = z.c + 1
           redis.call('HSET', z.key, 'w', z.index, 'c', c, 'p', z.p)
           -- Kept while it can still weigh: to the end of the next window.
-          redis.call('PEXPIRE', z.key, math.ceil((2 * z.window - z.elapsed) / 1000))
-          reply = {1, math.floor(z.max - (z.count + 1)), counter_reset(z, c, z.p), z.index}
+          redis.call('PEXPIRE', z.key, ceil((2 * z.window - z.elapsed) / 1000))
+          reply = pack(REPLY, 1, floor(z.max - (z.count + 1)), counter_reset(z, c, z.p), z.index)
         else
-          reply = {1, math.floor(z.max - z.count), counter_reset(z, z.c, z.p), -1}
+          reply = pack(REPLY, 1, floor(z.max - z.count), counter_reset(z, z.c, z.p), -1)
         end
       else
         local in_window = z.in_window
         if not z.allowed then
-          reply = {0, 0, z.pivot + z.window - now, -1}
+          reply = pack(REPLY, 0, 0, z.pivot + z.window - now, -1)
         elseif write then
           local reset = z.window
           if in_window > 0 then
             reset = z.first + z.window - now
           end
           local at = log_record(z)
-          reply = {1, z.max - in_window - 1, reset, at}
+          reply = pack(REPLY, 1, z.max - in_window - 1, reset, at)
         else
           local reset = 0
           if in_window > 0 then
             reset = z.first + z.window - now
           end
-          reply = {1, z.max - in_window, reset, -1}
+          reply = pack(REPLY, 1, z.max - in_window, reset, -1)
         end
       end
-      out[#out + 1] = struct.pack(REPLY, reply[1], reply[2], reply[3], reply[4])
+      out[#out + 1] = reply
     end
   end
 end
