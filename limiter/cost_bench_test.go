@@ -218,7 +218,18 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	stats := infoFields(b, client, "commandstats", "cmdstat_evalsha.usec", "cmdstat_evalsha.calls")
+	inner := []string{"get", "set", "getrange", "setrange", "pexpire", "time"}
+	names := []string{"cmdstat_evalsha.usec", "cmdstat_evalsha.calls"}
+	for _, c := range inner {
+		names = append(names, "cmdstat_"+c+".calls", "cmdstat_"+c+".usec")
+	}
+	stats := infoFields(b, client, "commandstats", names...)
+	var breakdown strings.Builder
+	for _, c := range inner {
+		if n := stats["cmdstat_"+c+".calls"]; n > 0 {
+			fmt.Fprintf(&breakdown, " %s %.2f/decision (%.2f µs each);", c, n/float64(decisions), stats["cmdstat_"+c+".usec"]/n)
+		}
+	}
 	cpuAfter := infoFields(b, client, "cpu", cpu...)
 	cpuUsec := (cpuAfter["used_cpu_user"] + cpuAfter["used_cpu_sys"] - cpuBefore["used_cpu_user"] - cpuBefore["used_cpu_sys"]) * 1e6
 	if denied.Load() != 0 {
@@ -228,9 +239,9 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	b.ReportMetric(perDecision, "evalsha-µs/decision")
 	b.ReportMetric(cpuUsec/float64(decisions), "cpu-µs/decision")
 	b.ReportMetric(float64(decisions)/stats["cmdstat_evalsha.calls"], "decisions/call")
-	b.Logf("max %d, %s, %d clients at their limit, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each)",
+	b.Logf("max %d, %s, %d clients at their limit, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each);%s",
 		max, mode, clients, decisions, elapsed.Round(time.Millisecond), cpuUsec/float64(decisions), perDecision,
-		stats["cmdstat_evalsha.calls"], float64(decisions)/stats["cmdstat_evalsha.calls"])
+		stats["cmdstat_evalsha.calls"], float64(decisions)/stats["cmdstat_evalsha.calls"], breakdown.String())
 }
 
 // BenchmarkRedisMemoryPerClient measures what Redis holds for a client at
