@@ -325,13 +325,15 @@ end
 -- score = admission time) becomes a ring of its admissions still in the
 -- window, the last max of them, written at once, so that a denied request
 -- leaves it converted; anything else (a counter's hash) starts over.
-local function load(key, max, cutoff)
+local function load(key, max, cutoff, pre)
   local B = layout(max)
-  local v
-  if max <= SMALL then
-    v = redis.pcall('GET', key)
-  else
-    v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
+  local v = pre
+  if v == nil then
+    if max <= SMALL then
+      v = redis.pcall('GET', key)
+    else
+      v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
+    end
   end
   if type(v) == 'table' and v.err then
     if not string.find(v.err, 'WRONGTYPE', 1, true) then
@@ -374,9 +376,9 @@ end
 -- A log zone's decision, before any write: allowed iff fewer than max kept
 -- times lie in the window. (A ring may hold more than max, after max was
 -- lowered: so lowering max and raising it again forgets nothing.)
-local function log_decide(z)
+local function log_decide(z, pre)
   local cutoff = now - z.window
-  local r = load(z.key, z.max, cutoff)
+  local r = load(z.key, z.max, cutoff, pre)
   z.ring = r
   if r.n == 0 then
     z.in_window, z.first, z.allowed = 0, nil, true
@@ -599,6 +601,112 @@ local function small_log(key, window, max, record)
   return pack(REPLY, 1, max - in_window - 1, reset, at)
 end
 
+-- The steady state of a large ring on its own: a request of one log zone
+-- whose ring is full, as at a client's limit. The steps of log_decide and
+-- log_record, in locals: one read of the header and samples, one or two of
+-- the newest, the oldest and the bucket that holds the first time in the
+-- window, then the writes. It returns nil and what it read when the general
+-- path must decide.
+local function large_log(key, window, max, record)
+  if max <= SMALL then
+    return nil
+  end
+  local B, S = layout(max)
+  local v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
+  if type(v) ~= 'string' or #v ~= HEADER + W * B then
+    return nil, v
+  end
+  local cap, h, n, base = unpack('>I4I4I4I4', v)
+  if cap ~= max or n ~= cap or h == 0 then
+    return nil, v
+  end
+  local bu = base * 1000000
+  local c = now - window - bu
+  -- The bucket: the largest k whose sample (in logical order, from the
+  -- first bucket at or after head) is <= cutoff; every slot is kept.
+  local b0 = ceil(h / S) % B
+  local a, e = -1, B - 1
+  while a < e do
+    local m = floor((a + e + 1) / 2)
+    if unpack(TIMEFMT, v, HEADER + W * ((b0 + m) % B) + 1) <= c then
+      a = m
+    else
+      e = m - 1
+    end
+  end
+  local lo, hi = 0, n
+  if a >= 0 then
+    lo = (((b0 + a) % B) * S - h) % cap + 1
+  end
+  if a + 1 < B then
+    hi = (((b0 + a + 1) % B) * S - h) % cap
+  end
+  local top = math.min(hi + 1, n)
+  -- d holds the logical range [lo, top) from byte o on; newest and oldest.
+  local d, o, newest, oldest
+  if lo == 0 and h + top <= cap then
+    -- One read from the newest slot (h-1) through the bucket.
+    local off = HEADER + W * (B + h - 1)
+    d = redis.call('GETRANGE', key, off, off + W * (top + 1) - 1)
+    newest, oldest, o = unpack(TIMEFMT, d, 1), unpack(TIMEFMT, d, W + 1), W + 1
+  else
+    local off = HEADER + W * (B + h - 1)
+    local ends = redis.call('GETRANGE', key, off, off + 2 * W - 1)
+    newest, oldest = unpack(TIMEFMT, ends, 1), unpack(TIMEFMT, ends, W + 1)
+    local p, len = (h + lo) % cap, top - lo
+    off = HEADER + W * (B + p)
+    if p + len <= cap then
+      d = redis.call('GETRANGE', key, off, off + W * len - 1)
+    else
+      local first = cap - p
+      d = redis.call('GETRANGE', key, off, off + W * first - 1) ..
+        redis.call('GETRANGE', key, HEADER + W * B, HEADER + W * (B + len - first) - 1)
+    end
+    o = 1
+  end
+  -- The first time > cutoff in [lo, hi]; hi when none (then it is n).
+  a, e = 0, hi - lo
+  while a < e do
+    local m = floor((a + e) / 2)
+    if unpack(TIMEFMT, d, o + W * m) > c then
+      e = m
+    else
+      a = m + 1
+    end
+  end
+  local f = lo + a
+  local in_window = n - f
+  if in_window >= max then
+    return pack(REPLY, 0, 0, oldest + bu + window - now, -1)
+  end
+  local reset = window
+  if in_window > 0 then
+    reset = unpack(TIMEFMT, d, o + W * a) + bu + window - now
+  elseif not record then
+    reset = 0
+  end
+  if not record then
+    return pack(REPLY, 1, max - in_window, reset, -1)
+  end
+  local at = now
+  if newest + bu >= at then
+    at = newest + bu + 1
+  end
+  if at - bu >= SPAN then
+    return nil, v
+  end
+  local p = h
+  h = (h + 1) % cap
+  local packed = pack(TIMEFMT, at - bu)
+  redis.call('SETRANGE', key, 0, pack('>I4I4I4I4', cap, h, n, base))
+  redis.call('SETRANGE', key, HEADER + W * (B + p), packed)
+  if p % S == 0 then
+    redis.call('SETRANGE', key, HEADER + W * (p / S), packed)
+  end
+  redis.call('PEXPIRE', key, math.max(1, ceil((at + window - now) / 1000)))
+  return pack(REPLY, 1, max - in_window - 1, reset, at)
+end
+
 -- Checks the reply of a counter zone's first command. A key that holds the
 -- log's state, because the zone's algorithm changed on a config reload, is
 -- dropped and the zone starts over, rather than failing with WRONGTYPE on
@@ -674,11 +782,14 @@ local k = 0
 while pos <= #args do
   local op, nz
   op, nz, pos = unpack('>BB', args, pos)
-  local fast = nil
+  local fast, pre = nil, nil
   if nz == 1 and op ~= 2 then
     local algo, window, max = unpack('>Bdd', args, pos)
     if algo == 0 then
       fast = small_log(KEYS[k + 1], window, max, op == 1)
+      if not fast then
+        fast, pre = large_log(KEYS[k + 1], window, max, op == 1)
+      end
     end
   end
   local zones = {}
@@ -716,7 +827,7 @@ while pos <= #args do
       if z.counter then
         counter_decide(z)
       else
-        log_decide(z)
+        log_decide(z, pre)
       end
       if not z.allowed then
         admit = false
