@@ -350,3 +350,45 @@ func TestBatchClusterSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisStoreClose: Close returns once the script call in flight ends
+// (at its callers' deadline, Redis frozen), every caller still waiting gets
+// an answer, and calls after Close fail with ErrClosed.
+func TestRedisStoreClose(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: timeout})
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 100}}
+	allow1(t, s, c)
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Thaw()
+	errs := make(chan error, 20)
+	var wg sync.WaitGroup
+	for range cap(errs) {
+		wg.Go(func() { errs <- s.Allow(context.Background(), []Check{c}, make([]Decision, 1)) })
+	}
+	time.Sleep(20 * time.Millisecond) // the calls are queued or in flight
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The bound only catches a Close held by the client's read timeout
+	// (3 s) or forever.
+	if took := time.Since(start); took > timeout+2*time.Second {
+		t.Errorf("Close took %v with Redis frozen", took)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrClosed) {
+			t.Errorf("a call during Close: %v, want its deadline or ErrClosed", err)
+		}
+	}
+	if err := s.Allow(context.Background(), []Check{c}, make([]Decision, 1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Allow after Close: %v, want ErrClosed", err)
+	}
+}
