@@ -47,7 +47,6 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		redis        [cluster|sentinel] <url>
 //		key_prefix   <string>
 //		timeout      <duration>
-//		autopipeline on|off
 //		headers      draft|legacy|off
 //		log_keys
 //	}
@@ -57,8 +56,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // a block: zone burst 1s 10. key and algorithm at the top are
 // the defaults of every zone. Defaults: key {client_ip}, algorithm log, mode
 // enforce, ipv4_prefix 32, ipv6_prefix 64, fail_mode open, no redis
-// (in-process store), key_prefix srl:, timeout 100ms, autopipeline off,
-// headers draft.
+// (in-process store), key_prefix srl:, timeout 100ms, headers
+// draft.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -155,12 +154,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "timeout":
 		return positiveDuration(d, name, &h.Timeout)
 	case "autopipeline":
-		var onOff string
-		if err := oneOf(d, enum{"autopipeline", []string{"on", "off"}}, &onOff); err != nil {
-			return err
-		}
-		on := onOff == "on"
-		h.AutoPipeline = &on
+		return d.Errf("autopipeline was removed: the module's own batching decides each batch in one script call; delete the line")
 	default:
 		return d.Errf("unrecognized subdirective '%s'", name)
 	}
@@ -265,7 +259,6 @@ var subdirectiveSyntax = map[string]string{
 	"ipv6_prefix":  "ipv6_prefix <bits>",
 	"key_prefix":   "key_prefix <string>",
 	"timeout":      "timeout <duration>",
-	"autopipeline": "autopipeline on|off",
 }
 
 // oneArg returns the single argument of the current subdirective, or an

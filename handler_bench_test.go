@@ -66,9 +66,6 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 	b.Run("many-clients", func(b *testing.B) {
 		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 1000000000, "redis": "`+sharedRedis.URL()+`", "key_prefix": "bench:", "timeout": "1s"}`, 10000)
 	})
-	b.Run("many-clients-autopipeline", func(b *testing.B) {
-		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 1000000000, "redis": "`+sharedRedis.URL()+`?client_name=ap", "autopipeline": true, "key_prefix": "bench:", "timeout": "1s"}`, 10000)
-	})
 	b.Run("one-bot", func(b *testing.B) {
 		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 10, "redis": "`+sharedRedis.URL()+`", "key_prefix": "bench:", "timeout": "1s"}`, 1)
 	})

@@ -133,13 +133,6 @@ type Handler struct {
 	// it).
 	RedisTopology string `json:"redis_topology,omitempty"`
 
-	// AutoPipeline sends decisions through go-redis's AutoPipeline (marked
-	// experimental upstream) instead of the module's own batcher. Default:
-	// off; both batch concurrent decisions into pipelines, and the README has
-	// the measurements behind the choice. The handler falls back to the
-	// default, with a warning, if the pipeliner cannot be made.
-	AutoPipeline *bool `json:"autopipeline,omitempty"`
-
 	// KeyPrefix starts every Redis key the handler writes. Default "srl:".
 	// Must not contain '{' or '}', which would change the Redis Cluster hash
 	// tag.
@@ -271,16 +264,15 @@ func (h *Handler) provisionStores() error {
 	if err := h.checkRedis(client.UniversalClient); err != nil {
 		return err
 	}
-	redisStore := limiter.NewRedisStore(client.UniversalClient, h.KeyPrefix)
-	h.inspector = redisStore
-	redisStore = redisStore.Batched(client.batcher)
-	if h.AutoPipeline != nil && *h.AutoPipeline {
-		if ap, err := autoPipeliner(client.UniversalClient); err != nil {
-			h.logger.Warn("redis autopipeline unavailable; using the module's own batching", zap.Error(err))
-		} else {
-			redisStore = redisStore.Through(ap)
-		}
+	redisStore, release, err := loadRedisStore(h.RedisTopology, redisURL, limiter.RedisOptions{
+		KeyPrefix: h.KeyPrefix,
+		Timeout:   time.Duration(h.Timeout),
+	})
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
 	}
+	h.releases = append(h.releases, release)
+	h.inspector = redisStore
 	h.breaker = limiter.NewBreaker(timedStore{redisStore}, limiter.BreakerOptions{
 		OnStateChange: h.breakerChanged,
 	})

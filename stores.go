@@ -35,18 +35,15 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	}
 }
 
-// redisClient is a pooled client with what lives as long as it: the batcher
-// that pipelines the decisions of every handler on it, and the subscriber to
-// the resets that instances announce (resets.go).
+// redisClient is a pooled client with what lives as long as it: the
+// subscriber to the resets that instances announce (resets.go).
 type redisClient struct {
 	redis.UniversalClient
-	batcher *limiter.Batcher
-	resets  *resetBus
+	resets *resetBus
 }
 
 func (c redisClient) Destruct() error {
 	c.resets.stop()
-	c.batcher.Close()
 	return c.Close()
 }
 
@@ -59,12 +56,46 @@ func loadRedisClient(topology, rawURL string) (redisClient, func() error, error)
 		if err != nil {
 			return nil, err
 		}
-		return redisClient{client, limiter.NewBatcher(client), newResetBus(client)}, nil
+		return redisClient{client, newResetBus(client)}, nil
 	})
 	if err != nil {
 		return redisClient{}, nil, err
 	}
 	return v.(redisClient), func() error {
+		_, err := stores.Delete(poolKey)
+		return err
+	}, nil
+}
+
+// redisStore is a pooled store with the use of the client it holds.
+type redisStore struct {
+	*limiter.RedisStore
+	releaseClient func() error
+}
+
+func (s redisStore) Destruct() error {
+	s.RedisStore.Close()
+	return s.releaseClient()
+}
+
+// loadRedisStore returns the shared store for a topology, URL, key prefix
+// and timeout, and the function that releases this use of it. Handlers that
+// agree on all four share one store, and so one batch of decisions per
+// script call; the store lives as long as the handlers that use it, and
+// holds its client that long.
+func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limiter.RedisStore, func() error, error) {
+	poolKey := fmt.Sprintf("redis store %s %s %q %d", topology, rawURL, opts.KeyPrefix, opts.Timeout)
+	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+		client, release, err := loadRedisClient(topology, rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return redisStore{limiter.NewRedisStore(client.UniversalClient, opts), release}, nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return v.(redisStore).RedisStore, func() error {
 		_, err := stores.Delete(poolKey)
 		return err
 	}, nil
@@ -126,17 +157,4 @@ func urlError(err error, want string) error {
 		err = urlErr.Err
 	}
 	return fmt.Errorf("invalid URL (want %s): %w", want, err)
-}
-
-// autoPipeliner returns go-redis's shared AutoPipeliner of client, which
-// batches the commands of concurrent callers into pipelines. It lives as
-// long as the client.
-func autoPipeliner(client redis.UniversalClient) (*redis.AutoPipeliner, error) {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.AutoPipeline()
-	case *redis.ClusterClient:
-		return c.AutoPipeline()
-	}
-	return nil, fmt.Errorf("no autopipeline for a %T", client)
 }

@@ -710,7 +710,7 @@ func TestBreakerRedis(t *testing.T) {
 			client.AddHook(commands)
 
 			changes := &breakerChanges{}
-			b := NewBreaker(NewRedisStore(client, testPrefix(t)), BreakerOptions{
+			b := NewBreaker(newRedisStore(t, client, testPrefix(t)), BreakerOptions{
 				Failures:      failures,
 				Cooldown:      cooldown,
 				OnStateChange: changes.record,

@@ -9,14 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
 // TestConformance runs the same contract tests against every store:
-// TestConformance/redis/... on the package's redis-server (directly,
-// batched and autopipelined),
+// TestConformance/redis/... on the package's redis-server,
 // TestConformance/memory/... on a MemoryStore, and
 // TestConformance/redis-cluster/... on a 3-master Redis Cluster of its own,
 // batched.
@@ -27,29 +24,11 @@ import (
 // time measured around the calls, so a slow machine widens the bounds
 // rather than failing them.
 func TestConformance(t *testing.T) {
+	// Every RedisStore batches: concurrent calls share script calls and
+	// must decide exactly as lone calls do.
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
-		runConformance(t, func(t *testing.T) Store { return NewRedisStore(testClient, testPrefix(t)) })
-	})
-	// The same through the Batcher, as the Caddy module runs it: concurrent
-	// calls share pipelines and must decide exactly as lone calls do.
-	t.Run("redis-batched", func(t *testing.T) {
-		t.Parallel()
-		b := NewBatcher(testClient)
-		t.Cleanup(func() { b.Close() })
-		runConformance(t, func(t *testing.T) Store { return NewRedisStore(testClient, testPrefix(t)).Batched(b) })
-	})
-	// The same through go-redis's AutoPipeliner, which batches concurrent
-	// calls: it must decide exactly as the plain client does.
-	t.Run("redis-autopipeline", func(t *testing.T) {
-		t.Parallel()
-		client := redis.NewClient(&redis.Options{Addr: testRedis.Addr(), ContextTimeoutEnabled: true})
-		t.Cleanup(func() { client.Close() })
-		ap, err := client.AutoPipeline()
-		if err != nil {
-			t.Fatal(err)
-		}
-		runConformance(t, func(t *testing.T) Store { return NewRedisStore(client, testPrefix(t)).Through(ap) })
+		runConformance(t, func(t *testing.T) Store { return newRedisStore(t, testClient, testPrefix(t)) })
 	})
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
@@ -64,12 +43,9 @@ func TestConformance(t *testing.T) {
 		if testing.Short() {
 			t.Skip("starts a Redis Cluster; skipped in -short mode")
 		}
-		// Batched, as the module runs it: a cluster pipeline splits each
-		// batch by node, and the refund across slots goes through it too.
+		// One script call per slot of a batch, and the refund across slots.
 		client := redistest.StartCluster(t, 3).Client(t)
-		b := NewBatcher(client)
-		t.Cleanup(func() { b.Close() })
-		runConformance(t, func(t *testing.T) Store { return NewRedisStore(client, testPrefix(t)).Batched(b) })
+		runConformance(t, func(t *testing.T) Store { return newRedisStore(t, client, testPrefix(t)) })
 	})
 }
 

@@ -154,7 +154,7 @@ func maxInt(a, b int) int {
 func TestCounterRedisMatchesMemory(t *testing.T) {
 	mem := NewMemoryStore()
 	defer mem.Close()
-	stores := map[string]Store{"redis": NewRedisStore(testClient, testPrefix(t)), "memory": mem}
+	stores := map[string]Store{"redis": newRedisStore(t, testClient, testPrefix(t)), "memory": mem}
 	for name, store := range stores {
 		t.Run(name, func(t *testing.T) {
 			// A burst of 20 takes milliseconds; with a 10-minute window it

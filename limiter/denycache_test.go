@@ -129,7 +129,7 @@ func TestDenyCacheExactAgainstRedis(t *testing.T) {
 		for i := range caches {
 			client := redis.NewClient(&redis.Options{Addr: testRedis.Addr(), PoolSize: perInstance})
 			defer client.Close()
-			inner[i] = &dcCounting{next: NewRedisStore(client, prefix)}
+			inner[i] = &dcCounting{next: newRedisStore(t, client, prefix)}
 			caches[i] = NewDenyCache(inner[i], 1000)
 		}
 		check := Check{Zone: "flood", Key: key, Limit: Limit{Window: window, Max: limit}}
@@ -268,7 +268,7 @@ func TestDenyCacheExactAgainstRedis(t *testing.T) {
 func TestDenyCacheNeverDeniesWhatRedisAdmits(t *testing.T) {
 	const window = 300 * time.Millisecond
 	timed(t, func(t *testing.T, key string) string {
-		inner := &dcCounting{next: NewRedisStore(testClient, testPrefix(t))}
+		inner := &dcCounting{next: newRedisStore(t, testClient, testPrefix(t))}
 		c := NewDenyCache(inner, 100)
 		check := Check{Zone: "z", Key: key, Limit: Limit{Window: window, Max: 2}}
 		first := dcAllow1(t, c, check)

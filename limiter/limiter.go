@@ -1,10 +1,39 @@
-// Package limiter decides whether a client may make one more request under one
-// or more sliding-window limits. It knows nothing of HTTP or Caddy: callers
-// build the client key, stores keep the state.
+// Package limiter decides whether a client may make one more request under
+// one or more sliding-window limits. It knows nothing of HTTP: callers build
+// the client key, stores keep the state.
 //
-// Two stores share one contract (see Store): RedisStore, whose state is shared
-// by every process that points at the same Redis, and MemoryStore, whose state
-// lives in this process.
+// A Limit is a zone's rule: at most Max admitted requests in any span of
+// Window. Denied requests are not counted, so a client that keeps sending
+// while denied is let through again as soon as its oldest admission ages out.
+// A Check asks for one client in one zone; Store.Allow decides the checks of
+// one request together, all or nothing, and fills one Decision per check:
+// whether it is allowed, how many requests remain, when a slot frees (Reset)
+// and, when denied, exactly how long to wait (RetryAfter).
+//
+//	store := limiter.NewRedisStore(client, limiter.RedisOptions{})
+//	defer store.Close()
+//	checks := []limiter.Check{{Zone: "api", Key: limiter.BoundKey(ip), Limit: limiter.Limit{Window: time.Minute, Max: 60}}}
+//	decisions := make([]limiter.Decision, len(checks))
+//	if err := store.Allow(ctx, checks, decisions); err != nil {
+//		// Redis is slow or down: admit, refuse or fall back, as you choose.
+//	}
+//	if !limiter.Admitted(decisions) {
+//		// 429, Retry-After: decisions[i].RetryAfter
+//	}
+//
+// Two stores share that contract. RedisStore keeps the state in Redis, so
+// every process that points at the same Redis (a single server, Sentinel or
+// Cluster) shares one exact limit; it batches concurrent calls into one
+// script call and bounds each call by its own timeout, so callers need no
+// deadline of their own. MemoryStore keeps the state in this process, with
+// the same answers. Both are Inspectors (Peek, Reset, for operators) and
+// Refunders (take back an admission, for a request that turned out not to
+// count). DenyCache answers repeated denials without a round trip, and
+// Breaker stops calling a failing store for a while.
+//
+// The sliding log (the default Algorithm) is exact: each zone keeps the times
+// of its last Max admissions. The sliding counter is approximate and keeps
+// three numbers whatever Max is.
 package limiter
 
 import (
@@ -69,8 +98,8 @@ type Decision struct {
 	// Then only the denying decisions carry figures.
 	Cached bool
 
-	// token is what a Redis script call recorded, for a refund; -1 for
-	// nothing.
+	// token is what the store recorded, for a refund: the admission's time
+	// in the store's unit, or a counter's window index; -1 for nothing.
 	token int64
 }
 
@@ -91,6 +120,18 @@ type Inspector interface {
 	Peek(ctx context.Context, checks []Check, decisions []Decision) error
 	// Reset forgets a client's admissions in a zone.
 	Reset(ctx context.Context, zone, key string) error
+}
+
+// Refunder takes back admissions, for a request that was admitted but is not
+// to count after all (a response status that is not counted, or another
+// zone in another Redis Cluster slot that denied it).
+type Refunder interface {
+	// Refund takes back exactly the admissions that the Allow which filled
+	// decisions recorded for checks, even when others were recorded after
+	// them; an admission that has aged out meanwhile is left alone. It
+	// marks decisions as refunded, so a second Refund does nothing, and
+	// changes none of their exported figures.
+	Refund(ctx context.Context, checks []Check, decisions []Decision) error
 }
 
 // Admitted reports whether every decision allows the request.

@@ -135,3 +135,11 @@ func timed(t *testing.T, run func(t *testing.T, key string) (slow string)) {
 
 // sleepUntil sleeps until deadline (at once if it has passed).
 func sleepUntil(deadline time.Time) { time.Sleep(time.Until(deadline)) }
+
+// newRedisStore returns a store on client under prefix, closed when the test
+// ends. Its timeout is long: the tests' contexts set their deadlines.
+func newRedisStore(tb testing.TB, client RedisClient, prefix string) *RedisStore {
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: prefix, Timeout: time.Minute})
+	tb.Cleanup(func() { s.Close() })
+	return s
+}

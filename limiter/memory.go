@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -132,9 +133,9 @@ func (st *memoryState) record(now time.Duration, l Limit) Decision {
 		count, elapsed := st.roll(now, l.Window)
 		st.cur++
 		st.expires = now - elapsed + 2*l.Window
-		return Decision{Allowed: true, Remaining: int64(math.Floor(float64(l.Max) - (count + 1))), Reset: st.counterReset(l.Window, elapsed), token: -1}
+		return Decision{Allowed: true, Remaining: int64(math.Floor(float64(l.Max) - (count + 1))), Reset: st.counterReset(l.Window, elapsed), token: st.index}
 	}
-	d := Decision{Allowed: true, Remaining: l.Max - int64(len(st.at)) - 1, Reset: l.Window, token: -1}
+	d := Decision{Allowed: true, Remaining: l.Max - int64(len(st.at)) - 1, Reset: l.Window}
 	if len(st.at) > 0 {
 		d.Reset = st.at[0] + l.Window - now
 	}
@@ -145,7 +146,42 @@ func (st *memoryState) record(now time.Duration, l Limit) Decision {
 	}
 	st.at = append(st.at, at)
 	st.expires = at + l.Window
+	d.token = int64(at)
 	return d
+}
+
+// Refund implements Refunder.
+func (s *MemoryStore) Refund(_ context.Context, checks []Check, decisions []Decision) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, c := range checks {
+		token := decisions[i].token
+		decisions[i].token = -1
+		if token < 0 {
+			continue
+		}
+		if st := s.state[memoryKey{c.Zone, c.Key}]; st != nil {
+			st.refund(c.Limit, token)
+		}
+	}
+	return nil
+}
+
+// refund takes back the admission whose token record returned.
+func (st *memoryState) refund(l Limit, token int64) {
+	if l.Algorithm == SlidingCounter {
+		switch {
+		case st.index == token && st.cur > 0:
+			st.cur--
+		case st.index == token+1 && st.prev > 0:
+			st.prev--
+		}
+		return
+	}
+	at := time.Duration(token)
+	if i, found := slices.BinarySearch(st.at, at); found {
+		st.at = slices.Delete(st.at, i, i+1)
+	}
 }
 
 // trim drops admissions that have left the window ending at now.
@@ -231,3 +267,10 @@ func (s *MemoryStore) Close() error {
 	s.once.Do(func() { close(s.done) })
 	return nil
 }
+
+// Interface guards
+var (
+	_ Store     = (*MemoryStore)(nil)
+	_ Inspector = (*MemoryStore)(nil)
+	_ Refunder  = (*MemoryStore)(nil)
+)

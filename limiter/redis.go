@@ -2,73 +2,79 @@ package limiter
 
 import (
 	"context"
-	_ "embed"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultKeyPrefix starts every Redis key the store writes.
+// DefaultKeyPrefix starts every Redis key the store writes, unless
+// RedisOptions say otherwise.
 const DefaultKeyPrefix = "srl:"
 
-var (
-	//go:embed limit.lua
-	limitSource string
-	//go:embed refund.lua
-	refundSource string
+// DefaultTimeout is how long a RedisStore call waits for Redis, unless
+// RedisOptions say otherwise.
+const DefaultTimeout = 100 * time.Millisecond
 
-	limitScript  = redis.NewScript(limitSource)
-	refundScript = redis.NewScript(refundSource)
-)
+// RedisClient is what a RedisStore needs of a go-redis client: scripts,
+// pipelines and DEL. *redis.Client, *redis.ClusterClient, the failover
+// client of redis.NewFailoverClient and redis.UniversalClient all have it.
+type RedisClient interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
 
-// RedisStore keeps each client's state in Redis and decides with one Lua
-// script call per Redis Cluster slot (one call in all on a single server), so
-// every process using the same Redis shares one exact limit. The script reads
-// Redis's clock, so the hosts' clocks do not matter. It is safe for concurrent
-// use.
+// RedisOptions configure a RedisStore. The zero value is the defaults.
+type RedisOptions struct {
+	// KeyPrefix starts every Redis key the store writes. Empty means
+	// DefaultKeyPrefix. A '{' or '}' in it changes the Redis Cluster hash
+	// tag, putting every client in one slot.
+	KeyPrefix string
+	// Timeout bounds every call: it ends at its context's deadline or
+	// Timeout after it started, whichever is sooner, even while Redis does
+	// not answer. Zero means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// RedisStore keeps each client's state in Redis, so every process using the
+// same Redis shares one exact limit. It batches the calls of concurrent
+// callers: one Lua script call decides all the requests queued while Redis
+// was busy with the previous one (one call per hash slot on Redis Cluster).
+// The script reads Redis's clock, so the hosts' clocks do not matter. It is
+// safe for concurrent use; Close stops the batching, not the client.
 type RedisStore struct {
-	client redis.Scripter
-	// scripts runs the scripts: the client itself, or a batcher or
-	// pipeliner in front of it.
-	scripts redis.Scripter
+	client  RedisClient
 	prefix  string
+	timeout time.Duration
 	cluster bool
-	// guarded calls return at the context's deadline even if the client
-	// would wait longer: go-redis's AutoPipeliner does not stop waiting for
-	// a reply that a frozen Redis never sends.
-	guarded bool
+	batch   *batcher
 }
 
-// NewRedisStore returns a store on client (a *redis.Client, *ClusterClient,
-// failover client or any Scripter) whose keys start with prefix.
-func NewRedisStore(client redis.Scripter, prefix string) *RedisStore {
+// NewRedisStore returns a store on client and starts its batching.
+func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{client: client, scripts: client, prefix: prefix, cluster: cluster}
+	return &RedisStore{
+		client:  client,
+		prefix:  opts.KeyPrefix,
+		timeout: opts.Timeout,
+		cluster: cluster,
+		batch:   newBatcher(client, cluster),
+	}
 }
 
-// Through returns a copy of the store that sends its commands through
-// scripter, such as go-redis's AutoPipeliner on the same client, which
-// batches concurrent calls into pipelines. The topology stays the client's.
-//
-// Calls through it still end at the context's deadline: the command goes on
-// in the background, and its answer, when it comes, is dropped.
-func (s *RedisStore) Through(scripter redis.Scripter) *RedisStore {
-	c := *s
-	c.scripts = scripter
-	c.guarded = true
-	return &c
-}
-
-// Batched returns a copy of the store that runs its scripts through b, which
-// sends the calls of concurrent decisions to Redis in pipelines. b must be on
-// the store's client.
-func (s *RedisStore) Batched(b *Batcher) *RedisStore {
-	c := *s
-	c.scripts = b
-	c.guarded = false
-	return &c
+// Close stops the store's batching once the calls in flight return. Calls
+// waiting, and calls made after it, fail with ErrClosed. It does not close
+// the client.
+func (s *RedisStore) Close() error {
+	s.batch.close()
+	return nil
 }
 
 // Key returns the Redis key of a client in a zone: prefix{client}:zone. The
@@ -78,22 +84,28 @@ func (s *RedisStore) Key(zone, client string) string {
 	return s.prefix + "{" + client + "}:" + zone
 }
 
-// Allow implements Store. Checks whose keys share a slot are decided by one
-// script call. On a cluster, checks in several slots are decided slot by
-// slot: admissions recorded in earlier slots are refunded when a later one
-// denies, and slots after a denial are only inspected.
+// Allow implements Store. A request whose keys share a slot (always, on a
+// single server) is decided by one script call, batched with others. On a
+// cluster, a request over several slots is decided slot by slot: admissions
+// recorded in earlier slots are refunded when a later one denies, and slots
+// after a denial are only inspected.
 func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
-	if !s.cluster || sameClient(checks) {
-		return s.run(ctx, true, checks, decisions)
+	keys := s.keys(checks)
+	groups := s.slotGroups(keys)
+	if groups == nil {
+		return s.do(ctx, opAllow, keys, checks, decisions)
 	}
-	groups := groupByClient(checks)
 	admitted := true
 	for g, idx := range groups {
-		sub, subDecisions := pick(checks, idx), make([]Decision, len(idx))
-		if err := s.run(ctx, admitted, sub, subDecisions); err != nil {
+		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
+		o := opPeek
+		if admitted {
+			o = opAllow
+		}
+		if err := s.do(ctx, o, subKeys, sub, subDecisions); err != nil {
 			if admitted && g > 0 {
 				// Best effort: the request fails either way.
-				_ = s.refund(ctx, checks, decisions, groups[:g])
+				_ = s.refundGroups(ctx, keys, checks, decisions, groups[:g])
 			}
 			return err
 		}
@@ -102,7 +114,7 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 		}
 		if admitted && !Admitted(subDecisions) {
 			admitted = false
-			if err := s.refund(ctx, checks, decisions, groups[:g]); err != nil {
+			if err := s.refundGroups(ctx, keys, checks, decisions, groups[:g]); err != nil {
 				return err
 			}
 		}
@@ -112,12 +124,38 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 
 // Peek implements Inspector.
 func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decision) error {
-	if !s.cluster || sameClient(checks) {
-		return s.run(ctx, false, checks, decisions)
+	keys := s.keys(checks)
+	groups := s.slotGroups(keys)
+	if groups == nil {
+		return s.do(ctx, opPeek, keys, checks, decisions)
 	}
-	for _, idx := range groupByClient(checks) {
-		sub, subDecisions := pick(checks, idx), make([]Decision, len(idx))
-		if err := s.run(ctx, false, sub, subDecisions); err != nil {
+	for _, idx := range groups {
+		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
+		if err := s.do(ctx, opPeek, subKeys, sub, subDecisions); err != nil {
+			return err
+		}
+		for j, i := range idx {
+			decisions[i] = subDecisions[j]
+		}
+	}
+	return nil
+}
+
+// Refund implements Refunder: it takes back exactly the admissions that
+// the Allow which filled decisions recorded, even when later admissions
+// were recorded after them.
+func (s *RedisStore) Refund(ctx context.Context, checks []Check, decisions []Decision) error {
+	keys := s.keys(checks)
+	groups := s.slotGroups(keys)
+	if groups == nil {
+		return s.do(ctx, opRefund, keys, checks, decisions)
+	}
+	for _, idx := range groups {
+		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
+		for j, i := range idx {
+			subDecisions[j] = decisions[i]
+		}
+		if err := s.do(ctx, opRefund, subKeys, sub, subDecisions); err != nil {
 			return err
 		}
 		for j, i := range idx {
@@ -129,111 +167,97 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 
 // Reset implements Inspector.
 func (s *RedisStore) Reset(ctx context.Context, zone, key string) error {
-	del, ok := s.client.(interface {
-		Del(ctx context.Context, keys ...string) *redis.IntCmd
-	})
-	if !ok {
-		return errors.New("redis client cannot delete keys")
-	}
-	return del.Del(ctx, s.Key(zone, key)).Err()
+	return s.client.Del(ctx, s.Key(zone, key)).Err()
 }
 
-// run calls limit.lua once for checks, which must share a slot.
-func (s *RedisStore) run(ctx context.Context, record bool, checks []Check, decisions []Decision) error {
-	keys := make([]string, len(checks))
-	args := make([]any, 1, 1+3*len(checks))
-	args[0] = 0
-	if record {
-		args[0] = 1
+// do runs one request through the batcher: it ends at ctx's deadline or the
+// store's timeout, whichever is sooner, with one clock read.
+func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision) error {
+	if len(checks) == 0 || o == opRefund && !recorded(decisions) {
+		return nil
 	}
-	for i, c := range checks {
-		keys[i] = s.Key(c.Zone, c.Key)
-		args = append(args, c.Limit.Algorithm.String(), c.Limit.Window.Microseconds(), c.Limit.Max)
+	if len(checks) > 255 {
+		return fmt.Errorf("%d checks in one request, want at most 255", len(checks))
 	}
-	reply, err := s.runScript(ctx, keys, args)
-	if err != nil {
-		return fmt.Errorf("running rate limit script: %w", err)
+	r := &request{
+		ctx:       ctx,
+		op:        o,
+		keys:      keys,
+		args:      appendRequest(make([]byte, 0, 2+zoneArgLen*len(checks)), o, checks, decisions),
+		decisions: decisions,
+		deadline:  time.Now().Add(s.timeout),
 	}
-	if len(reply) != len(checks) {
-		return fmt.Errorf("rate limit script: got %d replies for %d keys", len(reply), len(checks))
+	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
+		r.deadline = d
 	}
-	for i, r := range reply {
-		d, err := parseDecision(r)
-		if err != nil {
-			return fmt.Errorf("rate limit script: key %d: %w", i, err)
-		}
-		decisions[i] = d
+	if s.cluster {
+		r.slot = hashSlot(keys[0])
 	}
-	return nil
+	return s.batch.do(r)
 }
 
-// runScript runs limit.lua, within ctx's deadline when guarded.
-func (s *RedisStore) runScript(ctx context.Context, keys []string, args []any) ([]any, error) {
-	if !s.guarded {
-		return limitScript.Run(ctx, s.scripts, keys, args...).Slice()
-	}
-	type result struct {
-		reply []any
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		reply, err := limitScript.Run(ctx, s.scripts, keys, args...).Slice()
-		done <- result{reply, err}
-	}()
-	select {
-	case r := <-done:
-		return r.reply, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// refund takes back the admissions recorded for the checks of groups, and
-// reports their zones as not consumed.
-func (s *RedisStore) refund(ctx context.Context, checks []Check, decisions []Decision, groups [][]int) error {
+// refundGroups takes back the admissions recorded for the checks of groups,
+// and reports their zones as not consumed.
+func (s *RedisStore) refundGroups(ctx context.Context, keys []string, checks []Check, decisions []Decision, groups [][]int) error {
 	for _, idx := range groups {
-		keys := make([]string, 0, len(idx))
-		args := make([]any, 0, 2*len(idx))
-		for _, i := range idx {
-			if decisions[i].token < 0 {
-				continue
-			}
-			keys = append(keys, s.Key(checks[i].Zone, checks[i].Key))
-			args = append(args, checks[i].Limit.Algorithm.String(), decisions[i].token)
-			decisions[i].Remaining++
-			decisions[i].token = -1
+		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
+		for j, i := range idx {
+			subDecisions[j] = decisions[i]
 		}
-		if len(keys) == 0 {
-			continue
-		}
-		if err := refundScript.Run(ctx, s.scripts, keys, args...).Err(); err != nil {
+		if err := s.do(ctx, opRefund, subKeys, sub, subDecisions); err != nil {
 			return fmt.Errorf("refunding admissions: %w", err)
 		}
+		for _, i := range idx {
+			if decisions[i].token >= 0 {
+				decisions[i].Remaining++
+				decisions[i].token = -1
+			}
+		}
 	}
 	return nil
 }
 
-// sameClient reports whether all checks share a client key, and so a slot.
-func sameClient(checks []Check) bool {
-	for _, c := range checks[1:] {
-		if c.Key != checks[0].Key {
-			return false
+// recorded reports whether any decision recorded an admission.
+func recorded(decisions []Decision) bool {
+	for _, d := range decisions {
+		if d.token >= 0 {
+			return true
 		}
 	}
-	return true
+	return false
 }
 
-// groupByClient returns the indexes of checks grouped by client key, in the
-// order the keys first appear.
-func groupByClient(checks []Check) [][]int {
-	var groups [][]int
-	seen := make(map[string]int)
+func (s *RedisStore) keys(checks []Check) []string {
+	keys := make([]string, len(checks))
 	for i, c := range checks {
-		g, ok := seen[c.Key]
+		keys[i] = s.Key(c.Zone, c.Key)
+	}
+	return keys
+}
+
+// slotGroups returns the indexes of keys grouped by Redis Cluster slot, in
+// the order the slots first appear; nil when all share one slot, as they
+// always do on a single server.
+func (s *RedisStore) slotGroups(keys []string) [][]int {
+	if !s.cluster || len(keys) < 2 {
+		return nil
+	}
+	slots := make([]uint16, len(keys))
+	same := true
+	for i, k := range keys {
+		slots[i] = hashSlot(k)
+		same = same && slots[i] == slots[0]
+	}
+	if same {
+		return nil
+	}
+	var groups [][]int
+	seen := make(map[uint16]int)
+	for i, slot := range slots {
+		g, ok := seen[slot]
 		if !ok {
 			g = len(groups)
-			seen[c.Key] = g
+			seen[slot] = g
 			groups = append(groups, nil)
 		}
 		groups[g] = append(groups[g], i)
@@ -241,34 +265,20 @@ func groupByClient(checks []Check) [][]int {
 	return groups
 }
 
-func pick(checks []Check, idx []int) []Check {
-	out := make([]Check, len(idx))
+func pickGroup(keys []string, checks []Check, idx []int) ([]string, []Check, []Decision) {
+	subKeys, sub := make([]string, len(idx)), make([]Check, len(idx))
 	for j, i := range idx {
-		out[j] = checks[i]
+		subKeys[j], sub[j] = keys[i], checks[i]
 	}
-	return out
+	return subKeys, sub, make([]Decision, len(idx))
 }
 
-// parseDecision reads one {allowed, remaining, reset_us, token} reply.
-func parseDecision(reply any) (Decision, error) {
-	fields, ok := reply.([]any)
-	if !ok || len(fields) != 4 {
-		return Decision{}, fmt.Errorf("unexpected reply %v", reply)
-	}
-	var n [4]int64
-	for i, f := range fields {
-		if n[i], ok = f.(int64); !ok {
-			return Decision{}, fmt.Errorf("unexpected reply field %v", f)
-		}
-	}
-	d := Decision{
-		Allowed:   n[0] == 1,
-		Remaining: n[1],
-		Reset:     time.Duration(n[2]) * time.Microsecond,
-		token:     n[3],
-	}
-	if !d.Allowed {
-		d.RetryAfter = d.Reset
-	}
-	return d, nil
-}
+// Interface guards
+var (
+	_ Store       = (*RedisStore)(nil)
+	_ Inspector   = (*RedisStore)(nil)
+	_ Refunder    = (*RedisStore)(nil)
+	_ RedisClient = (*redis.Client)(nil)
+	_ RedisClient = (*redis.ClusterClient)(nil)
+	_ RedisClient = redis.UniversalClient(nil)
+)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,7 +36,7 @@ func scanKeys(t *testing.T, client *redis.Client, prefix string) []string {
 }
 
 func TestRedisStoreKey(t *testing.T) {
-	s := NewRedisStore(testClient, DefaultKeyPrefix)
+	s := newRedisStore(t, testClient, DefaultKeyPrefix)
 	if got, want := s.Key("api", "203.0.113.7"), "srl:{203.0.113.7}:api"; got != want {
 		t.Errorf("Key = %q, want %q", got, want)
 	}
@@ -46,7 +47,7 @@ func TestRedisStoreKey(t *testing.T) {
 // bounded client key as its hash tag.
 func TestRedisStoreHostileKeys(t *testing.T) {
 	prefix := testPrefix(t)
-	s := NewRedisStore(testClient, prefix)
+	s := newRedisStore(t, testClient, prefix)
 	const zone = "zone"
 	lim := Limit{Window: time.Minute, Max: 1}
 	var want []string
@@ -83,12 +84,7 @@ func TestRedisStoreHostileKeys(t *testing.T) {
 // TestRedisStoreScriptFlush: the store loads the script again after SCRIPT
 // FLUSH (NOSCRIPT), and the counts survive.
 func TestRedisStoreScriptFlush(t *testing.T) {
-	t.Run("direct", func(t *testing.T) { testScriptFlush(t, NewRedisStore(testClient, testPrefix(t))) })
-	t.Run("batched", func(t *testing.T) {
-		b := NewBatcher(testClient)
-		t.Cleanup(func() { b.Close() })
-		testScriptFlush(t, NewRedisStore(testClient, testPrefix(t)).Batched(b))
-	})
+	testScriptFlush(t, newRedisStore(t, testClient, testPrefix(t)))
 }
 
 // testScriptFlush: after SCRIPT FLUSH the store loads the script again and
@@ -124,7 +120,7 @@ func testScriptFlush(t *testing.T, s *RedisStore) {
 // from empty, once it is back.
 func TestRedisStoreRestart(t *testing.T) {
 	srv := redistest.Start(t)
-	s := NewRedisStore(srv.Client(t), testPrefix(t))
+	s := newRedisStore(t, srv.Client(t), testPrefix(t))
 	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 2}}
 	for range 2 {
 		allow1(t, s, c)
@@ -160,7 +156,7 @@ func TestRedisStoreDeniedWritesNothing(t *testing.T) {
 	for _, algo := range []Algorithm{SlidingLog, SlidingCounter} {
 		t.Run(algo.String(), func(t *testing.T) {
 			ctx := testContext(t)
-			s := NewRedisStore(testClient, testPrefix(t))
+			s := newRedisStore(t, testClient, testPrefix(t))
 			key := testKey(t)
 			const max = 5
 			full := Check{Zone: "full", Key: key, Limit: Limit{Window: time.Minute, Max: max, Algorithm: algo}}
@@ -187,8 +183,8 @@ func TestRedisStoreDeniedWritesNothing(t *testing.T) {
 				return state{dump, pttl}
 			}
 			if algo == SlidingLog {
-				if n, err := testClient.ZCard(ctx, s.Key("full", key)).Result(); err != nil || n != max {
-					t.Fatalf("ZCARD of the full key = %d, %v; want %d", n, err, max)
+				if n := len(readRing(t, testClient, s.Key("full", key)).times); n != max {
+					t.Fatalf("admissions kept in the full key = %d; want %d", n, max)
 				}
 			}
 			fullBefore, openBefore := read("full"), read("open")
@@ -201,8 +197,8 @@ func TestRedisStoreDeniedWritesNothing(t *testing.T) {
 				}
 			}
 			if algo == SlidingLog {
-				if n, err := testClient.ZCard(ctx, s.Key("full", key)).Result(); err != nil || n != max {
-					t.Errorf("ZCARD of the full key after 200 denials = %d, %v; want %d", n, err, max)
+				if n := len(readRing(t, testClient, s.Key("full", key)).times); n != max {
+					t.Errorf("admissions kept in the full key after 200 denials = %d; want %d", n, max)
 				}
 			}
 			for _, z := range []struct {
@@ -227,7 +223,7 @@ func TestRedisStoreDeniedWritesNothing(t *testing.T) {
 // client costs Redis nothing after one window.
 func TestRedisStoreTTL(t *testing.T) {
 	ctx := testContext(t)
-	s := NewRedisStore(testClient, testPrefix(t))
+	s := newRedisStore(t, testClient, testPrefix(t))
 	const w = 300 * time.Millisecond
 	timed(t, func(t *testing.T, key string) string {
 		c := Check{Zone: "z", Key: key, Limit: Limit{Window: w, Max: 3}}
@@ -272,7 +268,7 @@ func TestRedisStoreTTL(t *testing.T) {
 // window after its last admission's, and expires then.
 func TestRedisStoreCounterTTL(t *testing.T) {
 	ctx := testContext(t)
-	s := NewRedisStore(testClient, testPrefix(t))
+	s := newRedisStore(t, testClient, testPrefix(t))
 	const w = 200 * time.Millisecond
 	timed(t, func(t *testing.T, key string) string {
 		c := Check{Zone: "z", Key: key, Limit: Limit{Window: w, Max: 3, Algorithm: SlidingCounter}}
@@ -304,11 +300,52 @@ func TestRedisStoreCounterTTL(t *testing.T) {
 
 // TestRedisStoreErrors: errors are returned, not turned into decisions.
 func TestRedisStoreErrors(t *testing.T) {
-	s := NewRedisStore(testClient, testPrefix(t))
+	s := newRedisStore(t, testClient, testPrefix(t))
 	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 3}}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := s.Allow(ctx, []Check{c}, make([]Decision, 1)); err == nil {
 		t.Error("Allow with a canceled context: no error")
+	}
+}
+
+// TestRedisStoreUnfixableErrors: errors that no retry can fix reach every
+// caller as what they are (a refused database index, a missing or wrong
+// password), alone or batched with others, never as a reply that could not
+// be decoded.
+func TestRedisStoreUnfixableErrors(t *testing.T) {
+	srv := redistest.Start(t)
+	if err := srv.Client(t).ConfigSet(context.Background(), "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		opts redis.Options
+		want string
+	}{
+		{"db-index", redis.Options{Password: "s3cret", DB: 99}, "DB index is out of range"},
+		{"wrong-password", redis.Options{Password: "wrong"}, "WRONGPASS"},
+		{"no-password", redis.Options{}, "NOAUTH"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := c.opts
+			opts.Addr = srv.Addr()
+			client := redis.NewClient(&opts)
+			t.Cleanup(func() { client.Close() })
+			s := newRedisStore(t, client, testPrefix(t))
+			check := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 3}}
+			errs := make(chan error, 8)
+			var wg sync.WaitGroup
+			for range cap(errs) {
+				wg.Go(func() { errs <- s.Allow(testContext(t), []Check{check}, make([]Decision, 1)) })
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err == nil || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("Allow: error %v, want one that says %q", err, c.want)
+				}
+			}
+		})
 	}
 }

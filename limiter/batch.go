@@ -1,0 +1,391 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	// batchFlushers is how many script calls may be in flight at once. One
+	// would leave Redis idle while a reply travels back and the next batch is
+	// written; two keep it busy, and more only split batches smaller.
+	batchFlushers = 2
+	// maxBatch and maxBatchZones bound one script call: a full batch is about
+	// a millisecond of Redis's time, a small part of any sensible timeout,
+	// so one slow call holds few decisions.
+	maxBatch      = 128
+	maxBatchZones = 512
+	// batchQueue is how many requests may wait for a flusher.
+	batchQueue = 4096
+)
+
+// ErrClosed is the error of a RedisStore call made after Close.
+var ErrClosed = errors.New("redis store closed")
+
+// errTimeout answers a request that Redis did not decide within its
+// deadline.
+var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.DeadlineExceeded)
+
+// Request states: a request is answered once, by whoever moves it out of
+// pending first.
+const (
+	pending int32 = iota
+	answering
+	abandoned
+)
+
+// request is one Allow, Peek or Refund waiting for its batch.
+type request struct {
+	ctx  context.Context
+	op   op
+	keys []string
+	// args are the request's packed arguments, made by the caller: the
+	// flushers never read checks or decisions that a caller who gave up may
+	// be reusing.
+	args      []byte
+	decisions []Decision
+	deadline  time.Time
+	// slot is the Redis Cluster slot of every key; 0 on a single server.
+	slot  uint16
+	state atomic.Int32
+	err   error
+	done  chan struct{}
+}
+
+// abandon answers r with err unless it was answered already.
+func (r *request) abandon(err error) {
+	if r.state.CompareAndSwap(pending, abandoned) {
+		r.err = err
+		close(r.done)
+	}
+}
+
+// batcher sends the requests of concurrent callers to Redis together: one
+// limit.lua call per batch (per slot on a cluster), so a flood of decisions
+// costs one round trip and one script call per batch. It never waits to fill
+// a batch: a flusher takes whatever is queued when it is free, so a lone
+// request goes out at once and batches grow only while Redis is busy.
+//
+// Deadlines cost no timer per request: every request waits in a FIFO, and
+// one watcher, with one timer, answers those whose deadline passes. The
+// FIFO is in deadline order but for requests whose context ends sooner, and
+// those wake up by their context.
+type batcher struct {
+	client  RedisClient
+	cluster bool
+	queue   chan *request
+	done    chan struct{}
+	wg      sync.WaitGroup
+
+	// mu guards closed and watch. Requests join watch under it and Close
+	// sets closed under it, so Close answers every request it missed.
+	mu     sync.Mutex
+	closed bool
+	watch  []*request
+	wake   chan struct{}
+}
+
+func newBatcher(client RedisClient, cluster bool) *batcher {
+	b := &batcher{
+		client:  client,
+		cluster: cluster,
+		queue:   make(chan *request, batchQueue),
+		done:    make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+	}
+	b.wg.Add(batchFlushers + 1)
+	for range batchFlushers {
+		go b.flush()
+	}
+	go b.watchDeadlines()
+	return b
+}
+
+// close stops the flushers once their calls return, and answers every
+// request still waiting with ErrClosed.
+func (b *batcher) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	close(b.done)
+	b.mu.Unlock()
+	b.wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.watch {
+		r.abandon(ErrClosed)
+	}
+	b.watch = nil
+}
+
+// do queues r and waits for its answer, its deadline or its context.
+func (b *batcher) do(r *request) error {
+	r.done = make(chan struct{})
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.watch = append(b.watch, r)
+	if len(b.watch) == 1 {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+	b.mu.Unlock()
+
+	select {
+	case b.queue <- r:
+		select {
+		case <-r.done:
+		case <-r.ctx.Done():
+			r.abandon(r.ctx.Err())
+			<-r.done
+		}
+	case <-r.done:
+	case <-r.ctx.Done():
+		r.abandon(r.ctx.Err())
+		<-r.done
+	}
+	return r.err
+}
+
+// watchDeadlines answers requests whose deadline has passed, waking for the
+// oldest one.
+func (b *batcher) watchDeadlines() {
+	defer b.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-b.wake:
+		case <-timer.C:
+		}
+		now := time.Now()
+		b.mu.Lock()
+		i := 0
+		for ; i < len(b.watch); i++ {
+			r := b.watch[i]
+			if r.state.Load() != pending {
+				continue
+			}
+			if r.deadline.After(now) {
+				break
+			}
+			r.abandon(errTimeout)
+		}
+		n := copy(b.watch, b.watch[i:])
+		clear(b.watch[n:])
+		b.watch = b.watch[:n]
+		next := time.Duration(-1)
+		if n > 0 {
+			next = b.watch[0].deadline.Sub(now)
+		}
+		b.mu.Unlock()
+		if next >= 0 {
+			timer.Reset(next)
+		}
+	}
+}
+
+// flush sends batches until Close.
+func (b *batcher) flush() {
+	defer b.wg.Done()
+	batch := make([]*request, 0, maxBatch)
+	var w batchWork
+	for {
+		select {
+		case r := <-b.queue:
+			batch = append(batch[:0], r)
+		case <-b.done:
+			return
+		}
+		zones := len(batch[0].keys)
+	more:
+		for len(batch) < maxBatch && zones < maxBatchZones {
+			select {
+			case r := <-b.queue:
+				batch = append(batch, r)
+				zones += len(r.keys)
+			default:
+				break more
+			}
+		}
+		b.send(&w, batch)
+		clear(batch)
+	}
+}
+
+// batchWork is a flusher's buffers, kept from one batch to the next.
+type batchWork struct {
+	live  []*request
+	calls []slotCall
+}
+
+// slotCall is one limit.lua call: the requests of one slot.
+type slotCall struct {
+	requests []*request
+	keys     []string
+	args     []byte
+	zones    int
+	cmd      *redis.Cmd
+}
+
+// send decides one batch. Requests already answered (their caller gave up)
+// or past their deadline are not sent: a Redis that recovers from a freeze
+// is not handed the backlog.
+func (b *batcher) send(w *batchWork, batch []*request) {
+	now := time.Now()
+	w.live = w.live[:0]
+	var latest time.Time
+	for _, r := range batch {
+		if r.state.Load() != pending {
+			continue
+		}
+		if !r.deadline.After(now) {
+			r.abandon(errTimeout)
+			continue
+		}
+		if r.deadline.After(latest) {
+			latest = r.deadline
+		}
+		w.live = append(w.live, r)
+	}
+	if len(w.live) == 0 {
+		return
+	}
+	w.calls = groupCalls(w.calls, w.live, b.cluster)
+	// The call ends when every caller has given up, and never sooner.
+	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	defer cancel()
+	if len(w.calls) == 1 {
+		c := &w.calls[0]
+		c.cmd = limitScript.Run(ctx, b.client, c.keys, c.args)
+		c.answer(c.cmd.Val(), c.cmd.Err())
+		return
+	}
+	b.sendPipelined(ctx, w.calls)
+}
+
+// sendPipelined runs calls, one per slot, in one pipeline (go-redis splits
+// it by node), and again with EVAL those that met NOSCRIPT.
+func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) {
+	pipe := b.client.Pipeline()
+	for i := range calls {
+		c := &calls[i]
+		c.cmd = limitScript.EvalSha(ctx, pipe, c.keys, c.args)
+	}
+	execErr := exec(ctx, pipe)
+	var retry []*slotCall
+	for i := range calls {
+		c := &calls[i]
+		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			retry = append(retry, c)
+			continue
+		}
+		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+	}
+	if len(retry) == 0 {
+		return
+	}
+	pipe = b.client.Pipeline()
+	for _, c := range retry {
+		c.cmd = limitScript.Eval(ctx, pipe, c.keys, c.args)
+	}
+	execErr = exec(ctx, pipe)
+	for _, c := range retry {
+		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+	}
+}
+
+func exec(ctx context.Context, pipe redis.Pipeliner) error {
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// cmdErr is the error of one command of a pipeline. A pipeline that failed
+// before its commands ran (a refused connection setup: wrong password, bad
+// database index) leaves them without an error of their own: then the
+// pipeline's error is theirs.
+func cmdErr(cmd *redis.Cmd, execErr error) error {
+	if err := cmd.Err(); err != nil {
+		return err
+	}
+	if _, ok := cmd.Val().(string); !ok && execErr != nil {
+		return execErr
+	}
+	return nil
+}
+
+// answer decodes a call's reply into its requests' decisions, or gives them
+// its error.
+func (c *slotCall) answer(reply any, err error) {
+	var s string
+	if err == nil {
+		s, err = checkReply(reply, c.zones)
+	}
+	if err != nil {
+		err = fmt.Errorf("running rate limit script: %w", err)
+	}
+	for _, r := range c.requests {
+		n := len(r.keys) * zoneReplyLen
+		if r.state.CompareAndSwap(pending, answering) {
+			if err != nil {
+				r.err = err
+			} else {
+				decodeReply(s[:n], r.op, r.decisions)
+			}
+			close(r.done)
+		}
+		if err == nil {
+			s = s[n:]
+		}
+	}
+}
+
+// groupCalls splits requests into one call per slot, keeping their order
+// within each slot.
+func groupCalls(calls []slotCall, requests []*request, cluster bool) []slotCall {
+	for i := range calls {
+		calls[i].requests = calls[i].requests[:0]
+		calls[i].keys = calls[i].keys[:0]
+		calls[i].args = calls[i].args[:0]
+		calls[i].zones = 0
+		calls[i].cmd = nil
+	}
+	n := 0
+	for _, r := range requests {
+		i := 0
+		if cluster {
+			for i < n && calls[i].requests[0].slot != r.slot {
+				i++
+			}
+		}
+		if i == n {
+			if n == len(calls) {
+				calls = append(calls, slotCall{})
+			}
+			n++
+		}
+		c := &calls[i]
+		c.requests = append(c.requests, r)
+		c.keys = append(c.keys, r.keys...)
+		c.args = append(c.args, r.args...)
+		c.zones += len(r.keys)
+	}
+	return calls[:n]
+}

@@ -1,0 +1,394 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+)
+
+// scriptCounter is a go-redis hook that counts the limit.lua calls a client
+// makes, alone or in pipelines.
+type scriptCounter struct{ calls atomic.Int64 }
+
+func (*scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			h.calls.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if n := c.Name(); n == "evalsha" || n == "eval" {
+				h.calls.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestBatchSameKey: requests for one key in one script call are decided in
+// order, each seeing the ones before: exactly max admitted, remaining
+// counting down, and the rest denied with the same wait.
+func TestBatchSameKey(t *testing.T) {
+	const max = 7
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: max}}
+	key := testPrefix(t) + "{" + c.Key + "}:z"
+	reqs := make([]*scriptReq, 20)
+	for i := range reqs {
+		reqs[i] = &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+	}
+	runScript(t, testClient, 0, reqs...)
+	var wait time.Duration
+	for i, r := range reqs {
+		d := r.decisions[0]
+		if i < max {
+			if !d.Allowed || d.Remaining != int64(max-i-1) {
+				t.Errorf("request %d: %+v, want Allowed with Remaining %d", i+1, d, max-i-1)
+			}
+			continue
+		}
+		if d.Allowed || d.RetryAfter <= 0 || (wait != 0 && d.RetryAfter != wait) {
+			t.Errorf("request %d: %+v, want denied with RetryAfter %v", i+1, d, wait)
+		}
+		wait = d.RetryAfter
+	}
+}
+
+// TestBatchConcurrentSameKey: concurrent callers of one key share script
+// calls, and exactly max of them are admitted.
+func TestBatchConcurrentSameKey(t *testing.T) {
+	const (
+		callers = 200
+		max     = 50
+	)
+	client := redis.NewClient(&redis.Options{Addr: testRedis.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	counter := new(scriptCounter)
+	client.AddHook(counter)
+	s := newRedisStore(t, client, testPrefix(t))
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: max}}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for range callers {
+		wg.Go(func() {
+			<-start
+			ds := make([]Decision, 1)
+			if err := s.Allow(testContext(t), []Check{c}, ds); err != nil {
+				t.Error(err)
+			}
+			if ds[0].Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if got := admitted.Load(); got != max {
+		t.Errorf("%d admitted of %d concurrent requests, want %d", got, callers, max)
+	}
+	t.Logf("%d decisions in %d script calls", callers, counter.calls.Load())
+	if n := counter.calls.Load(); n >= callers {
+		t.Errorf("%d script calls for %d concurrent decisions: no batching", n, callers)
+	}
+}
+
+// TestBatchMixed: one script call decides requests over several zones and
+// both algorithms, all or nothing each, with peeks and refunds among them.
+func TestBatchMixed(t *testing.T) {
+	prefix := testPrefix(t)
+	key := func(client, zone string) string { return prefix + "{" + client + "}:" + zone }
+	logLim := Limit{Window: time.Minute, Max: 2}
+	ctrLim := Limit{Window: time.Minute, Max: 3, Algorithm: SlidingCounter}
+	a, b := testKey(t), testKey(t)
+	both := func(client string) *scriptReq {
+		return &scriptReq{op: opAllow, keys: []string{key(client, "log"), key(client, "ctr")},
+			checks: []Check{{Zone: "log", Key: client, Limit: logLim}, {Zone: "ctr", Key: client, Limit: ctrLim}}}
+	}
+	ctrOnly := func(client string) *scriptReq {
+		return &scriptReq{op: opAllow, keys: []string{key(client, "ctr")}, checks: []Check{{Zone: "ctr", Key: client, Limit: ctrLim}}}
+	}
+	peek := &scriptReq{op: opPeek, keys: []string{key(a, "log"), key(a, "ctr")},
+		checks: []Check{{Zone: "log", Key: a, Limit: logLim}, {Zone: "ctr", Key: a, Limit: ctrLim}}}
+	reqs := []*scriptReq{both(a), ctrOnly(b), both(a), both(a), peek, ctrOnly(a), ctrOnly(a), both(b)}
+	runScript(t, testClient, 0, reqs...)
+	want := []struct {
+		allowed   []bool
+		remaining []int64
+	}{
+		{[]bool{true, true}, []int64{1, 2}},  // a: log 1 of 2, counter 1 of 3
+		{[]bool{true}, []int64{2}},           // b: counter 1 of 3
+		{[]bool{true, true}, []int64{0, 1}},  // a: log 2 of 2, counter 2 of 3
+		{[]bool{false, true}, []int64{0, 1}}, // a: log full, so nothing recorded
+		{[]bool{false, true}, []int64{0, 1}}, // peek of a: the same
+		{[]bool{true}, []int64{0}},           // a: counter 3 of 3
+		{[]bool{false}, []int64{0}},          // a: counter full
+		{[]bool{true, true}, []int64{1, 1}},  // b: log 1 of 2, counter 2 of 3
+	}
+	for i, r := range reqs {
+		for j, d := range r.decisions {
+			if d.Allowed != want[i].allowed[j] || d.Remaining != want[i].remaining[j] {
+				t.Errorf("request %d, zone %s: %+v, want Allowed %v, Remaining %d",
+					i+1, r.checks[j].Zone, exported(d), want[i].allowed[j], want[i].remaining[j])
+			}
+		}
+	}
+	// Refunding a's first request in a later call frees one slot in each
+	// of its zones.
+	refund := &scriptReq{op: opRefund, keys: reqs[0].keys, checks: reqs[0].checks, decisions: reqs[0].decisions}
+	again := both(a)
+	runScript(t, testClient, 0, refund, again)
+	if !Admitted(again.decisions) || again.decisions[0].Remaining != 0 || again.decisions[1].Remaining != 0 {
+		t.Errorf("after a refund: %+v, want both zones admitting their last slot", again.decisions)
+	}
+}
+
+// TestBatchScriptFlush: SCRIPT FLUSH while batches are in flight costs no
+// decision: a batch that meets NOSCRIPT sends the script itself.
+func TestBatchScriptFlush(t *testing.T) {
+	const (
+		workers  = 8
+		requests = 150
+		max      = 500
+	)
+	s := newRedisStore(t, testClient, testPrefix(t))
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: max}}
+	stop := make(chan struct{})
+	flushed := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				flushed <- n
+				return
+			default:
+			}
+			if err := testClient.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Error(err)
+			}
+			n++
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			ds := make([]Decision, 1)
+			for range requests {
+				if err := s.Allow(testContext(t), []Check{c}, ds); err != nil {
+					t.Error(err)
+					return
+				}
+				if ds[0].Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	t.Logf("%d SCRIPT FLUSHes during %d decisions", <-flushed, workers*requests)
+	if got := admitted.Load(); got != max {
+		t.Errorf("%d admitted, want %d", got, max)
+	}
+}
+
+// TestBatchFrozenRedis: while Redis is frozen, every caller answers at its
+// deadline, the store's timeout or its context's if sooner, with no
+// deadline of its own; the store works again once Redis is back.
+func TestBatchFrozenRedis(t *testing.T) {
+	const (
+		timeout = 300 * time.Millisecond
+		short   = 100 * time.Millisecond
+		callers = 40
+	)
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: timeout})
+	t.Cleanup(func() { s.Close() })
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1000}}
+	allow1(t, s, c) // load the script, open a connection
+
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := srv.Thaw(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	defer thaw()
+	type result struct {
+		deadline time.Duration
+		took     time.Duration
+		err      error
+	}
+	results := make(chan result, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			ctx, deadline := context.Background(), timeout
+			if i%4 == 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, short)
+				defer cancel()
+				deadline = short
+			}
+			start := time.Now()
+			err := s.Allow(ctx, []Check{c}, make([]Decision, 1))
+			results <- result{deadline, time.Since(start), err}
+		})
+		if i%10 == 9 {
+			time.Sleep(20 * time.Millisecond) // callers in several batches
+		}
+	}
+	wg.Wait()
+	close(results)
+	for r := range results {
+		if !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Errorf("caller with deadline %v: error %v, want a deadline error", r.deadline, r.err)
+		}
+		// Never before its deadline; the upper bound only catches a caller
+		// held for the client's read timeout (3 s) or forever.
+		if r.took < r.deadline || r.took > r.deadline+2*time.Second {
+			t.Errorf("caller with deadline %v answered after %v", r.deadline, r.took)
+		}
+	}
+	thaw()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ds := make([]Decision, 1)
+	var err error
+	// The first call after the thaw may still meet the connection the
+	// frozen call abandoned; a later one must succeed.
+	for range 20 {
+		if err = s.Allow(ctx, []Check{c}, ds); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || !ds[0].Allowed {
+		t.Errorf("after the thaw: %+v, %v", ds[0], err)
+	}
+}
+
+// TestBatchClusterSlots: on Redis Cluster, a batch of many clients goes out
+// as one call per slot, also right after SCRIPT FLUSH, and each client gets
+// exactly max admissions; the store's slot of a key is the cluster's.
+func TestBatchClusterSlots(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster; skipped in -short mode")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	client := cluster.Client(t)
+	for _, key := range []string{"srl:{203.0.113.7}:api", "a{b}c", "{}x", "x{}{y}", "{{a}}", "no tag", "srl:{#abc}:z"} {
+		want, err := client.ClusterKeySlot(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := hashSlot(key); int64(got) != want {
+			t.Errorf("hashSlot(%q) = %d, CLUSTER KEYSLOT = %d", key, got, want)
+		}
+	}
+
+	const (
+		clients = 64
+		max     = 5
+		rounds  = 10
+	)
+	s := newRedisStore(t, client, testPrefix(t))
+	// Batches of several slots go out as pipelines; with the script flushed
+	// from every node, they meet NOSCRIPT and send it.
+	if err := client.ForEachShard(testContext(t), func(ctx context.Context, shard *redis.Client) error {
+		return shard.ScriptFlush(ctx).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	admitted := make([]atomic.Int64, clients)
+	var wg sync.WaitGroup
+	for i := range clients {
+		wg.Go(func() {
+			checks := []Check{
+				{Zone: "a", Key: "c" + strconv.Itoa(i), Limit: Limit{Window: time.Minute, Max: max}},
+				{Zone: "b", Key: "c" + strconv.Itoa(i), Limit: Limit{Window: time.Minute, Max: 100, Algorithm: SlidingCounter}},
+			}
+			ds := make([]Decision, 2)
+			for range rounds {
+				if err := s.Allow(testContext(t), checks, ds); err != nil {
+					t.Error(err)
+					return
+				}
+				if Admitted(ds) {
+					admitted[i].Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range clients {
+		if got := admitted[i].Load(); got != max {
+			t.Errorf("client %d: %d admitted, want %d", i, got, max)
+		}
+	}
+}
+
+// TestRedisStoreClose: Close returns once the script call in flight ends
+// (at its callers' deadline, Redis frozen), every caller still waiting gets
+// an answer, and calls after Close fail with ErrClosed.
+func TestRedisStoreClose(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: timeout})
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 100}}
+	allow1(t, s, c)
+	if err := srv.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Thaw()
+	errs := make(chan error, 20)
+	var wg sync.WaitGroup
+	for range cap(errs) {
+		wg.Go(func() { errs <- s.Allow(context.Background(), []Check{c}, make([]Decision, 1)) })
+	}
+	time.Sleep(20 * time.Millisecond) // the calls are queued or in flight
+	start := time.Now()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The bound only catches a Close held by the client's read timeout
+	// (3 s) or forever.
+	if took := time.Since(start); took > timeout+2*time.Second {
+		t.Errorf("Close took %v with Redis frozen", took)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrClosed) {
+			t.Errorf("a call during Close: %v, want its deadline or ErrClosed", err)
+		}
+	}
+	if err := s.Allow(context.Background(), []Check{c}, make([]Decision, 1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Allow after Close: %v, want ErrClosed", err)
+	}
+}

@@ -1,0 +1,313 @@
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+)
+
+// infoFields returns the named fields of INFO section, as numbers; a field
+// of commandstats such as "cmdstat_evalsha.usec" names the stat and its part.
+func infoFields(tb testing.TB, client *redis.Client, section string, names ...string) map[string]float64 {
+	tb.Helper()
+	info, err := client.Info(context.Background(), section).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := make(map[string]float64)
+	for line := range strings.Lines(info) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		for _, want := range names {
+			stat, part, sub := strings.Cut(want, ".")
+			switch {
+			case !sub && name == want:
+				out[want], _ = strconv.ParseFloat(value, 64)
+			case sub && name == stat:
+				for kv := range strings.SplitSeq(value, ",") {
+					if k, v, _ := strings.Cut(kv, "="); k == part {
+						out[want], _ = strconv.ParseFloat(v, 64)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// floorScript is the least a decision can cost Redis: one read and one
+// write of the client's value, batched as limit.lua batches.
+var floorScript = redis.NewScript(`
+for _, key in ipairs(KEYS) do
+  redis.call('SET', key, redis.call('GET', key), 'PX', 120000)
+end
+return #KEYS`)
+
+// cpuMode is how BenchmarkRedisCPUPerDecision sends its decisions.
+type cpuMode int
+
+const (
+	// viaStore: 32 concurrent callers of a RedisStore, which batches them
+	// as they come (two script calls in flight).
+	viaStore cpuMode = iota
+	// batch32: limit.lua calls of exactly 32 decisions each, two in flight.
+	batch32
+	// floor32: floorScript calls of 32 keys each, two in flight.
+	floor32
+)
+
+func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor32"}[m] }
+
+// BenchmarkRedisCPUPerDecision measures Redis's CPU per decision of the
+// sliding log at several limits, over many clients, each client's ring full
+// of admissions spread over the window with its oldest ones just aged out,
+// so that every decision admits, overwriting the oldest slot, and finds its
+// remaining and reset by search: the steady state of a client at its limit.
+// Clients are fewer at the largest limits, to bound the memory they take.
+// Decisions go through a RedisStore from 32 concurrent callers, and as
+// script calls of exactly 32 decisions; at max 60 the floor (a GET and a
+// SET per key, batched alike) is measured too, on the same keys, as the
+// reference that a loaded machine shifts along with the rest. It reports
+// INFO cpu's delta and INFO commandstats' script time per decision; it
+// asserts nothing about them.
+//
+//	go test -run '^$' -bench RedisCPUPerDecision -benchtime 1x ./limiter/
+func BenchmarkRedisCPUPerDecision(b *testing.B) {
+	for _, limit := range []int{60, 1000, 10_000, 100_000} {
+		modes := []cpuMode{viaStore, batch32}
+		if limit <= ringSmall {
+			modes = append(modes, floor32)
+		}
+		for _, mode := range modes {
+			b.Run(fmt.Sprintf("max%d/%s", limit, mode), func(b *testing.B) {
+				clients := min(10_000, 20_000_000/limit)
+				rounds := max(3, 20_000/clients)
+				for b.Loop() {
+					redisCPUPerDecision(b, limit, clients, rounds, mode)
+				}
+			})
+		}
+	}
+}
+
+func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
+	const (
+		window  = time.Minute
+		callers = 32
+	)
+	srv := redistest.Start(b)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: callers, ContextTimeoutEnabled: true})
+	defer client.Close()
+	ctx := context.Background()
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: "srl:", Timeout: 10 * time.Second})
+	defer s.Close()
+	key := func(i int) string { return "198.51." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&0xff) }
+	lim := Limit{Window: window, Max: int64(max)}
+
+	// Full rings whose oldest rounds+1 times have aged out.
+	now, err := client.Time(ctx).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	step := window.Microseconds() / int64(max)
+	first := now.UnixMicro() - window.Microseconds() - int64(rounds+1)*step
+	times := make([]int64, max)
+	for k := range times {
+		times[k] = first + int64(k)*step
+	}
+	ring := encodeRing(max, times)
+	pipe := client.Pipeline()
+	for i := range clients {
+		pipe.Set(ctx, s.Key("z", key(i)), ring, 2*window)
+		if i%100 == 99 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		b.Fatal(err)
+	}
+	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim}) // load the script
+	if err := floorScript.Load(ctx, client).Err(); err != nil {
+		b.Fatal(err)
+	}
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	cpu := []string{"used_cpu_user", "used_cpu_sys"}
+	cpuBefore := infoFields(b, client, "cpu", cpu...)
+
+	var next, denied atomic.Int64
+	decisions := int64(clients * rounds)
+	start := time.Now()
+	var wg sync.WaitGroup
+	if mode == viaStore {
+		for range callers {
+			wg.Go(func() {
+				checks := []Check{{Zone: "z", Limit: lim}}
+				ds := make([]Decision, 1)
+				for {
+					n := next.Add(1) - 1
+					if n >= decisions {
+						return
+					}
+					checks[0].Key = key(int(n % int64(clients)))
+					if err := s.Allow(ctx, checks, ds); err != nil {
+						b.Error(err)
+						return
+					}
+					if !ds[0].Allowed {
+						denied.Add(1)
+					}
+				}
+			})
+		}
+	} else {
+		for range batchFlushers {
+			wg.Go(func() {
+				for {
+					n := next.Add(callers) - callers
+					if n >= decisions {
+						return
+					}
+					keys := make([]string, 0, callers)
+					var args []byte
+					for j := n; j < n+callers && j < decisions; j++ {
+						c := Check{Zone: "z", Key: key(int(j % int64(clients))), Limit: lim}
+						keys = append(keys, s.Key(c.Zone, c.Key))
+						args = appendRequest(args, opAllow, []Check{c}, nil)
+					}
+					if mode == floor32 {
+						if err := floorScript.Run(ctx, client, keys).Err(); err != nil {
+							b.Error(err)
+						}
+						continue
+					}
+					reply, err := limitScript.Run(ctx, client, keys, args).Result()
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					r, err := checkReply(reply, len(keys))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					ds := make([]Decision, len(keys))
+					decodeReply(r, opAllow, ds)
+					for _, d := range ds {
+						if !d.Allowed {
+							denied.Add(1)
+						}
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	inner := []string{"get", "set", "getrange", "setrange", "pexpire", "time"}
+	names := []string{"cmdstat_evalsha.usec", "cmdstat_evalsha.calls"}
+	for _, c := range inner {
+		names = append(names, "cmdstat_"+c+".calls", "cmdstat_"+c+".usec")
+	}
+	stats := infoFields(b, client, "commandstats", names...)
+	var breakdown strings.Builder
+	for _, c := range inner {
+		if n := stats["cmdstat_"+c+".calls"]; n > 0 {
+			fmt.Fprintf(&breakdown, " %s %.2f/decision (%.2f µs each);", c, n/float64(decisions), stats["cmdstat_"+c+".usec"]/n)
+		}
+	}
+	cpuAfter := infoFields(b, client, "cpu", cpu...)
+	cpuUsec := (cpuAfter["used_cpu_user"] + cpuAfter["used_cpu_sys"] - cpuBefore["used_cpu_user"] - cpuBefore["used_cpu_sys"]) * 1e6
+	if denied.Load() != 0 {
+		b.Errorf("%d of %d decisions denied: the rings were not as meant", denied.Load(), decisions)
+	}
+	perDecision := stats["cmdstat_evalsha.usec"] / float64(decisions)
+	b.ReportMetric(perDecision, "evalsha-µs/decision")
+	b.ReportMetric(cpuUsec/float64(decisions), "cpu-µs/decision")
+	b.ReportMetric(float64(decisions)/stats["cmdstat_evalsha.calls"], "decisions/call")
+	b.Logf("max %d, %s, %d clients at their limit, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each);%s",
+		max, mode, clients, decisions, elapsed.Round(time.Millisecond), cpuUsec/float64(decisions), perDecision,
+		stats["cmdstat_evalsha.calls"], float64(decisions)/stats["cmdstat_evalsha.calls"], breakdown.String())
+}
+
+// BenchmarkRedisMemoryPerClient measures what Redis holds for a client at
+// its limit of 60, 1,000 and 10,000 admissions, filled through the store:
+// MEMORY USAGE of its key and the used_memory delta per client.
+//
+//	go test -run '^$' -bench RedisMemoryPerClient -benchtime 1x ./limiter/
+func BenchmarkRedisMemoryPerClient(b *testing.B) {
+	for _, c := range []struct{ max, clients int }{{60, 1000}, {1000, 100}, {10_000, 10}} {
+		b.Run(fmt.Sprint("max", c.max), func(b *testing.B) {
+			for b.Loop() {
+				redisMemoryPerClient(b, c.max, c.clients)
+			}
+		})
+	}
+}
+
+func redisMemoryPerClient(b *testing.B, max, clients int) {
+	const workers = 16
+	srv := redistest.Start(b)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: workers})
+	defer client.Close()
+	ctx := context.Background()
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: "srl:", Timeout: 10 * time.Second})
+	defer s.Close()
+	lim := Limit{Window: time.Hour, Max: int64(max)}
+	key := func(i int) string { return "203.0." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&0xff) }
+	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim})
+	before := infoFields(b, client, "memory", "used_memory")["used_memory"]
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			checks := []Check{{Zone: "default", Limit: lim}}
+			ds := make([]Decision, 1)
+			for {
+				n := int(next.Add(1) - 1)
+				if n >= clients*max {
+					return
+				}
+				checks[0].Key = key(n % clients)
+				if err := s.Allow(ctx, checks, ds); err != nil || !ds[0].Allowed {
+					b.Errorf("decision %d: %+v, %v", n, ds[0], err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	after := infoFields(b, client, "memory", "used_memory")["used_memory"]
+	var usage int64
+	for i := range clients {
+		k := s.Key("default", key(i))
+		if n := len(readRing(b, client, k).times); n != max {
+			b.Fatalf("%s holds %d admissions, want %d", k, n, max)
+		}
+		n, err := client.MemoryUsage(ctx, k, 0).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		usage += n
+	}
+	delta := (after - before) / float64(clients)
+	mean := float64(usage) / float64(clients)
+	b.ReportMetric(mean, "memory-usage-B/client")
+	b.ReportMetric(delta, "used-memory-B/client")
+	b.Logf("max %d, %d clients at their limit: MEMORY USAGE %.0f bytes (%.2f per admission), used_memory delta %.0f bytes (%.2f per admission)",
+		max, clients, mean, mean/float64(max), delta, delta/float64(max))
+}

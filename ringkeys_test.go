@@ -1,0 +1,26 @@
+package slidingratelimit
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// admissionsKept returns how many admission times a sliding-log key holds:
+// the count in the header of its ring (limiter/limit.lua: cap, head and
+// count, big-endian uint32s); 0 when there is no key.
+func admissionsKept(ctx context.Context, c redis.Cmdable, key string) (int64, error) {
+	v, err := c.GetRange(ctx, key, 8, 11).Result()
+	if err != nil {
+		return 0, err
+	}
+	if v == "" {
+		return 0, nil
+	}
+	if len(v) != 4 {
+		return 0, fmt.Errorf("%s: not a ring", key)
+	}
+	return int64(binary.BigEndian.Uint32([]byte(v))), nil
+}
