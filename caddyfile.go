@@ -31,11 +31,13 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		max_requests <n>
 //		key          <string>
 //		algorithm    log|counter
+//		count_status <code|class>...
 //		zone <name> [<window> <max_requests>] {
 //			window       <duration>
 //			max_requests <n>
 //			key          <string>
 //			algorithm    log|counter
+//			count_status <code|class>...
 //			match {
 //				<matchers>
 //			}
@@ -86,7 +88,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.LogKeys = true
 		default:
-			handled, err := parseLimitOption(d, name, &h.Window, &h.MaxRequests, &h.Key, &h.Algorithm)
+			handled, err := parseLimitOption(d, name, &h.Window, &h.MaxRequests, &h.Key, &h.Algorithm, &h.CountStatus)
 			if err != nil {
 				return err
 			}
@@ -163,7 +165,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 
 // parseLimitOption parses a subdirective that both the handler and a zone
 // take. It reports false for any other name.
-func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duration, max *int64, key, algorithm *string) (bool, error) {
+func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duration, max *int64, key, algorithm *string, countStatus *[]int) (bool, error) {
 	switch name {
 	case "window":
 		return true, positiveDuration(d, name, window)
@@ -182,6 +184,18 @@ func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duratio
 		*key = arg
 	case "algorithm":
 		return true, oneOf(d, algorithmEnum, algorithm)
+	case "count_status":
+		args := d.RemainingArgs()
+		if len(args) == 0 {
+			return true, d.Err("count_status takes one or more status codes or classes (count_status 401 403, count_status 4xx)")
+		}
+		for _, arg := range args {
+			status, err := parseStatus(arg)
+			if err != nil {
+				return true, d.Err(err.Error())
+			}
+			*countStatus = append(*countStatus, status)
+		}
 	default:
 		return false, nil
 	}
@@ -228,7 +242,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			z.MatchersRaw = caddyhttp.RawMatcherSets{matchers}
 			continue
 		}
-		handled, err := parseLimitOption(d, name, &z.Window, &z.MaxRequests, &z.Key, &z.Algorithm)
+		handled, err := parseLimitOption(d, name, &z.Window, &z.MaxRequests, &z.Key, &z.Algorithm, &z.CountStatus)
 		if err != nil {
 			return nil, err
 		}

@@ -50,6 +50,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	setPlaceholders(r, repl, req.zones[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {
 		count(req.zones, source.allowed())
+		if h.countStatus {
+			return h.serveCounted(w, r, next, &req, source)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.deny(w, r, next, &req, shown, source)

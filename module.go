@@ -92,6 +92,14 @@ type Handler struct {
 	// (sliding-window counter, O(1) memory per key, approximate).
 	Algorithm string `json:"algorithm,omitempty"`
 
+	// CountStatus lists the response statuses that count against the limit,
+	// for every zone that sets none: codes such as 401, or a single digit n
+	// for the class nxx (4 is 4xx). A request is still decided before it goes
+	// on, and reserves its slot; when its response has a status not in the
+	// list, the slot is given back. Default: empty, every admitted request
+	// counts.
+	CountStatus []int `json:"count_status,omitempty"`
+
 	// Zones are further named limits. A request is admitted only if every
 	// zone that applies to it admits it, and a denial by one zone consumes
 	// nothing in the others.
@@ -163,6 +171,15 @@ type Handler struct {
 	breaker  *limiter.Breaker
 	releases []func() error
 	failures *failureLog
+	// refundFailures logs count_status refunds that failed.
+	refundFailures *failureLog
+	// countStatus is set when a zone has count_status, so that admitted
+	// requests are followed to their response.
+	countStatus bool
+	// refunder is the store that records admissions (Redis or in-process),
+	// for count_status refunds; resets, with Redis, announces them.
+	refunder limiter.Refunder
+	resets   *resetBus
 	events   *caddyevents.App
 	ctx      caddy.Context
 	logger   *zap.Logger
@@ -210,7 +227,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.ctx = ctx
-	h.failures = newFailureLog(h.logger, time.Second)
+	h.failures = newFailureLog(h.logger, "rate limit store unavailable; applying fail mode", time.Second)
+	h.refundFailures = newFailureLog(h.logger, "giving back count_status slots failed: they count until they age out", time.Second)
 	// Only a configured events app can have subscribers; without one there
 	// is no one to tell.
 	if events, err := ctx.AppIfConfigured("events"); err == nil {
@@ -227,13 +245,15 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	}
 	h.zones = h.zones[:0]
 	if h.Window != 0 || h.MaxRequests != 0 {
-		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests})
+		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests, CountStatus: h.CountStatus})
 	}
 	h.zones = append(h.zones, h.Zones...)
+	h.countStatus = false
 	for _, z := range h.zones {
-		if err := z.provision(ctx, h.logger, h.Key, h.Algorithm); err != nil {
+		if err := z.provision(ctx, h.logger, h); err != nil {
 			return err
 		}
+		h.countStatus = h.countStatus || len(z.CountStatus) > 0
 		z.bindMetrics()
 	}
 	return nil
@@ -250,7 +270,7 @@ func (h *Handler) provisionStores() error {
 		if redisURL == "" {
 			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
 			h.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
-			h.inspector = memory
+			h.inspector, h.refunder = memory, memory
 			h.register(nil) // admin API: registry.go
 			return nil
 		}
@@ -272,7 +292,7 @@ func (h *Handler) provisionStores() error {
 		return fmt.Errorf("redis: %w", err)
 	}
 	h.releases = append(h.releases, release)
-	h.inspector = redisStore
+	h.inspector, h.refunder = redisStore, redisStore
 	h.breaker = limiter.NewBreaker(timedStore{redisStore}, limiter.BreakerOptions{
 		OnStateChange: h.breakerChanged,
 	})

@@ -61,6 +61,7 @@ func (h *Handler) register(client redis.UniversalClient) {
 	if rs, ok := h.inspector.(*limiter.RedisStore); ok && client != nil {
 		reg.stores = append(reg.stores, storeRef{id: redisStoreID{client, h.KeyPrefix}, store: rs, redis: rs})
 		reg.resets = resetBusOf(client)
+		h.resets = reg.resets
 		reg.listener = &resetListener{h: h, store: rs, keyStart: h.KeyPrefix + "{"}
 		if reg.resets == nil {
 			// Cannot happen while clients come from loadRedisClient.
@@ -121,6 +122,14 @@ func (r *registry) withZone(name string) ([]*registration, []*Zone) {
 		}
 	}
 	return regs, zones
+}
+
+// redisKey is the Redis key of a client in a zone of h.
+func (h *Handler) redisKey(identity, key string) string {
+	if rs, ok := h.inspector.(*limiter.RedisStore); ok {
+		return rs.Key(identity, key)
+	}
+	return ""
 }
 
 // zoneByIdentity returns the handler's zone of that identity, or nil.

@@ -49,6 +49,11 @@ import (
 // space, lets the announcing instance see its own message come back.
 const resetChannel = "sliding_ratelimit:resets"
 
+// refundMark stands in a message's nonce for a refund: a count_status zone
+// gave back the slot that filled a client's window, so instances that cached
+// a denial meanwhile forget it. It holds a character no nonce has.
+const refundMark = "!refund"
+
 // resetEchoTimeout bounds how long an admin reset waits for this instance's
 // subscriber to receive its own announcement.
 const resetEchoTimeout = time.Second
@@ -202,9 +207,9 @@ func (b *resetBus) deliver(payload string) {
 	listeners := b.snapshot()
 	b.mu.Unlock()
 	for _, l := range listeners {
-		l.forget(key)
+		l.forget(key, nonce != refundMark)
 	}
-	if nonce == "" {
+	if nonce == "" || nonce == refundMark {
 		return
 	}
 	b.mu.Lock()
@@ -222,6 +227,12 @@ func (b *resetBus) snapshot() []*resetListener {
 		out = append(out, l)
 	}
 	return out
+}
+
+// announceRefund tells every instance that key (a full Redis key) was given
+// back a slot, without waiting for the echo.
+func (b *resetBus) announceRefund(ctx context.Context, key string) error {
+	return b.client.Publish(ctx, resetChannel, refundMark+" "+key).Err()
 }
 
 // publish announces that key (a full Redis key) was reset, and waits until
@@ -261,9 +272,9 @@ type resetListener struct {
 	keyStart string
 }
 
-// forget drops key from the handler's deny cache (and its in-process
-// fallback store) if key is one of the handler's Redis keys.
-func (l *resetListener) forget(key string) {
+// forget drops key from the handler's deny cache, and for a reset from its
+// in-process fallback store too, if key is one of the handler's Redis keys.
+func (l *resetListener) forget(key string, reset bool) {
 	rest, ok := strings.CutPrefix(key, l.keyStart)
 	if !ok {
 		// Another key prefix: another handler's keys. Prefixes hold no
@@ -284,7 +295,7 @@ func (l *resetListener) forget(key string) {
 		return
 	}
 	l.h.cache.Forget(zone, client)
-	if local, ok := l.h.local.(limiter.Inspector); ok {
+	if local, ok := l.h.local.(limiter.Inspector); ok && reset {
 		// The in-process store never fails.
 		_ = local.Reset(context.Background(), zone, client)
 	}

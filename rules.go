@@ -115,6 +115,7 @@ func (z *Zone) checkLimit() error {
 		checkPositive("window", time.Duration(z.Window)),
 		checkMaxRequests(z.MaxRequests),
 		algorithmEnum.check(z.Algorithm),
+		checkCountStatus(z.CountStatus),
 	} {
 		if err != nil {
 			if z.Name == "" {
@@ -149,6 +150,7 @@ func (h *Handler) Validate() error {
 		algorithmEnum.check(h.Algorithm),
 		topologyEnum.check(h.RedisTopology),
 		checkZoneNames(hasDefault, h.Zones),
+		checkCountStatus(h.CountStatus),
 	)
 	for _, z := range h.Zones {
 		errs = append(errs, z.checkLimit())

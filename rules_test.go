@@ -29,6 +29,8 @@ func TestJSONRulesNameTheField(t *testing.T) {
 		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "algorithm": "gcra"}]}`, `zone a: algorithm must be log or counter, got "gcra"`},
 		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1}, {"name": "a", "window": "1h", "max_requests": 9}]}`, "zone a is defined twice"},
 		{`{"window": "1m", "max_requests": 5, "zones": [{"name": "default", "window": "1h", "max_requests": 9}]}`, "zone default clashes with the zone that window and max_requests define"},
+		{`{"window": "1m", "max_requests": 5, "count_status": [600]}`, "count_status must be status codes from 100 to 599 or classes 1 to 5 (1xx to 5xx), got 600"},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "count_status": [0]}]}`, "zone a: count_status must be"},
 	} {
 		err := provisionError(t, c.config)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -44,6 +46,8 @@ func TestZoneIdentity(t *testing.T) {
 		{`{"window": "1500ms", "max_requests": 2, "algorithm": "counter"}`, "default:1500ms:2:counter"},
 		{`{"window": "24h", "max_requests": 7}`, "default:24h:7"},
 		{`{"zones": [{"name": "api", "window": 1000, "max_requests": 3}]}`, "api:1us:3"},
+		{`{"zones": [{"name": "login", "window": "10m", "max_requests": 3, "count_status": [401, 4]}]}`, "login:10m:3:401,4xx"},
+		{`{"window": "1m", "max_requests": 3, "count_status": [5]}`, "default:1m:3:5xx"},
 	} {
 		in := newInstance(t, c.config)
 		if got := in.zones[0].identity; got != c.want {

@@ -38,17 +38,18 @@ func (t *throttle) event() (int64, bool) {
 // failureLog logs store failures, throttled.
 type failureLog struct {
 	logger *zap.Logger
+	msg    string
 	throttle
 }
 
-func newFailureLog(logger *zap.Logger, interval time.Duration) *failureLog {
-	return &failureLog{logger: logger, throttle: throttle{interval: interval}}
+func newFailureLog(logger *zap.Logger, msg string, interval time.Duration) *failureLog {
+	return &failureLog{logger: logger, msg: msg, throttle: throttle{interval: interval}}
 }
 
-// record counts one failure decided by failMode and logs when due.
+// record counts one failure under failMode and logs when due.
 func (f *failureLog) record(failMode string, err error) {
 	if count, due := f.event(); due {
-		f.logger.Error("rate limit store unavailable; applying fail mode",
+		f.logger.Error(f.msg,
 			zap.String("fail_mode", failMode),
 			zap.Int64("failures", count),
 			zap.Error(err))

@@ -43,6 +43,10 @@ type Zone struct {
 	// key, approximate). Default: the handler's algorithm.
 	Algorithm string `json:"algorithm,omitempty"`
 
+	// CountStatus lists the response statuses that count against this
+	// zone's limit (see the handler's count_status). Default: the handler's.
+	CountStatus []int `json:"count_status,omitempty"`
+
 	// MatchersRaw limits the zone to requests that match; default: all
 	// requests the handler sees.
 	MatchersRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
@@ -67,12 +71,15 @@ type Zone struct {
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
-func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defaultAlgorithm string) error {
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, h *Handler) error {
 	if z.Key == "" {
-		z.Key = defaultKey
+		z.Key = h.Key
 	}
 	if z.Algorithm == "" {
-		z.Algorithm = defaultAlgorithm
+		z.Algorithm = h.Algorithm
+	}
+	if z.CountStatus == nil {
+		z.CountStatus = h.CountStatus
 	}
 	if z.MatchersRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatchersRaw")
@@ -91,7 +98,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaultKey, defa
 				zap.String("zone", z.Name), zap.Int64("max_requests", z.MaxRequests))
 		}
 	}
-	z.identity = zoneIdentity(z.Name, z.limit)
+	z.identity = zoneIdentity(z.Name, z.limit, z.CountStatus)
 	z.key = parseKeyTemplate(z.Key)
 	for _, name := range z.key.placeholderNames() {
 		if !knownPlaceholder(name) {

@@ -9,14 +9,15 @@ import (
 )
 
 // zoneIdentity names a zone's state in Redis keys and deny caches: its name,
-// window, max_requests and, for the counter, its algorithm, as in
-// "default:1m:100" or "login:10m:3:counter". Two handlers share a zone's state
+// window, max_requests and, for the counter, its algorithm, and what its
+// count_status counts, as in "default:1m:100", "api:1h:1000:counter" or
+// "login:10m:3:401,4xx". Two handlers share a zone's state
 // exactly when their zones agree on all of these (and on the Redis and the
 // key prefix), so two sites that both use the three-line form with different
 // limits never count each other's requests, while handlers that are meant to
 // share one limit say so by giving their zones the same name and limit.
 // Changing a zone's limit or algorithm on a reload starts its clients over.
-func zoneIdentity(name string, limit limiter.Limit) string {
+func zoneIdentity(name string, limit limiter.Limit, countStatus []int) string {
 	var b strings.Builder
 	b.WriteString(name)
 	b.WriteByte(':')
@@ -25,6 +26,17 @@ func zoneIdentity(name string, limit limiter.Limit) string {
 	b.WriteString(strconv.FormatInt(limit.Max, 10))
 	if limit.Algorithm == limiter.SlidingCounter {
 		b.WriteString(":counter")
+	}
+	for i, status := range countStatus {
+		if i == 0 {
+			b.WriteByte(':')
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(status))
+		if status < 10 {
+			b.WriteString("xx")
+		}
 	}
 	return b.String()
 }
