@@ -468,6 +468,38 @@ func TestExampleCaddyfile(t *testing.T) {
 	if res, _ := get(t, tester, "http://localhost:9080/", ""); res.StatusCode != http.StatusOK {
 		t.Errorf("static file: status %d, want 200", res.StatusCode)
 	}
+
+	// The login zone counts failed logins only: from another client, good
+	// logins pass, five failures block it, the right password included.
+	login := func(password string) (int, http.Header) {
+		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:9080/api/login", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = "localhost"
+		req.SetBasicAuth("alice", password)
+		res, err := clientAt(t, "127.0.0.2").Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode, res.Header
+	}
+	for i, c := range []struct {
+		password string
+		want     int
+	}{
+		{"letmein", 200}, {"letmein", 200}, {"nope", 401}, {"nope", 401}, {"letmein", 200},
+		{"nope", 401}, {"nope", 401}, {"nope", 401}, {"letmein", 429},
+	} {
+		status, h := login(c.password)
+		if status != c.want {
+			t.Errorf("login %d with %q: status %d, want %d", i+1, c.password, status, c.want)
+		}
+		if status == http.StatusTooManyRequests && !strings.HasPrefix(h.Get("RateLimit"), `"login"`) {
+			t.Errorf("denied login: RateLimit %q, want the login zone", h.Get("RateLimit"))
+		}
+	}
 }
 
 func TestRedisURLErrorsHideThePassword(t *testing.T) {
