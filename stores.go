@@ -36,17 +36,22 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 }
 
 // redisClient is a pooled client with what lives as long as it: the batcher
-// that pipelines the decisions of every handler on it, and the subscriber to
-// the resets that instances announce (resets.go).
+// that pipelines the decisions of every handler on it, the circuit breaker
+// that guards them all (clientbreaker.go), and the subscriber to the resets
+// that instances announce (resets.go).
 type redisClient struct {
 	redis.UniversalClient
 	batcher *limiter.Batcher
-	resets  *resetBus
+	breaker *limiter.Breaker
+	// label names the Redis in metrics and logs: host:port.
+	label  string
+	resets *resetBus
 }
 
 func (c redisClient) Destruct() error {
 	c.resets.stop()
 	c.batcher.Close()
+	limiterMetrics.circuitState.DeleteLabelValues(c.label)
 	return c.Close()
 }
 
@@ -59,7 +64,14 @@ func loadRedisClient(topology, rawURL string) (redisClient, func() error, error)
 		if err != nil {
 			return nil, err
 		}
-		return redisClient{client, limiter.NewBatcher(client), newResetBus(client)}, nil
+		label := redisLabel(topology, rawURL)
+		return redisClient{
+			UniversalClient: client,
+			batcher:         limiter.NewBatcher(client),
+			breaker:         newClientBreaker(label),
+			label:           label,
+			resets:          newResetBus(client),
+		}, nil
 	})
 	if err != nil {
 		return redisClient{}, nil, err
@@ -89,8 +101,13 @@ func checkRedisURL(topology, rawURL string) error {
 // parseTopologyURL parses rawURL with go-redis's parser for the topology and
 // returns the constructor of its client. Every client honours the context
 // deadline of each decision: without that, go-redis ignores it and a frozen
-// Redis holds each request for the read timeout. Errors never quote the URL,
-// which may hold a password.
+// Redis holds each request for the read timeout. It fails fast: go-redis
+// dials in the background, detached from the decision's deadline, and by
+// default retries a refused dial five times 100ms apart while the decision
+// waits, so a dial is tried once; and a script is never retried, since a retry
+// cannot finish within a decision's deadline after the first attempt ate it,
+// and a script whose reply was lost may have recorded its admission. Errors
+// never quote the URL, which may hold a password.
 func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
 	switch topology {
 	case "", topologyStandalone:
@@ -99,6 +116,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://host:port or rediss://host:port")
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries, opts.DialerRetries = -1, 1
 		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
@@ -106,6 +124,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://host:port?addr=host2:port2")
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries, opts.DialerRetries = -1, 1
 		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
@@ -113,6 +132,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries, opts.DialerRetries = -1, 1
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}
 	return nil, fmt.Errorf("unknown redis topology %q", topology)
