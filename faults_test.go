@@ -272,7 +272,15 @@ func TestFaultLatencyBelowTimeout(t *testing.T) {
 func warmUp(t *testing.T) {
 	t.Helper()
 	client := newFaultClient(t, 1)
-	for _, a := range append([]faultAnswer{client.get("")}, client.burst("", 20)...) {
+	// The first decision dials and loads the script, which a slow machine
+	// may not finish within the timeout.
+	for start := time.Now(); !client.get("").decided(); {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("warm-up: no decision within 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, a := range client.burst("", 20) {
 		if !a.decided() {
 			t.Fatalf("warm-up: %+v", a)
 		}
@@ -451,9 +459,10 @@ func TestFaultRecovery(t *testing.T) {
 			warmUp(t)
 			client := newFaultClient(t, 2)
 			remove := fault.add(t, proxy)
-			// A second and a half of light load: the breaker opens and
-			// probes, and go-redis's pools see their connections fail.
-			for stop := time.Now().Add(1500 * time.Millisecond); time.Now().Before(stop); {
+			// Three seconds of light load: the breaker opens and probes
+			// (about 30 times), and go-redis's pools see their
+			// connections and dials fail.
+			for stop := time.Now().Add(3 * time.Second); time.Now().Before(stop); {
 				for i, a := range client.burst("", 5) {
 					if a.err != nil || a.status != http.StatusServiceUnavailable {
 						t.Fatalf("under the fault, answer %d: %d %v, want 503", i, a.status, a.err)

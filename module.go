@@ -291,7 +291,7 @@ func (h *Handler) provisionStores() error {
 	}
 	// The client's breaker, shared with every handler on it.
 	h.breaker = client.breaker
-	h.cache = limiter.NewDenyCache(h.breaker.Guard(timedStore{redisStore}), limiter.DefaultDenyCacheEntries)
+	h.cache = limiter.NewDenyCache(h.breaker.Guard(client.gate.Guard(timedStore{redisStore})), limiter.DefaultDenyCacheEntries)
 	h.register(client.UniversalClient) // admin API and resets from other instances: registry.go
 	return nil
 }

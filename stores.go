@@ -37,12 +37,14 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 
 // redisClient is a pooled client with what lives as long as it: the batcher
 // that pipelines the decisions of every handler on it, the circuit breaker
-// that guards them all (clientbreaker.go), and the subscriber to the resets
-// that instances announce (resets.go).
+// that guards them all (clientbreaker.go) and the gate that keeps them off the
+// pools while Redis refuses connections (dialgate.go), and the subscriber to
+// the resets that instances announce (resets.go).
 type redisClient struct {
 	redis.UniversalClient
 	batcher *limiter.Batcher
 	breaker *limiter.Breaker
+	gate    *dialGate
 	// label names the Redis in metrics and logs: host:port.
 	label  string
 	resets *resetBus
@@ -69,6 +71,7 @@ func loadRedisClient(topology, rawURL string) (redisClient, func() error, error)
 			UniversalClient: client,
 			batcher:         limiter.NewBatcher(client),
 			breaker:         newClientBreaker(label),
+			gate:            newDialGate(topology, rawURL),
 			label:           label,
 			resets:          newResetBus(client),
 		}, nil
