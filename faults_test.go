@@ -660,3 +660,66 @@ func circuitSeries(t *testing.T, addr string) []string {
 	}
 	return values
 }
+
+// TestFaultDeadRedisLoad floods a site whose Redis receives commands but never
+// answers (replies dropped) and counts the commands Redis receives (scripts,
+// and the handshakes of new connections, whose replies are dropped too): the
+// failures that open the breaker, then one probe per cool-down, whatever the
+// flood. The count is logged per second and checked against that bound.
+func TestFaultDeadRedisLoad(t *testing.T) {
+	const (
+		flood   = 2 * time.Second
+		clients = 8
+	)
+	srv, proxy := faultRedis(t)
+	faultSite(t, proxy.URL(), failClosed, 1_000_000)
+	warmUp(t)
+	rdb := srv.Client(t)
+	// Commands processed, less this INFO itself.
+	commands := func() int {
+		info, err := rdb.Info(context.Background(), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`total_commands_processed:(\d+)`).FindStringSubmatch(info)
+		if m == nil {
+			t.Fatalf("no total_commands_processed in %q", info)
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n - 1
+	}
+	proxy.Timeout(t, redistest.Downstream, 0)
+	before := commands()
+	var requests sync.WaitGroup
+	var sent, failed sync.Map
+	for c := range clients {
+		client := newFaultClient(t, 20+c)
+		requests.Go(func() {
+			n, f := 0, 0
+			for stop := time.Now().Add(flood); time.Now().Before(stop); n++ {
+				if a := client.get(""); a.status != http.StatusServiceUnavailable {
+					f++
+				}
+			}
+			sent.Store(c, n)
+			failed.Store(c, f)
+		})
+	}
+	requests.Wait()
+	calls := commands() - before - 1 // the first INFO
+	total, other := 0, 0
+	sent.Range(func(_, n any) bool { total += n.(int); return true })
+	failed.Range(func(_, n any) bool { other += n.(int); return true })
+	if other > 0 {
+		t.Errorf("%d answers were not 503", other)
+	}
+	// The failures that open the breaker (every client may be in flight
+	// then), and at most one probe per shortest cool-down after, each with
+	// a few handshake commands (HELLO, CLIENT SETINFO) on a new connection.
+	bound := 4 * (5 + clients + int(flood/(25*time.Millisecond)))
+	t.Logf("flood of %d requests in %v (%.0f/s) against a Redis that never answers: %d commands reached it (%.1f/s; bound %d)",
+		total, flood, float64(total)/flood.Seconds(), calls, float64(calls)/flood.Seconds(), bound)
+	if calls > bound {
+		t.Errorf("%d commands reached a dead Redis in %v, want at most %d", calls, flood, bound)
+	}
+}
