@@ -504,6 +504,33 @@ func TestFaultRecovery(t *testing.T) {
 			if failed > 0 {
 				t.Errorf("burst of 60 right after recovery: %d fail-mode answers, want none", failed)
 			}
+
+			// Again, with the burst sent the moment the fault is removed:
+			// the breaker is still open for what is left of its cool-down
+			// (at most 100ms), so some of it may get the fail mode; it is
+			// logged, and must not wait longer than a decision.
+			remove = fault.add(t, proxy)
+			for stop := time.Now().Add(time.Second); time.Now().Before(stop); {
+				client.burst("", 5)
+				time.Sleep(20 * time.Millisecond)
+			}
+			remove()
+			answers = client.burst("", 60)
+			failed = 0
+			for i, a := range answers {
+				if a.err != nil || (!a.decided() && a.status != http.StatusServiceUnavailable) {
+					t.Errorf("burst at removal, answer %d: %d %v, want a decision or 503", i, a.status, a.err)
+				}
+				if !a.decided() {
+					failed++
+				}
+			}
+			maxTook, median = slowest(answers)
+			t.Logf("%s: burst of 60 sent as the fault was removed: %d fail-mode answers, slowest %v, median %v",
+				fault.name, failed, maxTook.Round(time.Millisecond), median.Round(time.Millisecond))
+			if maxTook > faultTimeout+250*time.Millisecond {
+				t.Errorf("burst at removal: slowest answer %v, want within %v", maxTook, faultTimeout+250*time.Millisecond)
+			}
 		})
 	}
 }

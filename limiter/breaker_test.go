@@ -1008,3 +1008,26 @@ func TestBreakerDeadStoreLoad(t *testing.T) {
 		})
 	}
 }
+
+// ExampleBreaker guards the stores of two handlers on one Redis client with
+// one breaker: a Redis that refuses connections opens it for both at once.
+func ExampleBreaker() {
+	breaker := NewBreaker(BreakerOptions{
+		OnStateChange: func(from, to BreakerState) { fmt.Println(from, "->", to) },
+	})
+	refusing := &breakerStore{}
+	refusing.fail(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	api := breaker.Guard(refusing)  // one handler's store
+	site := breaker.Guard(refusing) // another's, on the same client
+
+	checks := []Check{{Zone: "api", Key: "client", Limit: Limit{Window: time.Minute, Max: 100}}}
+	decisions := make([]Decision, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	fmt.Println(api.Allow(ctx, checks, decisions) != nil)
+	fmt.Println(site.Allow(ctx, checks, decisions) == ErrBreakerOpen, refusing.calls.Load())
+	// Output:
+	// closed -> open
+	// true
+	// true 1
+}
