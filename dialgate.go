@@ -81,3 +81,15 @@ func isDialFailure(err error) bool {
 	var dns *net.DNSError
 	return errors.As(err, &dns)
 }
+
+// failFast returns the retry counts of a client that fails fast (see
+// parseTopologyURL), unless the URL set them (max_retries, dialer_retries).
+func failFast(maxRetries, dialerRetries int) (int, int) {
+	if maxRetries == 0 {
+		maxRetries = -1
+	}
+	if dialerRetries == 0 {
+		dialerRetries = 1
+	}
+	return maxRetries, dialerRetries
+}

@@ -109,8 +109,9 @@ func checkRedisURL(topology, rawURL string) error {
 // default retries a refused dial five times 100ms apart while the decision
 // waits, so a dial is tried once; and a script is never retried, since a retry
 // cannot finish within a decision's deadline after the first attempt ate it,
-// and a script whose reply was lost may have recorded its admission. Errors
-// never quote the URL, which may hold a password.
+// and a script whose reply was lost may have recorded its admission. A URL
+// that sets max_retries or dialer_retries keeps its values. Errors never quote
+// the URL, which may hold a password.
 func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
 	switch topology {
 	case "", topologyStandalone:
@@ -119,7 +120,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://host:port or rediss://host:port")
 		}
 		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries, opts.DialerRetries = -1, 1
+		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
@@ -127,7 +128,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://host:port?addr=host2:port2")
 		}
 		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries, opts.DialerRetries = -1, 1
+		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
@@ -135,7 +136,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
 		}
 		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries, opts.DialerRetries = -1, 1
+		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}
 	return nil, fmt.Errorf("unknown redis topology %q", topology)
