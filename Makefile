@@ -15,7 +15,7 @@ MODULE_PIN := $(MODULE)@v0.0.0-00010101000000-000000000000
 SOURCES := $(shell find . -name '*.go' -not -path './bench/*' -not -path './.git/*') \
 	go.mod go.sum $(wildcard limiter/*.lua)
 
-.PHONY: all build run test fuzz vet lint fmt fmt-check check-build clean help bench
+.PHONY: all build run test fuzz vet lint fmt fmt-check check-build clean help bench soak
 
 all: build
 
@@ -29,6 +29,7 @@ help:
 	@echo "make lint         go vet"
 	@echo "make clean        remove ./caddy"
 	@echo "make bench        limiter vs plain Caddy with wrk and Redis; writes BENCHMARKS.md (BENCH_FLAGS=-quick: smoke test)"
+	@echo "make soak         10 minutes of load with reloads and Redis restarts; writes SOAK.md (SOAK_DURATION=2m: shorter)"
 
 build: caddy
 
@@ -52,6 +53,13 @@ FUZZTIME ?= 50000x
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCaddyfile$$' -fuzztime $(FUZZTIME) .
 	$(GO) test -run '^$$' -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) .
+
+# Not part of `make test` or CI: it runs for SOAK_DURATION (default 10m),
+# without the race detector so that the RSS it prints is the real one.
+SOAK_DURATION ?= 10m
+soak:
+	bash scripts/ensure-redis.sh
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -tags soak -run '^TestSoak$$' -count=1 -timeout 60m -v .
 
 vet lint:
 	$(GO) vet ./...

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -160,20 +159,10 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	return caddyhttp.Error(http.StatusTooManyRequests, errRateLimited)
 }
 
-// decide asks the deny cache, and behind it the store, within the timeout.
-// The in-process store answers at once and needs no deadline.
+// decide asks the deny cache, and behind it the store. The Redis store ends
+// each call at its own timeout, so a request creates no timer.
 func (h *Handler) decide(ctx context.Context, req *request) (source, error) {
-	checks, decisions := req.checks, req.decisions
-	if h.breaker == nil {
-		hit, err := h.cache.AllowCached(ctx, checks, decisions)
-		return cacheSource(hit), err
-	}
-	if h.cache.Cached(checks, decisions) {
-		return fromCache, nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(h.Timeout))
-	defer cancel()
-	hit, err := h.cache.AllowCached(ctx, checks, decisions)
+	hit, err := h.cache.AllowCached(ctx, req.checks, req.decisions)
 	return cacheSource(hit), err
 }
 

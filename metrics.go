@@ -26,7 +26,7 @@ var limiterMetrics struct {
 	denyCacheHits *prometheus.CounterVec
 	keyFallbacks  *prometheus.CounterVec
 	redisDuration prometheus.Histogram
-	circuitState  prometheus.Gauge
+	circuitState  *prometheus.GaugeVec
 }
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -50,10 +50,12 @@ func initMetrics(registry *prometheus.Registry) error {
 			Help:    "Time of one rate-limit decision by Redis, errors included.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		})
-		m.circuitState = prometheus.NewGauge(prometheus.GaugeOpts{
+		// One series per Redis client (each has one breaker), labelled by
+		// the address it guards: host:port, never credentials.
+		m.circuitState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "circuit_state",
-			Help: "State of the circuit breaker around Redis: 0 closed, 1 open, 2 half-open.",
-		})
+			Help: "State of the circuit breaker around each Redis: 0 closed, 1 open, 2 half-open.",
+		}, []string{"redis"})
 	})
 	if registry == nil {
 		return nil

@@ -293,23 +293,11 @@ func (h *Handler) provisionStores() error {
 	}
 	h.releases = append(h.releases, release)
 	h.inspector, h.refunder = redisStore, redisStore
-	h.breaker = limiter.NewBreaker(timedStore{redisStore}, limiter.BreakerOptions{
-		OnStateChange: h.breakerChanged,
-	})
-	h.cache = limiter.NewDenyCache(h.breaker, limiter.DefaultDenyCacheEntries)
+	// The client's breaker, shared with every handler on it.
+	h.breaker = client.breaker
+	h.cache = limiter.NewDenyCache(h.breaker.Guard(client.gate.Guard(timedStore{redisStore})), limiter.DefaultDenyCacheEntries)
 	h.register(client.UniversalClient) // admin API and resets from other instances: registry.go
 	return nil
-}
-
-// breakerChanged logs each state change of the circuit breaker once.
-func (h *Handler) breakerChanged(from, to limiter.BreakerState) {
-	limiterMetrics.circuitState.Set(float64(to))
-	if to == limiter.BreakerOpen {
-		h.logger.Warn("redis failing: circuit breaker open, applying fail mode without calling redis",
-			zap.String("from", from.String()), zap.String("fail_mode", h.FailMode))
-		return
-	}
-	h.logger.Info("circuit breaker state changed", zap.String("from", from.String()), zap.String("to", to.String()))
 }
 
 // Cleanup releases the stores, closing the Redis client when no other

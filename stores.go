@@ -35,15 +35,22 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	}
 }
 
-// redisClient is a pooled client with what lives as long as it: the
-// subscriber to the resets that instances announce (resets.go).
+// redisClient is a pooled client with what lives as long as it: the circuit breaker
+// that guards them all (clientbreaker.go) and the gate that keeps them off the
+// pools while Redis refuses connections (dialgate.go), and the subscriber to
+// the resets that instances announce (resets.go).
 type redisClient struct {
 	redis.UniversalClient
+	breaker *limiter.Breaker
+	gate    *dialGate
+	// label names the Redis in metrics and logs: host:port.
+	label  string
 	resets *resetBus
 }
 
 func (c redisClient) Destruct() error {
 	c.resets.stop()
+	limiterMetrics.circuitState.DeleteLabelValues(c.label)
 	return c.Close()
 }
 
@@ -56,7 +63,14 @@ func loadRedisClient(topology, rawURL string) (redisClient, func() error, error)
 		if err != nil {
 			return nil, err
 		}
-		return redisClient{client, newResetBus(client)}, nil
+		label := redisLabel(topology, rawURL)
+		return redisClient{
+			UniversalClient: client,
+			breaker:         newClientBreaker(label),
+			gate:            newDialGate(topology, rawURL),
+			label:           label,
+			resets:          newResetBus(client),
+		}, nil
 	})
 	if err != nil {
 		return redisClient{}, nil, err
@@ -120,8 +134,14 @@ func checkRedisURL(topology, rawURL string) error {
 // parseTopologyURL parses rawURL with go-redis's parser for the topology and
 // returns the constructor of its client. Every client honours the context
 // deadline of each decision: without that, go-redis ignores it and a frozen
-// Redis holds each request for the read timeout. Errors never quote the URL,
-// which may hold a password.
+// Redis holds each request for the read timeout. It fails fast: go-redis
+// dials in the background, detached from the decision's deadline, and by
+// default retries a refused dial five times 100ms apart while the decision
+// waits, so a dial is tried once; and a script is never retried, since a retry
+// cannot finish within a decision's deadline after the first attempt ate it,
+// and a script whose reply was lost may have recorded its admission. A URL
+// that sets max_retries or dialer_retries keeps its values. Errors never quote
+// the URL, which may hold a password.
 func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
 	switch topology {
 	case "", topologyStandalone:
@@ -130,6 +150,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://host:port or rediss://host:port")
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
@@ -137,6 +158,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://host:port?addr=host2:port2")
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
@@ -144,6 +166,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}
 	return nil, fmt.Errorf("unknown redis topology %q", topology)

@@ -3,15 +3,16 @@ package limiter
 import (
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// ErrBreakerOpen is returned by Breaker.Allow, at once and without calling the
-// store, while the breaker is open or while another caller's probe is running.
-// Callers apply their fail mode to it as to any store error.
+// ErrBreakerOpen is returned by a guarded store, at once and without calling
+// the store, while its breaker is open, and to callers that waited for a probe
+// that failed. Callers apply their fail mode to it as to any store error.
 var ErrBreakerOpen = errors.New("circuit breaker open: store not called")
 
 // BreakerState is the state of a Breaker.
@@ -23,7 +24,7 @@ const (
 	// BreakerOpen: calls fail with ErrBreakerOpen until the cool-down ends.
 	BreakerOpen
 	// BreakerHalfOpen: one call, the probe, goes to the store; the others
-	// fail with ErrBreakerOpen until it answers.
+	// wait for its outcome.
 	BreakerHalfOpen
 )
 
@@ -40,21 +41,31 @@ func (s BreakerState) String() string {
 	return "BreakerState(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Defaults of BreakerOptions.
+// Defaults of BreakerOptions. The cool-downs are short because they are how
+// long users keep getting the fail mode after the store is back; a probe every
+// 100ms is still nothing to a store that is down.
 const (
-	DefaultBreakerFailures = 5
-	DefaultBreakerCooldown = time.Second
+	DefaultBreakerFailures    = 5
+	DefaultBreakerCooldown    = 25 * time.Millisecond
+	DefaultBreakerMaxCooldown = 100 * time.Millisecond
 )
 
 // BreakerOptions configures a Breaker. Zero (or negative) values mean the
 // defaults.
 type BreakerOptions struct {
 	// Failures is how many consecutive failed calls open the breaker
-	// (default 5).
+	// (default 5). A failed dial (connection refused, unknown host) opens
+	// it at once: it says the store is unreachable, and fails so fast that
+	// waiting for more would only let more requests through to fail.
 	Failures int
-	// Cooldown is how long the breaker stays open before it lets one probe
-	// through (default 1s).
+	// Cooldown is how long the breaker stays open before it lets a probe
+	// through, the first time (default 25ms). Each failed probe doubles it,
+	// up to MaxCooldown; closing resets it.
 	Cooldown time.Duration
+	// MaxCooldown bounds the cool-down (default 100ms, and never less than
+	// Cooldown). It bounds how long the breaker stays open after the store
+	// is back.
+	MaxCooldown time.Duration
 	// OnStateChange, if set, is called once for every transition, in the
 	// order the transitions happened, outside the breaker's locks: fit for
 	// logging each change once and setting a gauge. It may be called from
@@ -63,13 +74,20 @@ type BreakerOptions struct {
 	OnStateChange func(from, to BreakerState)
 }
 
-// Breaker is a circuit breaker around a Store, itself a Store.
+// Breaker is a circuit breaker for one backend, such as a Redis client, shared
+// by every store that calls it (see Guard): the backend fails for all of them
+// at once, so they open, probe and close together.
 //
 // Closed, it passes every call to the store and counts consecutive failures;
 // a success resets the count, and Failures of them in a row open it. Open, it
-// answers ErrBreakerOpen at once, without calling the store, for Cooldown.
-// Then the next caller becomes the only probe (half-open): if the store
-// answers, the breaker closes; if not, it opens for another Cooldown.
+// answers ErrBreakerOpen at once, without calling the store, for a cool-down.
+// Then the next caller becomes the only probe (half-open) and the callers that
+// come while it runs wait for its outcome, each until its own deadline: if the
+// store answers, the breaker closes and they go on to the store, so a burst
+// that meets a recovering store loses nothing to the half-open state; if not,
+// the breaker opens for a cool-down twice as long (up to MaxCooldown) and they
+// get ErrBreakerOpen. A dead store thus receives one call per cool-down
+// whatever the load.
 //
 // A failure is any store error, including a context deadline, except a
 // cancellation by the caller: when the caller's context was cancelled and the
@@ -78,13 +96,13 @@ type BreakerOptions struct {
 //
 // Callers must give every call a deadline: a probe that never returns keeps the
 // breaker half-open. Results of calls that started before a transition are
-// ignored. While closed, Allow takes no lock and allocates nothing; it is safe
-// for concurrent use.
+// ignored. While closed, a guarded store's Allow takes no lock and allocates
+// nothing. A Breaker is safe for concurrent use.
 type Breaker struct {
-	next     Store
-	failures int32
-	cooldown time.Duration
-	onChange func(from, to BreakerState)
+	failures    int32
+	cooldown    time.Duration
+	maxCooldown time.Duration
+	onChange    func(from, to BreakerState)
 
 	// now is the clock; tests replace it before first use.
 	now func() time.Time
@@ -95,9 +113,11 @@ type Breaker struct {
 	epoch atomic.Pointer[breakerEpoch]
 
 	// mu serializes transitions and the delivery of OnStateChange calls.
-	mu         sync.Mutex
-	pending    []breakerChange
-	delivering bool
+	mu sync.Mutex
+	// nextCooldown is the cool-down of the next opening; under mu.
+	nextCooldown time.Duration
+	pending      []breakerChange
+	delivering   bool
 }
 
 // breakerEpoch is one stay in one state. state and until never change.
@@ -107,20 +127,24 @@ type breakerEpoch struct {
 	until time.Time
 	// failures counts consecutive failures, when closed.
 	failures atomic.Int32
-	// probing is set, when half-open, while a probe runs.
-	probing atomic.Bool
+
+	// When half-open: probing is set while a probe runs, and wake is closed
+	// when it ends, whatever its outcome; a new probe gets a new wake.
+	probeMu sync.Mutex
+	probing bool
+	wake    chan struct{}
 }
 
 type breakerChange struct{ from, to BreakerState }
 
-// NewBreaker returns a closed breaker around next.
-func NewBreaker(next Store, opts BreakerOptions) *Breaker {
+// NewBreaker returns a closed breaker.
+func NewBreaker(opts BreakerOptions) *Breaker {
 	b := &Breaker{
-		next:     next,
-		failures: DefaultBreakerFailures,
-		cooldown: DefaultBreakerCooldown,
-		onChange: opts.OnStateChange,
-		now:      time.Now,
+		failures:    DefaultBreakerFailures,
+		cooldown:    DefaultBreakerCooldown,
+		maxCooldown: DefaultBreakerMaxCooldown,
+		onChange:    opts.OnStateChange,
+		now:         time.Now,
 	}
 	if opts.Failures > 0 {
 		b.failures = int32(min(opts.Failures, 1<<30))
@@ -128,6 +152,11 @@ func NewBreaker(next Store, opts BreakerOptions) *Breaker {
 	if opts.Cooldown > 0 {
 		b.cooldown = opts.Cooldown
 	}
+	if opts.MaxCooldown > 0 {
+		b.maxCooldown = opts.MaxCooldown
+	}
+	b.maxCooldown = max(b.maxCooldown, b.cooldown)
+	b.nextCooldown = b.cooldown
 	b.epoch.Store(&breakerEpoch{state: BreakerClosed})
 	return b
 }
@@ -135,15 +164,28 @@ func NewBreaker(next Store, opts BreakerOptions) *Breaker {
 // State returns the current state.
 func (b *Breaker) State() BreakerState { return b.epoch.Load().state }
 
+// Guard returns a Store that calls store through the breaker. All the stores
+// guarded by one breaker share its state: failures of any open it for all.
+func (b *Breaker) Guard(store Store) Store { return guardedStore{b, store} }
+
+type guardedStore struct {
+	b    *Breaker
+	next Store
+}
+
 // Allow implements Store. It returns ErrBreakerOpen without calling the store
-// while the breaker is open or another caller's probe runs, and otherwise the
-// store's own error.
-func (b *Breaker) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
+// while the breaker is open or after a failed probe, and otherwise the store's
+// own error.
+func (g guardedStore) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
+	return g.b.allow(ctx, g.next, checks, decisions)
+}
+
+func (b *Breaker) allow(ctx context.Context, next Store, checks []Check, decisions []Decision) error {
 	e := b.epoch.Load()
 	if e.state != BreakerClosed {
-		return b.allowNotClosed(ctx, e, checks, decisions)
+		return b.allowNotClosed(ctx, e, next, checks, decisions)
 	}
-	err := b.next.Allow(ctx, checks, decisions)
+	err := next.Allow(ctx, checks, decisions)
 	if err == nil {
 		// Read before writing, so that successes in a row do not bounce the
 		// cache line between CPUs.
@@ -152,59 +194,74 @@ func (b *Breaker) Allow(ctx context.Context, checks []Check, decisions []Decisio
 		}
 		return nil
 	}
-	if countsAsFailure(ctx, err) && e.failures.Add(1) == b.failures {
+	if !countsAsFailure(ctx, err) {
+		return err
+	}
+	if isDialError(err) {
+		b.transition(e, BreakerOpen)
+	} else if e.failures.Add(1) == b.failures {
 		b.transition(e, BreakerOpen)
 	}
 	return err
 }
 
-// allowNotClosed is Allow when the breaker was not closed at e.
-func (b *Breaker) allowNotClosed(ctx context.Context, e *breakerEpoch, checks []Check, decisions []Decision) error {
+// allowNotClosed is allow when the breaker was not closed at e.
+func (b *Breaker) allowNotClosed(ctx context.Context, e *breakerEpoch, next Store, checks []Check, decisions []Decision) error {
 	for {
 		switch e.state {
 		case BreakerClosed:
-			return b.Allow(ctx, checks, decisions)
+			return b.allow(ctx, next, checks, decisions)
 		case BreakerOpen:
 			if b.now().Before(e.until) {
 				return ErrBreakerOpen
 			}
 			if probe := b.transition(e, BreakerHalfOpen); probe != nil {
-				return b.probe(ctx, probe, checks, decisions)
+				return b.probe(ctx, probe, next, checks, decisions)
 			}
-			// Another caller moved the breaker on first: look again.
-			e = b.epoch.Load()
 		case BreakerHalfOpen:
-			// probing is false only after a probe whose client went away.
-			if e.probing.Load() || !e.probing.CompareAndSwap(false, true) {
+			e.probeMu.Lock()
+			if !e.probing {
+				// No probe runs: the last one's client went away.
+				e.probing = true
+				e.wake = make(chan struct{})
+				e.probeMu.Unlock()
+				return b.probe(ctx, e, next, checks, decisions)
+			}
+			wake := e.wake
+			e.probeMu.Unlock()
+			select {
+			case <-wake:
+			case <-ctx.Done():
+				// The store was not called: the fail mode applies.
 				return ErrBreakerOpen
 			}
-			return b.probe(ctx, e, checks, decisions)
 		default:
 			panic("limiter: invalid breaker state " + e.state.String())
 		}
+		// The breaker moved on (or the probe ended): look again.
+		e = b.epoch.Load()
 	}
 }
 
 // probe makes the one call of half-open epoch e, whose probing flag the caller
-// has set, and moves the breaker on by its outcome.
-func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, checks []Check, decisions []Decision) error {
-	returned := false
+// has set, moves the breaker on by its outcome and wakes the callers waiting
+// for it.
+func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next Store, checks []Check, decisions []Decision) error {
 	defer func() {
-		if !returned {
-			// The store panicked: let the next caller probe.
-			e.probing.Store(false)
-		}
+		// After the transition, so that the woken see the new state; also
+		// when the store panics or the client went away, so that the next
+		// caller probes.
+		e.probeMu.Lock()
+		e.probing = false
+		close(e.wake)
+		e.probeMu.Unlock()
 	}()
-	err := b.next.Allow(ctx, checks, decisions)
-	returned = true
+	err := next.Allow(ctx, checks, decisions)
 	switch {
 	case err == nil:
 		b.transition(e, BreakerClosed)
 	case countsAsFailure(ctx, err):
 		b.transition(e, BreakerOpen)
-	default:
-		// The client went away: no verdict, the next caller probes.
-		e.probing.Store(false)
 	}
 	return err
 }
@@ -214,6 +271,17 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, checks []Check, de
 // by the caller.
 func countsAsFailure(ctx context.Context, err error) bool {
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
+}
+
+// isDialError reports whether err is a failure to connect: refused, no route,
+// or a name that does not resolve.
+func isDialError(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	var dns *net.DNSError
+	return errors.As(err, &dns)
 }
 
 // transition moves the breaker from epoch from to a new epoch in state to and
@@ -228,9 +296,15 @@ func (b *Breaker) transition(from *breakerEpoch, to BreakerState) *breakerEpoch 
 	e := &breakerEpoch{state: to}
 	switch to {
 	case BreakerOpen:
-		e.until = b.now().Add(b.cooldown)
+		if from.state == BreakerClosed {
+			// The store answered since the last opening.
+			b.nextCooldown = b.cooldown
+		}
+		e.until = b.now().Add(b.nextCooldown)
+		b.nextCooldown = min(2*b.nextCooldown, b.maxCooldown)
 	case BreakerHalfOpen:
-		e.probing.Store(true)
+		e.probing = true
+		e.wake = make(chan struct{})
 	}
 	b.epoch.Store(e)
 	if b.onChange == nil {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,9 +93,15 @@ func (c *breakerChanges) check(t *testing.T, want ...string) {
 	}
 }
 
-// newTestBreaker returns a breaker around a fake store, on a fake clock,
+// testBreaker is a breaker with the one store it guards in these tests.
+type testBreaker struct {
+	*Breaker
+	Store
+}
+
+// newTestBreaker returns a breaker guarding a fake store, on a fake clock,
 // recording its state changes.
-func newTestBreaker(t *testing.T, opts BreakerOptions) (*Breaker, *breakerStore, *breakerClock, *breakerChanges) {
+func newTestBreaker(t *testing.T, opts BreakerOptions) (*testBreaker, *breakerStore, *breakerClock, *breakerChanges) {
 	t.Helper()
 	store := &breakerStore{}
 	clock := &breakerClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
@@ -101,24 +109,24 @@ func newTestBreaker(t *testing.T, opts BreakerOptions) (*Breaker, *breakerStore,
 	if opts.OnStateChange == nil {
 		opts.OnStateChange = changes.record
 	}
-	b := NewBreaker(store, opts)
+	b := NewBreaker(opts)
 	b.now = clock.Now
-	return b, store, clock, changes
+	return &testBreaker{b, b.Guard(store)}, store, clock, changes
 }
 
 var breakerTestCheck = []Check{{Zone: "z", Key: "k", Limit: Limit{Window: time.Second, Max: 10}}}
 
 // breakerCall makes one Allow call with a background context.
-func breakerCall(b *Breaker) error {
+func breakerCall(b Store) error {
 	return breakerCallCtx(context.Background(), b)
 }
 
-func breakerCallCtx(ctx context.Context, b *Breaker) error {
+func breakerCallCtx(ctx context.Context, b Store) error {
 	return b.Allow(ctx, breakerTestCheck, make([]Decision, 1))
 }
 
 // wantState fails the test unless b is in state want.
-func wantState(t *testing.T, b *Breaker, want BreakerState) {
+func wantState(t *testing.T, b interface{ State() BreakerState }, want BreakerState) {
 	t.Helper()
 	if got := b.State(); got != want {
 		t.Fatalf("state = %v, want %v", got, want)
@@ -127,7 +135,7 @@ func wantState(t *testing.T, b *Breaker, want BreakerState) {
 
 // openBreaker fails calls until b opens, checking that it takes exactly
 // failures calls.
-func openBreaker(t *testing.T, b *Breaker, store *breakerStore, failures int) {
+func openBreaker(t *testing.T, b *testBreaker, store *breakerStore, failures int) {
 	t.Helper()
 	store.fail(errBreakerTestStore)
 	for i := 1; i <= failures; i++ {
@@ -235,8 +243,9 @@ func TestBreakerOpenSkipsStore(t *testing.T) {
 }
 
 // TestBreakerSingleProbe: after the cool-down, exactly one of many concurrent
-// callers reaches the store; the others get ErrBreakerOpen while it runs. The
-// probe's outcome closes the breaker or opens it for another cool-down.
+// callers reaches the store; the others wait for its outcome. If the probe
+// succeeds, the breaker closes and they go on to the store; if it fails, it
+// opens for another cool-down and they get ErrBreakerOpen.
 func TestBreakerSingleProbe(t *testing.T) {
 	for _, probeOK := range []bool{true, false} {
 		t.Run(fmt.Sprintf("probe ok %v", probeOK), func(t *testing.T) {
@@ -244,15 +253,18 @@ func TestBreakerSingleProbe(t *testing.T) {
 				cooldown = time.Second
 				callers  = 32
 			)
-			b, store, clock, changes := newTestBreaker(t, BreakerOptions{Failures: 3, Cooldown: cooldown})
+			b, store, clock, changes := newTestBreaker(t, BreakerOptions{Failures: 3, Cooldown: cooldown, MaxCooldown: cooldown})
 			openBreaker(t, b, store, 3)
 			calls := store.calls.Load()
 
 			entered := make(chan struct{})
 			release := make(chan struct{})
+			var probes atomic.Int64
 			store.set(func(context.Context) error {
-				close(entered) // a second call would panic here
-				<-release
+				if probes.Add(1) == 1 {
+					close(entered)
+					<-release
+				}
 				if probeOK {
 					return nil
 				}
@@ -261,57 +273,62 @@ func TestBreakerSingleProbe(t *testing.T) {
 			clock.Advance(cooldown)
 
 			// All callers start together; one becomes the probe and
-			// blocks in the store until the others have returned.
+			// blocks in the store; the others wait.
 			start := make(chan struct{})
 			errs := make([]error, callers)
-			var wg, others sync.WaitGroup
-			others.Add(callers - 1)
+			var wg sync.WaitGroup
 			for i := range callers {
 				wg.Go(func() {
 					<-start
 					errs[i] = breakerCall(b)
-					if errs[i] == ErrBreakerOpen {
-						others.Done()
-					}
 				})
 			}
 			close(start)
 			breakerWait(t, "the probe to reach the store", entered)
-			breakerWait(t, "the other callers to return", waitDone(&others))
 			wantState(t, b, BreakerHalfOpen)
 			changes.check(t, "closed->open", "open->half-open")
-			// Late callers are turned away too while the probe runs.
-			for range 100 {
-				if err := breakerCall(b); err != ErrBreakerOpen {
-					t.Fatalf("call during the probe: err = %v, want ErrBreakerOpen", err)
-				}
+			// Nobody else reaches the store while the probe runs, and
+			// a caller whose deadline passes while it waits is told so.
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			if err := breakerCallCtx(ctx, b); err != ErrBreakerOpen {
+				t.Fatalf("call whose deadline passes during the probe: err = %v, want ErrBreakerOpen", err)
+			}
+			if got := store.calls.Load() - calls; got != 1 {
+				t.Fatalf("store called %d times while the probe runs, want 1", got)
 			}
 			close(release)
 			wg.Wait()
 
-			if got := store.calls.Load() - calls; got != 1 {
-				t.Fatalf("store called %d times after the cool-down, want 1 (the probe)", got)
-			}
-			var probeErr error
+			var failed, open int
 			for _, err := range errs {
-				if err != ErrBreakerOpen {
-					probeErr = err
+				switch {
+				case err == ErrBreakerOpen:
+					open++
+				case err != nil:
+					failed++
+					if !errors.Is(err, errBreakerTestStore) {
+						t.Errorf("err = %v, want the store's error or ErrBreakerOpen", err)
+					}
 				}
 			}
 			store.fail(nil)
 			if probeOK {
-				if probeErr != nil {
-					t.Errorf("probe: err = %v, want nil", probeErr)
+				if open != 0 || failed != 0 {
+					t.Errorf("%d callers got ErrBreakerOpen and %d an error after a successful probe, want none", open, failed)
+				}
+				if got := store.calls.Load() - calls; got != callers {
+					t.Errorf("store called %d times, want %d: the probe, then every waiting caller", got, callers)
 				}
 				wantState(t, b, BreakerClosed)
 				changes.check(t, "closed->open", "open->half-open", "half-open->closed")
-				if err := breakerCall(b); err != nil {
-					t.Errorf("call after the breaker closed: %v", err)
-				}
 				return
 			}
-			if !errors.Is(probeErr, errBreakerTestStore) {
-				t.Errorf("probe: err = %v, want the store's error", probeErr)
+			if failed != 1 || open != callers-1 {
+				t.Errorf("after a failed probe: %d store errors and %d ErrBreakerOpen, want 1 and %d", failed, open, callers-1)
+			}
+			if got := store.calls.Load() - calls; got != 1 {
+				t.Errorf("store called %d times, want 1 (the probe)", got)
 			}
 			wantState(t, b, BreakerOpen)
 			changes.check(t, "closed->open", "open->half-open", "half-open->open")
@@ -509,7 +526,7 @@ func TestBreakerProbePanic(t *testing.T) {
 // ended), and the last one ends in the current state.
 func TestBreakerConcurrentChanges(t *testing.T) {
 	const cooldown = time.Millisecond
-	b, store, clock, changes := newTestBreaker(t, BreakerOptions{Failures: 3, Cooldown: cooldown})
+	b, store, clock, changes := newTestBreaker(t, BreakerOptions{Failures: 3, Cooldown: cooldown, MaxCooldown: 2 * cooldown})
 	// The store fails for 20 calls, answers for 20, and so on.
 	var storeCalls atomic.Int64
 	store.set(func(ctx context.Context) error {
@@ -572,7 +589,7 @@ func cutArrow(s string) (from, to string, ok bool) {
 // TestBreakerOnStateChangeReentrant: OnStateChange runs outside the locks,
 // so it may read the state and even make calls that change it.
 func TestBreakerOnStateChangeReentrant(t *testing.T) {
-	var b *Breaker
+	var b *testBreaker
 	var got []string
 	b, store, _, _ := newTestBreaker(t, BreakerOptions{
 		Failures: 1,
@@ -603,7 +620,7 @@ func (breakerNoopStore) Allow(context.Context, []Check, []Decision) error { retu
 
 // TestBreakerClosedNoAllocs: the closed path allocates nothing.
 func TestBreakerClosedNoAllocs(t *testing.T) {
-	b := NewBreaker(breakerNoopStore{}, BreakerOptions{OnStateChange: func(from, to BreakerState) {}})
+	b := NewBreaker(BreakerOptions{OnStateChange: func(from, to BreakerState) {}}).Guard(breakerNoopStore{})
 	ctx := context.Background()
 	ds := make([]Decision, 1)
 	if n := testing.AllocsPerRun(1000, func() { b.Allow(ctx, breakerTestCheck, ds) }); n != 0 {
@@ -619,7 +636,7 @@ func BenchmarkBreakerClosed(b *testing.B) {
 		store Store
 	}{
 		{"noop", breakerNoopStore{}},
-		{"breaker", NewBreaker(breakerNoopStore{}, BreakerOptions{})},
+		{"breaker", NewBreaker(BreakerOptions{}).Guard(breakerNoopStore{})},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -676,6 +693,9 @@ func TestBreakerRedis(t *testing.T) {
 		down         func(*testing.T, *redistest.Server)
 		up           func(*testing.T, *redistest.Server)
 		wantDeadline bool
+		// opensAfter is how many failed calls open the breaker: a refused
+		// dial opens it at once.
+		opensAfter int
 	}{
 		{
 			name: "freeze",
@@ -690,11 +710,13 @@ func TestBreakerRedis(t *testing.T) {
 				}
 			},
 			wantDeadline: true,
+			opensAfter:   failures,
 		},
 		{
-			name: "stop",
-			down: func(t *testing.T, s *redistest.Server) { s.Stop() },
-			up:   func(t *testing.T, s *redistest.Server) { s.Restart(t) },
+			name:       "stop",
+			down:       func(t *testing.T, s *redistest.Server) { s.Stop() },
+			up:         func(t *testing.T, s *redistest.Server) { s.Restart(t) },
+			opensAfter: 1,
 		},
 	} {
 		t.Run(outage.name, func(t *testing.T) {
@@ -703,18 +725,24 @@ func TestBreakerRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			opts.ContextTimeoutEnabled = true // as the handler sets it on its clients
+			// As the handler sets them on its clients: honour the
+			// deadline, dial once, never retry a script.
+			opts.ContextTimeoutEnabled = true
+			opts.DialerRetries = 1
+			opts.MaxRetries = -1
 			client := redis.NewClient(opts)
 			t.Cleanup(func() { client.Close() })
 			commands := &commandCounter{}
 			client.AddHook(commands)
 
 			changes := &breakerChanges{}
-			b := NewBreaker(newRedisStore(t, client, testPrefix(t)), BreakerOptions{
+			breaker := NewBreaker(BreakerOptions{
 				Failures:      failures,
 				Cooldown:      cooldown,
+				MaxCooldown:   cooldown,
 				OnStateChange: changes.record,
 			})
+			b := &testBreaker{breaker, breaker.Guard(newRedisStore(t, client, testPrefix(t)))}
 			check := []Check{{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1 << 30}}}
 			call := func() (time.Duration, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -736,9 +764,9 @@ func TestBreakerRedis(t *testing.T) {
 			var openedAfter time.Time
 
 			outage.down(t, srv)
-			for i := 1; i <= failures; i++ {
+			for i := 1; i <= outage.opensAfter; i++ {
 				wantState(t, b, BreakerClosed)
-				if i == failures {
+				if i == outage.opensAfter {
 					openedAfter = time.Now() // a lower bound of the opening
 				}
 				elapsed, err := call()
@@ -747,6 +775,9 @@ func TestBreakerRedis(t *testing.T) {
 				}
 				if outage.wantDeadline && !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
 					t.Errorf("call %d to a frozen Redis: err = %v, want a timeout", i, err)
+				}
+				if !outage.wantDeadline && !isDialError(err) {
+					t.Errorf("call %d to a stopped Redis: err = %v, want a refused dial", i, err)
 				}
 				if elapsed > deadline+slack {
 					t.Errorf("call %d in the outage took %v, want about the %v deadline", i, elapsed, deadline)
@@ -830,4 +861,173 @@ func TestBreakerRedis(t *testing.T) {
 func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
+}
+
+// TestBreakerCooldownGrows: each failed probe doubles the cool-down up to
+// MaxCooldown; a success resets it.
+func TestBreakerCooldownGrows(t *testing.T) {
+	const base, maxCooldown = 10 * time.Millisecond, 40 * time.Millisecond
+	b, store, clock, _ := newTestBreaker(t, BreakerOptions{Failures: 1, Cooldown: base, MaxCooldown: maxCooldown})
+	for round := range 2 {
+		openBreaker(t, b, store, 1)
+		for i, want := range []time.Duration{base, 2 * base, 4 * base, maxCooldown, maxCooldown} {
+			clock.Advance(want - time.Nanosecond)
+			if err := breakerCall(b); err != ErrBreakerOpen {
+				t.Fatalf("round %d, cool-down %d: call 1ns before its end (%v): err = %v, want ErrBreakerOpen", round, i, want, err)
+			}
+			clock.Advance(time.Nanosecond)
+			if err := breakerCall(b); !errors.Is(err, errBreakerTestStore) {
+				t.Fatalf("round %d, cool-down %d: probe at its end (%v): err = %v, want the store's error", round, i, want, err)
+			}
+			wantState(t, b, BreakerOpen)
+		}
+		clock.Advance(maxCooldown)
+		store.fail(nil)
+		if err := breakerCall(b); err != nil {
+			t.Fatalf("round %d: probe: %v", round, err)
+		}
+		wantState(t, b, BreakerClosed)
+	}
+}
+
+// TestBreakerDialErrorOpensAtOnce: a refused connection or an unknown host
+// opens the breaker on the first failure, not after Failures of them.
+func TestBreakerDialErrorOpensAtOnce(t *testing.T) {
+	for name, err := range map[string]error{
+		"refused":      fmt.Errorf("running script: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}),
+		"unknown host": &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "redis.invalid", IsNotFound: true}},
+		"dns":          &net.DNSError{Err: "server misbehaving", Name: "redis.invalid"},
+	} {
+		b, store, _, changes := newTestBreaker(t, BreakerOptions{Failures: 5})
+		store.fail(err)
+		if got := breakerCall(b); got != err {
+			t.Errorf("%s: err = %v, want the store's", name, got)
+		}
+		wantState(t, b, BreakerOpen)
+		changes.check(t, "closed->open")
+	}
+	// A read error on an open connection is not a dial error.
+	b, store, _, _ := newTestBreaker(t, BreakerOptions{Failures: 2})
+	store.fail(&net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET})
+	breakerCall(b)
+	wantState(t, b, BreakerClosed)
+	breakerCall(b)
+	wantState(t, b, BreakerOpen)
+}
+
+// TestBreakerSharedByStores: one breaker guards several stores (handlers with
+// their own prefixes on one Redis client): failures of either count together,
+// an open breaker spares both, a probe through either closes it for both, and
+// each transition is reported once.
+func TestBreakerSharedByStores(t *testing.T) {
+	b, first, clock, changes := newTestBreaker(t, BreakerOptions{Failures: 4, Cooldown: time.Second, MaxCooldown: time.Second})
+	second := &breakerStore{}
+	other := b.Guard(second)
+	first.fail(errBreakerTestStore)
+	second.fail(errBreakerTestStore)
+	for i := range 4 {
+		wantState(t, b, BreakerClosed)
+		s := Store(b)
+		if i%2 == 1 {
+			s = other
+		}
+		if err := breakerCall(s); !errors.Is(err, errBreakerTestStore) {
+			t.Fatalf("failure %d: err = %v", i, err)
+		}
+	}
+	wantState(t, b, BreakerOpen)
+	if got := first.calls.Load() + second.calls.Load(); got != 4 {
+		t.Fatalf("stores called %d times, want 4", got)
+	}
+	for _, s := range []Store{b, other} {
+		if err := breakerCall(s); err != ErrBreakerOpen {
+			t.Fatalf("while open: err = %v, want ErrBreakerOpen", err)
+		}
+	}
+	if got := first.calls.Load() + second.calls.Load(); got != 4 {
+		t.Fatalf("stores called %d times in all after opening, want still 4", got)
+	}
+	clock.Advance(time.Second)
+	second.fail(nil)
+	first.fail(nil)
+	if err := breakerCall(other); err != nil {
+		t.Fatalf("probe through the second store: %v", err)
+	}
+	if err := breakerCall(b); err != nil {
+		t.Fatalf("first store after the second's probe: %v", err)
+	}
+	changes.check(t, "closed->open", "open->half-open", "half-open->closed")
+}
+
+// TestBreakerDeadStoreLoad floods a breaker, on the real clock and with the
+// default options, whose store is dead: refusing at once, or frozen until
+// each call's deadline. The store receives the calls that open the breaker,
+// then one probe per cool-down; the test logs the calls per second and checks
+// them against that bound, which a slow machine only lowers.
+func TestBreakerDeadStoreLoad(t *testing.T) {
+	const (
+		flood    = time.Second
+		callers  = 8
+		deadline = 20 * time.Millisecond
+	)
+	refused := fmt.Errorf("running script: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	for _, tc := range []struct {
+		name  string
+		store func(context.Context) error
+	}{
+		{"refused", func(context.Context) error { return refused }},
+		{"frozen", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			breaker := NewBreaker(BreakerOptions{})
+			store := &breakerStore{}
+			store.set(tc.store)
+			guarded := breaker.Guard(store)
+			var requests atomic.Int64
+			stop := time.Now().Add(flood)
+			var wg sync.WaitGroup
+			for range callers {
+				wg.Go(func() {
+					for time.Now().Before(stop) {
+						ctx, cancel := context.WithTimeout(context.Background(), deadline)
+						breakerCallCtx(ctx, guarded)
+						cancel()
+						requests.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			calls := store.calls.Load()
+			// The failures that open it (all callers may be in flight),
+			// then at most one probe per shortest cool-down.
+			bound := int64(DefaultBreakerFailures+callers) + int64(flood/DefaultBreakerCooldown)
+			t.Logf("%s: %d requests in %v, %d reached the store (%.0f/s; bound %d)", tc.name, requests.Load(), flood, calls, float64(calls)/flood.Seconds(), bound)
+			if calls > bound {
+				t.Errorf("a dead store received %d calls in %v, want at most %d", calls, flood, bound)
+			}
+		})
+	}
+}
+
+// ExampleBreaker guards the stores of two handlers on one Redis client with
+// one breaker: a Redis that refuses connections opens it for both at once.
+func ExampleBreaker() {
+	breaker := NewBreaker(BreakerOptions{
+		OnStateChange: func(from, to BreakerState) { fmt.Println(from, "->", to) },
+	})
+	refusing := &breakerStore{}
+	refusing.fail(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
+	api := breaker.Guard(refusing)  // one handler's store
+	site := breaker.Guard(refusing) // another's, on the same client
+
+	checks := []Check{{Zone: "api", Key: "client", Limit: Limit{Window: time.Minute, Max: 100}}}
+	decisions := make([]Decision, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	fmt.Println(api.Allow(ctx, checks, decisions) != nil)
+	fmt.Println(site.Allow(ctx, checks, decisions) == ErrBreakerOpen, refusing.calls.Load())
+	// Output:
+	// closed -> open
+	// true
+	// true 1
 }
