@@ -54,10 +54,8 @@ func startSeed(ctx context.Context, cfg config, dir string) (peer *seedPeer, ski
 	if _, err := os.Stat(filepath.Join(src, "server.mjs")); err != nil {
 		return nil, fmt.Errorf("no seed peer at %s (the folder shared/peers/seed-express next to the repository's; -seed sets another)", seedDisplayPath(cfg)), nil
 	}
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("%s is not on PATH (the seed needs Node.js 18 or newer and npm)", tool), nil
-		}
+	if err := ensureNode(); err != nil {
+		return nil, err, nil
 	}
 	app := filepath.Join(dir, "seed-express")
 	if err := copyTree(src, app); err != nil {
@@ -103,6 +101,36 @@ func startSeed(ctx context.Context, cfg config, dir string) (peer *seedPeer, ski
 
 // stop may be called more than once: after the many clients scenario, and
 // on the way out if that never came.
+// ensureNode makes sure node and npm are on PATH, installing Debian's
+// nodejs and npm when we are root on a machine with apt-get, as ensureTools
+// does for wrk and Redis.
+func ensureNode() error {
+	missing := func() string {
+		for _, tool := range []string{"node", "npm"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return tool
+			}
+		}
+		return ""
+	}
+	m := missing()
+	if m == "" {
+		return nil
+	}
+	if _, err := exec.LookPath("apt-get"); err == nil && os.Geteuid() == 0 {
+		say("seed: installing with apt-get: nodejs npm")
+		if aptGet("install", "-y", "nodejs", "npm") != nil {
+			aptGet("update")
+			aptGet("install", "-y", "nodejs", "npm")
+		}
+		m = missing()
+	}
+	if m != "" {
+		return fmt.Errorf("%s is not on PATH (the seed needs Node.js 18 or newer and npm: apt-get install nodejs npm, brew install node)", m)
+	}
+	return nil
+}
+
 func (s *seedPeer) stop() {
 	s.stopOnce.Do(func() {
 		s.rc.Close()
