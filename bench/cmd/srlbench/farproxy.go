@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,3 +47,24 @@ func startFarProxy(redisURL string) (*farProxy, error) {
 }
 
 func (f *farProxy) stop() { f.proxy.Stop() }
+
+// pingRTT is the median time of sequential PINGs to url: how far Redis
+// really is through the proxy (the toxic's sleep and the proxy's own
+// copying add to the 1 ms), and directly, for the report.
+func pingRTT(ctx context.Context, url string, n int) (time.Duration, error) {
+	rc := redisClient(url)
+	defer rc.Close()
+	if err := rc.Ping(ctx).Err(); err != nil { // dial outside the measurement
+		return 0, err
+	}
+	rtts := make([]time.Duration, n)
+	for i := range rtts {
+		start := time.Now()
+		if err := rc.Ping(ctx).Err(); err != nil {
+			return 0, fmt.Errorf("PING %s: %w", url, err)
+		}
+		rtts[i] = time.Since(start)
+	}
+	slices.Sort(rtts)
+	return rtts[n/2], nil
+}

@@ -133,6 +133,14 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	defer far.stop()
+	var rtt roundTrips
+	if rtt.direct, err = pingRTT(ctx, redisURL, 50); err != nil {
+		return err
+	}
+	if rtt.far, err = pingRTT(ctx, far.url, 50); err != nil {
+		return err
+	}
+	say("Redis round trip (median of 50 PINGs): %s direct, %s through the latency proxy", rtt.direct, rtt.far)
 
 	cdy, site, err := startCaddy(ctx, caddyBin, tmp, redisURL, far.url, limiterOptions(cfg.limiter))
 	if err != nil {
@@ -213,10 +221,14 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }
+
+// roundTrips are Redis's PING times at start-up, direct and through the
+// latency proxy.
+type roundTrips struct{ direct, far time.Duration }
 
 // memWorkers is the memory phase's concurrent requests.
 const memWorkers = 8

@@ -79,6 +79,13 @@ func TestFarProxyDelaysReplies(t *testing.T) {
 			t.Errorf("a round trip through the proxy took %s, less than %d ms", d, farLatencyMs)
 		}
 	}
+	rtt, err := pingRTT(ctx, far.url, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rtt < farLatencyMs*time.Millisecond {
+		t.Errorf("pingRTT through the proxy = %s, less than %d ms", rtt, farLatencyMs)
+	}
 }
 
 // TestRedisCPUReadsAServer checks INFO cpu against a real server: the

@@ -66,6 +66,9 @@ func startSeed(ctx context.Context, cfg config, dir string) (peer *seedPeer, ski
 	defer cancel()
 	npm := exec.CommandContext(installCtx, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
 	npm.Dir = app
+	// Its own process group, like the servers: a signal npm or its children
+	// send to their group must not reach this tool.
+	npm.SysProcAttr = sysProcAttr()
 	if out, err := npm.CombinedOutput(); err != nil {
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
