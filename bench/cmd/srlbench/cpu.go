@@ -17,7 +17,8 @@ import (
 // every mainstream Linux.
 const clockTicks = 100
 
-// cpuMeter reads the CPU time of the machine and of our servers.
+// cpuMeter reads the CPU time of the machine and of our servers. For the
+// seed peer, caddyPid is its Node.js server and redisPid its own Redis.
 type cpuMeter struct {
 	caddyPid, redisPid int
 }
@@ -29,9 +30,14 @@ type cpuSnap struct {
 }
 
 // cpuUse is CPU used during one run, in cores (1.0 = one CPU all the time).
-// other is everything that is not Caddy, Redis, wrk or this tool.
+// other is everything that is not Caddy, Redis, wrk or this tool; self is
+// this tool, which is the load generator of the redis_rate runs and hosts
+// the proxy that puts Redis 1 ms away.
 type cpuUse struct {
-	caddy, redis, wrk, other float64
+	caddy, redis, wrk, self, other float64
+	// caddySeconds is Caddy's CPU time (user+system) during the run: divided
+	// by the requests it served, the cost of one request.
+	caddySeconds float64
 }
 
 func (m *cpuMeter) snap() cpuSnap {
@@ -45,11 +51,13 @@ func (m *cpuMeter) use(before, after cpuSnap, wrk time.Duration) cpuUse {
 	wall := after.at.Sub(before.at).Seconds()
 	cores := func(ticks int64) float64 { return float64(ticks) / clockTicks / wall }
 	u := cpuUse{
-		caddy: cores(after.caddy - before.caddy),
-		redis: cores(after.redis - before.redis),
-		wrk:   wrk.Seconds() / wall,
+		caddy:        cores(after.caddy - before.caddy),
+		redis:        cores(after.redis - before.redis),
+		wrk:          wrk.Seconds() / wall,
+		self:         cores(after.self - before.self),
+		caddySeconds: float64(after.caddy-before.caddy) / clockTicks,
 	}
-	u.other = max(0, cores(after.busy-before.busy)-u.caddy-u.redis-u.wrk-cores(after.self-before.self))
+	u.other = max(0, cores(after.busy-before.busy)-u.caddy-u.redis-u.wrk-u.self)
 	return u
 }
 

@@ -9,12 +9,19 @@
 // What it does, in order:
 //  1. checks that wrk and redis-server exist (apt-get installs them when root);
 //  2. builds ../caddy with `make -C .. build`, the same xcaddy build users get;
-//  3. starts its own redis-server (no persistence) and one Caddy that answers
-//     "ok" on a plain port and on limited ports;
-//  4. measures memory per active key on a separate limited site;
-//  5. loads the plain and the limited port in turn with wrk for each scenario,
-//     reading Redis INFO commandstats around every limited run;
-//  6. writes the report and stops everything, also on Ctrl-C.
+//  3. starts its own redis-server (no persistence), an in-process proxy that
+//     puts it 1 ms away, and one Caddy that answers "ok" on a plain port and
+//     on limited ports;
+//  4. measures memory per client at its limit at 60, 1,000 and 10,000
+//     admissions, each on its own site and zone;
+//  5. starts the seed peer (Express + ioredis, on its own Redis) if its
+//     folder and Node.js are there;
+//  6. loads the plain and the limited port in turn with wrk for each scenario,
+//     reading Redis INFO commandstats and INFO cpu around every limited run;
+//     each many clients run is followed by a run of the anchor peer
+//     (go-redis/redis_rate, driven from this process on the same Redis) and
+//     one of the seed;
+//  7. writes the report and stops everything, also on Ctrl-C.
 //
 // Paths in flags are relative to bench/, where `make bench` runs it.
 package main
@@ -49,7 +56,8 @@ type config struct {
 	cpuprofile  string
 	profiled    string
 	repo        string
-	limiter     string   // extra subdirectives for the limited site, separated by ';'
+	limiter     string   // extra subdirectives for the limited sites, separated by ';'
+	seed        string   // the seed peer's folder; "" is seedRelPath from repo
 	args        []string // the command line, for the report
 }
 
@@ -64,9 +72,10 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "../BENCHMARKS.md", "report to write; the chart goes next to it with the extension .svg")
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test the tool: 1 run of 3s, 1s warm-up, 3s settle")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra limited run to this file")
-	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot or mixed")
+	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot, mixed or far")
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
-	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited site, separated by ';' (e.g. 'autopipeline on')")
+	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited sites, separated by ';' (e.g. 'timeout 50ms')")
+	flag.StringVar(&cfg.seed, "seed", "", "folder of the seed peer (default: ../shared/peers/seed-express relative to -repo; skipped if absent)")
 	flag.Parse()
 	cfg.args = os.Args[1:]
 	if cfg.quick {
@@ -112,15 +121,28 @@ func run(ctx context.Context, cfg config) error {
 	}
 	machine := describeMachine(caddyBin, cfg.repo)
 
-	rds, redisURL, err := startRedis(ctx, tmp)
+	rds, redisURL, err := startRedis(ctx, filepath.Join(tmp, "redis"))
 	if err != nil {
 		return err
 	}
 	defer rds.stop()
-	rc := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(redisURL, "redis://")})
+	rc := redisClient(redisURL)
 	defer rc.Close()
+	far, err := startFarProxy(redisURL)
+	if err != nil {
+		return err
+	}
+	defer far.stop()
+	var rtt roundTrips
+	if rtt.direct, err = pingRTT(ctx, redisURL, 50); err != nil {
+		return err
+	}
+	if rtt.far, err = pingRTT(ctx, far.url, 50); err != nil {
+		return err
+	}
+	say("Redis round trip (median of 50 PINGs): %s direct, %s through the latency proxy", rtt.direct, rtt.far)
 
-	cdy, site, err := startCaddy(ctx, caddyBin, tmp, redisURL, limiterOptions(cfg.limiter))
+	cdy, site, err := startCaddy(ctx, caddyBin, tmp, redisURL, far.url, limiterOptions(cfg.limiter))
 	if err != nil {
 		return err
 	}
@@ -129,38 +151,69 @@ func run(ctx context.Context, cfg config) error {
 
 	// Memory first, while Redis holds nothing else: later scenarios leave
 	// thousands of keys whose expiry would move used_memory mid-measurement.
-	say("memory: 60 requests for each of 1000 keys on %s", site.memory)
-	mem, err := measureMemory(ctx, rc, site.memory, 1000, 60, 4)
-	if err != nil {
-		return fmt.Errorf("memory phase: %w", err)
+	var mems []memResult
+	for i, size := range memSizes {
+		clients := size.clients
+		if cfg.quick {
+			clients = max(2, clients/quickMemDivisor)
+		}
+		say("memory: %d requests for each of %d clients on %s", size.max, clients, site.memory[i])
+		mem, err := measureMemory(ctx, rc, site.memory[i], size, clients, memWorkers)
+		if err != nil {
+			return fmt.Errorf("memory phase, max %d: %w", size.max, err)
+		}
+		say("memory: max %d: %.0f bytes per client (used_memory delta / clients), MEMORY USAGE %.0f bytes per client, %s",
+			size.max, mem.bytesPerClient(), mem.usagePerClient(), mem.elapsed.Round(time.Second))
+		mems = append(mems, mem)
 	}
-	say("memory: %.0f bytes per key (used_memory delta / keys), MEMORY USAGE of one key %d bytes", mem.bytesPerKey(), mem.keyUsage)
 
 	scripts, err := writeScripts(tmp)
 	if err != nil {
 		return err
 	}
 	say("warm-up: %s on each port", cfg.warmup)
-	for _, url := range []string{site.plain, site.limited} {
-		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url); err != nil {
+	for _, url := range []string{site.plain, site.limited, site.far} {
+		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+
+	// The seed runs beside the many clients scenario, so it sees the same
+	// machine; it is stopped before the other scenarios.
+	seed, seedSkip, err := startSeed(ctx, cfg, tmp)
+	if err != nil {
+		return err
+	}
+	if seedSkip != nil {
+		say("seed: skipped: %v", seedSkip)
+	} else {
+		defer seed.stop()
+		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], seed.url); err != nil {
+			return fmt.Errorf("seed warm-up: %w", err)
 		}
 	}
 
 	var results []scenarioResult
 	for _, sc := range scenarios {
-		res, err := runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site)
+		var peers *peerRunner
+		if sc.slug == manySlug {
+			peers = &peerRunner{redisAddr: strings.TrimPrefix(redisURL, "redis://"), rc: rc, meter: meter, seed: seed, script: scripts[sc.slug]}
+		}
+		res, err := runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site, peers)
 		if err != nil {
 			return fmt.Errorf("%s: %w", sc.name, err)
 		}
 		results = append(results, res)
+		if seed != nil && sc.slug == manySlug {
+			seed.stop()
+		}
 	}
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
 		script, ok := scripts[cfg.profiled]
 		if !ok {
-			return fmt.Errorf("-profile-scenario %q: want many, bot or mixed", cfg.profiled)
+			return fmt.Errorf("-profile-scenario %q: want many, bot, mixed or far", cfg.profiled)
 		}
 		if err := profileRun(ctx, cfg, script, site); err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
@@ -168,21 +221,63 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mem: mem, profile: profileNote}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }
 
+// roundTrips are Redis's PING times at start-up, direct and through the
+// latency proxy.
+type roundTrips struct{ direct, far time.Duration }
+
+// memWorkers is the memory phase's concurrent requests.
+const memWorkers = 8
+
+// peerRunner runs the peers' runs that go with each run of the many
+// clients scenario: the anchor on the same Redis, and the seed if it runs.
+type peerRunner struct {
+	redisAddr string
+	rc        *redis.Client
+	meter     *cpuMeter
+	seed      *seedPeer // nil: skipped
+	script    string
+}
+
+func (pr *peerRunner) run(ctx context.Context, cfg config, res *scenarioResult) error {
+	pr.meter.settle(ctx, cfg.settle)
+	a, err := runAnchor(ctx, pr.redisAddr, pr.rc, pr.meter, cfg.connections, cfg.duration)
+	if err != nil {
+		return fmt.Errorf("redis_rate: %w", err)
+	}
+	res.anchors = append(res.anchors, a)
+	line := fmt.Sprintf("redis_rate %6.0f decisions/s, Redis %.1f us/decision", a.rps(), a.redis.cpuUsecPer(float64(a.decisions)))
+	if pr.seed != nil {
+		sr, err := pr.seed.run(ctx, cfg, pr.script)
+		if err != nil {
+			return fmt.Errorf("seed: %w", err)
+		}
+		res.seeds = append(res.seeds, sr)
+		line += fmt.Sprintf("; seed %6.0f req/s (%.1f%% 429)", sr.wrk.rps(), 100*sr.wrk.deniedShare())
+	}
+	say("%-12s peers: %s", "", line)
+	return nil
+}
+
 // runScenario runs one scenario cfg.runs times on each port, alternating
 // which port goes first so that slow drift (Redis growth, a neighbour's
-// build) does not always favour the same side.
-func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, sc scenario, script string, site sites) (scenarioResult, error) {
+// build) does not always favour the same side. With peers, each run is
+// followed by the peers' runs.
+func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, sc scenario, script string, site sites, peers *peerRunner) (scenarioResult, error) {
 	res := scenarioResult{sc: sc}
+	limitedURL := site.limited
+	if sc.far {
+		limitedURL = site.far
+	}
 	for i := 0; i < cfg.runs; i++ {
 		var p pair
 		plain := func() error {
 			meter.settle(ctx, cfg.settle)
-			r, err := runWrk(ctx, cfg, meter, cfg.duration, script, site.plain)
+			r, err := runWrk(ctx, cfg, meter, cfg.duration, script, site.plain+"/")
 			p.plain = r
 			return err
 		}
@@ -191,12 +286,12 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 				// Bots send about as fast as the limit refills (1000 a minute
 				// each in the mixed scenario), so push them to max_requests
 				// before every limited run: they are over it from its start.
-				if _, _, err := sendAll(ctx, site.limited, sc.prime, 1000, 4); err != nil {
+				if _, _, err := sendAll(ctx, limitedURL, sc.prime, limitedMax, 4); err != nil {
 					return fmt.Errorf("pushing bots to the limit: %w", err)
 				}
 			}
 			meter.settle(ctx, cfg.settle)
-			before, err := readCommandStats(ctx, rc)
+			before, err := readRedis(ctx, rc)
 			if err != nil {
 				return err
 			}
@@ -204,11 +299,11 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 			if err != nil {
 				return err
 			}
-			r, err := runWrk(ctx, cfg, meter, cfg.duration, script, site.limited)
+			r, err := runWrk(ctx, cfg, meter, cfg.duration, script, limitedURL+"/")
 			if err != nil {
 				return err
 			}
-			after, err := readCommandStats(ctx, rc)
+			after, err := readRedis(ctx, rc)
 			if err != nil {
 				return err
 			}
@@ -228,10 +323,15 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 				return res, err
 			}
 		}
-		say("%-12s run %d/%d: plain %6.0f req/s, limited %6.0f req/s (ratio %.2f, %.1f%% 429, %.3f script calls/req, %.1f%% failed open, other processes %.2f/%.2f CPUs)",
-			sc.name, i+1, cfg.runs, p.plain.rps(), p.limited.rps(), p.ratio(), 100*p.limited.deniedShare(), p.callsPerRequest(),
-			100*p.failedOpenShare(), p.plain.cpu.other, p.limited.cpu.other)
+		say("%-12s run %d/%d: plain %6.0f req/s, limited %6.0f req/s (ratio %.2f, %.1f%% 429, Redis %s us/decision, Caddy CPU/req %.2fx plain, %.1f%% failed open, other processes %.2f/%.2f CPUs)",
+			sc.name, i+1, cfg.runs, p.plain.rps(), p.limited.rps(), p.ratio(), 100*p.limited.deniedShare(), num(p.redisUsecPerDecision(), 1),
+			p.caddyCPURatio(), 100*p.failedOpenShare(), p.plain.cpu.other, p.limited.cpu.other)
 		res.runs = append(res.runs, p)
+		if peers != nil {
+			if err := peers.run(ctx, cfg, &res); err != nil {
+				return res, err
+			}
+		}
 	}
 	return res, nil
 }
@@ -254,7 +354,11 @@ func profileRun(ctx context.Context, cfg config, script string, site sites) erro
 		data, err := httpGet(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", site.admin, secs))
 		ch <- fetched{data, err}
 	}()
-	_, werr := runWrk(ctx, cfg, nil, cfg.duration, script, site.limited)
+	url := site.limited
+	if cfg.profiled == "far" {
+		url = site.far
+	}
+	_, werr := runWrk(ctx, cfg, nil, cfg.duration, script, url+"/")
 	f := <-ch
 	if werr != nil {
 		return werr

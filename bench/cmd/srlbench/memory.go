@@ -12,47 +12,79 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// memResult is the memory phase: what `keys` clients at their full quota
-// cost Redis.
+// memSize is one size of the memory phase: clients each admitted max times
+// on a zone with max_requests max, so every client is at its limit.
+type memSize struct {
+	max     int
+	clients int // default run; -quick divides by quickMemDivisor
+}
+
+// memSizes keep every size's phase to some 60,000-100,000 requests (under
+// about 30 s here): fewer clients as each holds more admissions.
+var memSizes = []memSize{{max: 60, clients: 1000}, {max: 1000, clients: 100}, {max: 10000, clients: 10}}
+
+// quickMemDivisor shrinks the client counts for -quick (at least 2 each).
+const quickMemDivisor = 5
+
+// memWindow is the memory zones' window: long enough that no key expires
+// during the phase, which would move used_memory.
+const memWindow = "10m"
+
+// prefix is the size's key_prefix, so its keys can be found and counted.
+func (m memSize) prefix() string { return fmt.Sprintf("srlmem%d:", m.max) }
+
+// memResult is one size of the memory phase: what `clients` clients at
+// their full quota cost Redis.
 type memResult struct {
-	keys, perKey  int
+	size          memSize
+	clients       int
 	before, after int64 // used_memory
-	admitted      int   // 200 responses (should be keys*perKey)
+	admitted      int   // 200 responses (should be clients*max)
 	other         int   // any other status
-	keysFound     int   // keys under srlmem: afterwards, without the warm-up key
+	keysFound     int   // keys under the prefix afterwards, without the warm-up key
+	usageSum      int64 // MEMORY USAGE of all of them
 	sampleKey     string
-	keyUsage      int64 // MEMORY USAGE sampleKey
 	sampleKeyType string
+	elapsed       time.Duration
 }
 
-// bytesPerKey is the used_memory growth per key.
-func (m memResult) bytesPerKey() float64 {
-	return float64(m.after-m.before) / float64(m.keys)
+// bytesPerClient is the used_memory growth per client.
+func (m memResult) bytesPerClient() float64 {
+	return float64(m.after-m.before) / float64(m.clients)
 }
 
-// memPrefix is the memory site's key_prefix (see caddyfileTemplate).
-const memPrefix = "srlmem:"
+// usagePerClient is the mean MEMORY USAGE (SAMPLES 0) of a client's keys.
+func (m memResult) usagePerClient() float64 {
+	return float64(m.usageSum) / float64(m.clients)
+}
 
-// measureMemory sends perKey requests for each of keys clients through the
-// memory site (max_requests 60, so all are admitted and each key ends up
-// holding 60 entries, a full window) and reads used_memory before and after.
+// bytesPerAdmission is used_memory growth per admission held.
+func (m memResult) bytesPerAdmission() float64 { return m.bytesPerClient() / float64(m.size.max) }
+
+// memWarmupKey is the X-Client of the requests before the baseline.
+const memWarmupKey = "mem-warmup"
+
+// measureMemory sends size.max requests for each of `clients` clients
+// through the size's site and reads used_memory before and after, then
+// deletes the keys so that the next size starts from the same baseline.
 // It runs right after start-up, when no other keys can expire meanwhile.
-func measureMemory(ctx context.Context, rc *redis.Client, site string, keys, perKey, workers int) (memResult, error) {
-	m := memResult{keys: keys, perKey: perKey}
+func measureMemory(ctx context.Context, rc *redis.Client, site string, size memSize, clients, workers int) (memResult, error) {
+	m := memResult{size: size, clients: clients}
+	start := time.Now()
 	// Warm up before the baseline: Redis's script cache and the connections
 	// of Caddy's Redis pool, whose buffers Redis counts in used_memory.
-	if _, _, err := sendAll(ctx, site, []string{"mem-warmup"}, 10*workers, workers); err != nil {
+	if _, _, err := sendAll(ctx, site, []string{memWarmupKey}, 10*workers, workers); err != nil {
 		return m, err
 	}
 	var err error
 	if m.before, err = usedMemory(ctx, rc); err != nil {
 		return m, err
 	}
-	keyNames := make([]string, keys)
+	keyNames := make([]string, clients)
 	for k := range keyNames {
 		keyNames[k] = fmt.Sprintf("mem-%d", k)
 	}
-	if m.admitted, m.other, err = sendAll(ctx, site, keyNames, perKey, workers); err != nil {
+	if m.admitted, m.other, err = sendAll(ctx, site, keyNames, size.max, workers); err != nil {
 		return m, err
 	}
 	if m.after, err = usedMemory(ctx, rc); err != nil {
@@ -61,31 +93,52 @@ func measureMemory(ctx context.Context, rc *redis.Client, site string, keys, per
 
 	// Find the keys by prefix rather than by rebuilding their names: the
 	// key layout is the module's business and may change.
-	iter := rc.Scan(ctx, 0, memPrefix+"*", 1000).Iterator()
+	var keys []string
+	iter := rc.Scan(ctx, 0, size.prefix()+"*", 1000).Iterator()
 	for iter.Next(ctx) {
-		k := iter.Val()
-		if strings.Contains(k, "mem-warmup") {
-			continue
-		}
-		m.keysFound++
-		if m.sampleKey == "" {
-			m.sampleKey = k
+		if k := iter.Val(); !strings.Contains(k, memWarmupKey) {
+			keys = append(keys, k)
 		}
 	}
 	if err := iter.Err(); err != nil {
 		return m, err
 	}
-	if m.sampleKey == "" {
-		return m, fmt.Errorf("no Redis keys with prefix %s after the memory phase", memPrefix)
+	if len(keys) == 0 {
+		return m, fmt.Errorf("no Redis keys with prefix %s after the memory phase", size.prefix())
 	}
+	m.keysFound, m.sampleKey = len(keys), keys[0]
 	// SAMPLES 0: measure every element, not an estimate from a few.
-	if m.keyUsage, err = rc.MemoryUsage(ctx, m.sampleKey, 0).Result(); err != nil {
+	pipe := rc.Pipeline()
+	usages := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		usages[i] = pipe.MemoryUsage(ctx, k, 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
 		return m, fmt.Errorf("MEMORY USAGE: %w", err)
+	}
+	for _, u := range usages {
+		m.usageSum += u.Val()
 	}
 	if m.sampleKeyType, err = rc.Type(ctx, m.sampleKey).Result(); err != nil {
 		return m, err
 	}
+	if err := deleteKeys(ctx, rc, keys); err != nil {
+		return m, err
+	}
+	m.elapsed = time.Since(start)
 	return m, nil
+}
+
+// deleteKeys removes a size's keys, in slices small enough for one command.
+func deleteKeys(ctx context.Context, rc *redis.Client, keys []string) error {
+	for len(keys) > 0 {
+		n := min(len(keys), 500)
+		if err := rc.Del(ctx, keys[:n]...).Err(); err != nil {
+			return fmt.Errorf("deleting the memory phase's keys: %w", err)
+		}
+		keys = keys[n:]
+	}
+	return nil
 }
 
 // sendAll sends perKey GET requests with X-Client set to each of keys, from

@@ -91,7 +91,11 @@ func (p *proc) waitReady(ctx context.Context, ready func() error) error {
 
 // startRedis starts a redis-server on a free loopback port with persistence
 // off (a benchmark must not fork for RDB saves mid-run) and returns its URL.
+// dir holds its config and log, one directory per server.
 func startRedis(ctx context.Context, dir string) (*proc, string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, "", err
+	}
 	port, err := freePort()
 	if err != nil {
 		return nil, "", err
@@ -121,58 +125,58 @@ func startRedis(ctx context.Context, dir string) (*proc, string, error) {
 // sites are the base URLs Caddy serves.
 type sites struct {
 	plain   string // respond "ok" 200
-	limited string // the same behind sliding_ratelimit, 1000 per minute per X-Client
-	memory  string // 60 per minute per X-Client, key_prefix srlmem:, for the memory phase
-	admin   string // Caddy's admin endpoint (pprof)
+	limited string // the same behind sliding_ratelimit, limitedMax per minute per X-Client
+	far     string // the same as limited, with Redis reached through the 1 ms proxy
+	admin   string // Caddy's admin endpoint (metrics, pprof)
+	// memory is one site per memory size, in the order of memSizes.
+	memory []string
 }
 
-// caddyfileTemplate is one Caddy with the same response on every site, so the
-// only difference between plain and limited is the handler. No site has a
-// `log` directive: access logs would dominate a response this small.
-const caddyfileTemplate = `{
-	admin 127.0.0.1:%d
-	persist_config off
-	auto_https off
-}
+// limitedMax is max_requests of the limited sites, and the anchor's limit.
+const limitedMax = 1000
 
-# Plain: the baseline.
-:%d {
-	bind 127.0.0.1
-	respond "ok" 200
-}
-
-# Limited: the same response behind the rate limiter.
-:%d {
-	bind 127.0.0.1
-	sliding_ratelimit {
-		window 1m
-		max_requests 1000
-		key {http.request.header.X-Client}
-		redis %s%s
+// siteBlock is one site of the bench's Caddyfile: the same response on every
+// site, so the only difference between plain and limited is the handler. No
+// site has a `log` directive: access logs would dominate a response this small.
+func siteBlock(comment string, port int, limiter []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n# %s\n:%d {\n\tbind 127.0.0.1\n", comment, port)
+	if len(limiter) > 0 {
+		b.WriteString("\tsliding_ratelimit {\n")
+		for _, l := range limiter {
+			b.WriteString("\t\t" + l + "\n")
+		}
+		b.WriteString("\t}\n")
 	}
-	respond "ok" 200
+	b.WriteString("\trespond \"ok\" 200\n}\n")
+	return b.String()
 }
 
-# Memory phase: its own zone and key_prefix, so its keys can be counted apart.
-:%d {
-	bind 127.0.0.1
-	sliding_ratelimit {
-		window 1m
-		max_requests 60
-		key {http.request.header.X-Client}
-		redis %s
-		key_prefix srlmem:
+// caddyfile is the whole configuration. extra are the -limiter subdirectives,
+// added to both limited sites (not to the memory sites, whose figures must
+// stay comparable across runs).
+func caddyfile(s sites, ports []int, redisURL, farURL string, extra []string) string {
+	limited := func(redis string) []string {
+		return append([]string{"window 1m", fmt.Sprintf("max_requests %d", limitedMax), "key {http.request.header.X-Client}", "redis " + redis}, extra...)
 	}
-	respond "ok" 200
+	text := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tpersist_config off\n\tauto_https off\n}\n", ports[0])
+	text += siteBlock("Plain: the baseline.", ports[1], nil)
+	text += siteBlock("Limited: the same response behind the rate limiter.", ports[2], limited(redisURL))
+	text += siteBlock(fmt.Sprintf("Limited, with Redis %d ms away (through the latency proxy).", farLatencyMs), ports[3], limited(farURL))
+	for i, ms := range memSizes {
+		// A long window: no key of an earlier size expires while a later
+		// size is measured, however slow the machine.
+		text += siteBlock(fmt.Sprintf("Memory phase, %d admissions per client: its own zone and key_prefix, so its keys can be counted apart.", ms.max),
+			ports[4+i], []string{"window " + memWindow, fmt.Sprintf("max_requests %d", ms.max), "key {http.request.header.X-Client}", "redis " + redisURL, "key_prefix " + ms.prefix()})
+	}
+	return text
 }
-`
 
 // startCaddy writes the Caddyfile and runs caddyBin on it until every site
-// and the admin endpoint answer.
-// limiterOptions are extra subdirectives for the limited site (the -limiter
-// flag), e.g. "autopipeline on", one per line.
-func startCaddy(ctx context.Context, caddyBin, dir, redisURL string, limiterOptions []string) (*proc, sites, error) {
-	var ports [4]int
+// and the admin endpoint answer. limiterOptions are extra subdirectives for
+// the limited sites (the -limiter flag), one per line.
+func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, limiterOptions []string) (*proc, sites, error) {
+	ports := make([]int, 4+len(memSizes))
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -181,33 +185,24 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL string, limiterOpti
 		ports[i] = p
 	}
 	url := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
-	s := sites{admin: url(ports[0]), plain: url(ports[1]), limited: url(ports[2]), memory: url(ports[3])}
-	caddyfile := filepath.Join(dir, "Caddyfile")
-	var extra string
-	for _, o := range limiterOptions {
-		extra += "\n\t\t" + o
+	s := sites{admin: url(ports[0]), plain: url(ports[1]), limited: url(ports[2]), far: url(ports[3])}
+	for i := range memSizes {
+		s.memory = append(s.memory, url(ports[4+i]))
 	}
-	text := fmt.Sprintf(caddyfileTemplate, ports[0], ports[1], ports[2], redisURL, extra, ports[3], redisURL)
-	if err := os.WriteFile(caddyfile, []byte(text), 0o644); err != nil {
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(caddyfile(s, ports, redisURL, farURL, limiterOptions)), 0o644); err != nil {
 		return nil, s, err
 	}
 	// Caddy's own data and config directories go to the temp dir too.
 	env := []string{"XDG_DATA_HOME=" + filepath.Join(dir, "data"), "XDG_CONFIG_HOME=" + filepath.Join(dir, "config")}
-	p, err := start("caddy", filepath.Join(dir, "caddy.log"), env, caddyBin, "run", "--config", caddyfile, "--adapter", "caddyfile")
+	p, err := start("caddy", filepath.Join(dir, "caddy.log"), env, caddyBin, "run", "--config", path, "--adapter", "caddyfile")
 	if err != nil {
 		return nil, s, err
 	}
 	err = p.waitReady(ctx, func() error {
-		for _, u := range []string{s.plain, s.limited, s.admin + "/config/"} {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-			req.Header.Set("X-Client", "srlbench-ready")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
+		for _, u := range []string{s.plain, s.limited, s.far, s.admin + "/config/"} {
+			if err := getOK(ctx, u, "srlbench-ready"); err != nil {
 				return err
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("GET %s: %s", u, resp.Status)
 			}
 		}
 		return nil
@@ -216,8 +211,32 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL string, limiterOpti
 		p.stop()
 		return nil, s, err
 	}
-	say("caddy: plain %s, limited %s, memory %s, admin %s (pid %d)", s.plain, s.limited, s.memory, s.admin, p.cmd.Process.Pid)
+	say("caddy: plain %s, limited %s, Redis %d ms away %s, memory %s, admin %s (pid %d)", s.plain, s.limited, farLatencyMs, s.far,
+		strings.Join(s.memory, " "), s.admin, p.cmd.Process.Pid)
 	return p, s, nil
+}
+
+// getOK sends one GET with X-Client set and wants a 200.
+func getOK(ctx context.Context, url, client string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Client", client)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}
+
+// redisClient is a client of a server we started, for INFO and the like.
+func redisClient(url string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(url, "redis://")})
 }
 
 // freePort returns a loopback TCP port that was free a moment ago.
@@ -277,8 +296,13 @@ func readDecisions(ctx context.Context, admin string) (decisions, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseDecisions(string(body)), nil
+}
+
+// parseDecisions reads the Prometheus text format of /metrics.
+func parseDecisions(body string) decisions {
 	d := make(decisions)
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		name, rest, _ := strings.Cut(line, "{")
 		labels, value, _ := strings.Cut(rest, "} ")
 		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
@@ -296,7 +320,7 @@ func readDecisions(ctx context.Context, admin string) (decisions, error) {
 			d["deny_cache_hits"] += v
 		}
 	}
-	return d, nil
+	return d
 }
 
 func (after decisions) sub(before decisions) decisions {

@@ -11,7 +11,7 @@ import (
 type chartBar struct {
 	label            string
 	median, min, max float64
-	target           float64
+	target           float64 // NaN: no target (drawn grey, without a line)
 }
 
 // chartSVG draws the ratios as bars (median) with min-max whiskers and each
@@ -51,7 +51,10 @@ func chartSVG(title string, bars []chartBar) string {
 		cx := left + slot*(float64(i)+0.5)
 		bw := slot * 0.45
 		fill := "#4e9a06" // target met
-		if b.median < b.target {
+		switch {
+		case math.IsNaN(b.target):
+			fill = "#7a8a9a" // for information
+		case b.median < b.target:
 			fill = "#cc4b37" // missed
 		}
 		w(`<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`, cx-bw/2, y(b.median), bw, y(0)-y(b.median), fill)
@@ -59,6 +62,11 @@ func chartSVG(title string, bars []chartBar) string {
 		w(`<g stroke="black" stroke-width="1.5"><line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f"/>`, cx, cx, y(b.min), y(b.max))
 		w(`<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f"/><line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f"/></g>`,
 			cx-8, cx+8, y(b.min), y(b.min), cx-8, cx+8, y(b.max), y(b.max))
+		if math.IsNaN(b.target) {
+			w(`<text x="%.1f" y="%.1f" text-anchor="middle">%.2f</text>`, cx, y(b.max)-8, b.median)
+			w(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, cx, height-bott+20, html.EscapeString(b.label))
+			continue
+		}
 		// Target.
 		w(`<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" stroke="#1f4e9a" stroke-width="2" stroke-dasharray="6 4"/>`,
 			cx-bw/2-10, cx+bw/2+10, y(b.target), y(b.target))
@@ -66,7 +74,7 @@ func chartSVG(title string, bars []chartBar) string {
 		w(`<text x="%.1f" y="%.1f" text-anchor="middle" font-weight="bold">%.2f</text>`, cx, y(b.max)-8, b.median)
 		w(`<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, cx, height-bott+20, html.EscapeString(b.label))
 	}
-	w(`<text x="%d" y="%d" text-anchor="middle" fill="#555555">bar: median; whisker: min-max over runs; green: target met, red: missed</text>`, width/2, height-14)
+	w(`<text x="%d" y="%d" text-anchor="middle" fill="#555555">bar: median; whisker: min-max over runs; green: target met, red: missed, grey: no target</text>`, width/2, height-14)
 	w(`</svg>`)
 	return s.String()
 }

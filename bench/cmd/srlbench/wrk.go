@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +18,10 @@ import (
 type scenario struct {
 	name   string
 	slug   string
-	target float64 // minimum throughput ratio limited/plain (from the issue)
+	target float64 // minimum throughput ratio limited/plain (from the issue); NaN: none
 	about  string
+	// far runs the limited side on the site whose Redis is 1 ms away.
+	far bool
 	// keyLua is Lua that sets the local `key` for one request, with the
 	// thread-local counters n, g and b.
 	keyLua string
@@ -49,7 +52,16 @@ var scenarios = []scenario{
 	if n % 10 == 0 then b = b + 1; key = "mxbot-" .. (b % 10) else g = g + 1; key = "mx-" .. (g % 10000) end`,
 		prime: []string{"mxbot-0", "mxbot-1", "mxbot-2", "mxbot-3", "mxbot-4", "mxbot-5", "mxbot-6", "mxbot-7", "mxbot-8", "mxbot-9"},
 	},
+	{
+		name: "Redis 1 ms away", slug: "far", target: math.NaN(), far: true,
+		about:  "the many clients load (own 10,000 keys) on a site whose Redis is reached through a proxy that holds every reply 1 ms, as when Redis runs on another host: what batching does with a real round trip; no throughput target",
+		keyLua: `n = n + 1; local key = "far-" .. (n % 10000)`,
+	},
 }
+
+// manySlug is the scenario the peers are compared with: many clients under
+// their limit, the load every request of a real API's users looks like.
+const manySlug = "many"
 
 // warmupSlug names the script of the unmeasured warm-up runs (own keys).
 const warmupSlug = "warmup"
@@ -126,16 +138,25 @@ func (r wrkResult) deniedShare() float64 {
 	return float64(r.status) / float64(r.requests)
 }
 
+// caddyUsecPerRequest is the server's CPU time per completed request, in
+// microseconds (for the seed, its Node.js server's).
+func (r wrkResult) caddyUsecPerRequest() float64 {
+	if r.requests == 0 {
+		return math.NaN()
+	}
+	return r.cpu.caddySeconds * 1e6 / float64(r.requests)
+}
+
 func (r wrkResult) socketErrors() int64 { return r.connect + r.read + r.write + r.timeout }
 
-// runWrk loads url for d with the script and parses its SRLBENCH line; with
+// runWrk loads url (with its path) for d with the script and parses its SRLBENCH line; with
 // a meter it also records where the CPU time went meanwhile.
 func runWrk(ctx context.Context, cfg config, meter *cpuMeter, d time.Duration, script, url string) (wrkResult, error) {
 	args := []string{
 		"-t" + strconv.Itoa(cfg.threads),
 		"-c" + strconv.Itoa(cfg.connections),
 		"-d" + strconv.Itoa(int(d.Round(time.Second).Seconds())) + "s",
-		"-s", script, url + "/",
+		"-s", script, url,
 	}
 	var before cpuSnap
 	if meter != nil {
