@@ -72,7 +72,7 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "../BENCHMARKS.md", "report to write; the chart goes next to it with the extension .svg")
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test the tool: 1 run of 3s, 1s warm-up, 3s settle")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra limited run to this file")
-	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot, mixed or far")
+	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot, mixed, local or far")
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
 	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited sites, separated by ';' (e.g. 'timeout 50ms')")
 	flag.StringVar(&cfg.seed, "seed", "", "folder of the seed peer (default: ../shared/peers/seed-express relative to -repo; skipped if absent)")
@@ -172,7 +172,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	say("warm-up: %s on each port", cfg.warmup)
-	for _, url := range []string{site.plain, site.limited, site.far} {
+	for _, url := range []string{site.plain, site.limited, site.far, site.local} {
 		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
@@ -213,7 +213,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.cpuprofile != "" {
 		script, ok := scripts[cfg.profiled]
 		if !ok {
-			return fmt.Errorf("-profile-scenario %q: want many, bot, mixed or far", cfg.profiled)
+			return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local or far", cfg.profiled)
 		}
 		if err := profileRun(ctx, cfg, script, site); err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
@@ -270,8 +270,11 @@ func (pr *peerRunner) run(ctx context.Context, cfg config, res *scenarioResult) 
 func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, sc scenario, script string, site sites, peers *peerRunner) (scenarioResult, error) {
 	res := scenarioResult{sc: sc}
 	limitedURL := site.limited
-	if sc.far {
+	switch {
+	case sc.far:
 		limitedURL = site.far
+	case sc.local:
+		limitedURL = site.local
 	}
 	for i := 0; i < cfg.runs; i++ {
 		var p pair
@@ -355,8 +358,11 @@ func profileRun(ctx context.Context, cfg config, script string, site sites) erro
 		ch <- fetched{data, err}
 	}()
 	url := site.limited
-	if cfg.profiled == "far" {
+	switch cfg.profiled {
+	case "far":
 		url = site.far
+	case "local":
+		url = site.local
 	}
 	_, werr := runWrk(ctx, cfg, nil, cfg.duration, script, url+"/")
 	f := <-ch

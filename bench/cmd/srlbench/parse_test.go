@@ -84,10 +84,10 @@ func TestMedianSkipsNaN(t *testing.T) {
 // TestCaddyfile checks what each site limits, so that the report's setup
 // text and the memory sizes say what was measured.
 func TestCaddyfile(t *testing.T) {
-	ports := []int{2019, 1, 2, 3, 4, 5, 6}
+	ports := []int{2019, 1, 2, 3, 4, 5, 6, 7}
 	text := caddyfile(sites{}, ports, "redis://r:1", "redis://far:2", []string{"timeout 50ms"})
 	blocks := strings.Split(text, "\n# ")[1:]
-	if got, want := len(blocks), 3+len(memSizes); got != want {
+	if got, want := len(blocks), 4+len(memSizes); got != want {
 		t.Fatalf("%d sites, want %d:\n%s", got, want, text)
 	}
 	if strings.Contains(blocks[0], "sliding_ratelimit") {
@@ -101,8 +101,11 @@ func TestCaddyfile(t *testing.T) {
 			}
 		}
 	}
+	if local := blocks[3]; !strings.Contains(local, "max_requests 1000") || strings.Contains(local, "redis ") {
+		t.Errorf("the in-process site is not limited without redis:\n%s", local)
+	}
 	for i, size := range memSizes {
-		b := blocks[3+i]
+		b := blocks[4+i]
 		for _, want := range []string{"key_prefix " + size.prefix(), "window " + memWindow, "redis redis://r:1"} {
 			if !strings.Contains(b, want) {
 				t.Errorf("memory site %d lacks %q:\n%s", size.max, want, b)

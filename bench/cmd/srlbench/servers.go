@@ -127,6 +127,7 @@ type sites struct {
 	plain   string // respond "ok" 200
 	limited string // the same behind sliding_ratelimit, limitedMax per minute per X-Client
 	far     string // the same as limited, with Redis reached through the 1 ms proxy
+	local   string // the same as limited, without Redis: the in-process store
 	admin   string // Caddy's admin endpoint (metrics, pprof)
 	// memory is one site per memory size, in the order of memSizes.
 	memory []string
@@ -157,17 +158,22 @@ func siteBlock(comment string, port int, limiter []string) string {
 // stay comparable across runs).
 func caddyfile(s sites, ports []int, redisURL, farURL string, extra []string) string {
 	limited := func(redis string) []string {
-		return append([]string{"window 1m", fmt.Sprintf("max_requests %d", limitedMax), "key {http.request.header.X-Client}", "redis " + redis}, extra...)
+		options := []string{"window 1m", fmt.Sprintf("max_requests %d", limitedMax), "key {http.request.header.X-Client}"}
+		if redis != "" {
+			options = append(options, "redis "+redis)
+		}
+		return append(options, extra...)
 	}
 	text := fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tpersist_config off\n\tauto_https off\n}\n", ports[0])
 	text += siteBlock("Plain: the baseline.", ports[1], nil)
 	text += siteBlock("Limited: the same response behind the rate limiter.", ports[2], limited(redisURL))
 	text += siteBlock(fmt.Sprintf("Limited, with Redis %d ms away (through the latency proxy).", farLatencyMs), ports[3], limited(farURL))
+	text += siteBlock("Limited, without Redis: the in-process store.", ports[4], limited(""))
 	for i, ms := range memSizes {
 		// A long window: no key of an earlier size expires while a later
 		// size is measured, however slow the machine.
 		text += siteBlock(fmt.Sprintf("Memory phase, %d admissions per client: its own zone and key_prefix, so its keys can be counted apart.", ms.max),
-			ports[4+i], []string{"window " + memWindow, fmt.Sprintf("max_requests %d", ms.max), "key {http.request.header.X-Client}", "redis " + redisURL, "key_prefix " + ms.prefix()})
+			ports[5+i], []string{"window " + memWindow, fmt.Sprintf("max_requests %d", ms.max), "key {http.request.header.X-Client}", "redis " + redisURL, "key_prefix " + ms.prefix()})
 	}
 	return text
 }
@@ -176,7 +182,7 @@ func caddyfile(s sites, ports []int, redisURL, farURL string, extra []string) st
 // and the admin endpoint answer. limiterOptions are extra subdirectives for
 // the limited sites (the -limiter flag), one per line.
 func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, limiterOptions []string) (*proc, sites, error) {
-	ports := make([]int, 4+len(memSizes))
+	ports := make([]int, 5+len(memSizes))
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -185,9 +191,9 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, lim
 		ports[i] = p
 	}
 	url := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d", port) }
-	s := sites{admin: url(ports[0]), plain: url(ports[1]), limited: url(ports[2]), far: url(ports[3])}
+	s := sites{admin: url(ports[0]), plain: url(ports[1]), limited: url(ports[2]), far: url(ports[3]), local: url(ports[4])}
 	for i := range memSizes {
-		s.memory = append(s.memory, url(ports[4+i]))
+		s.memory = append(s.memory, url(ports[5+i]))
 	}
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile(s, ports, redisURL, farURL, limiterOptions)), 0o644); err != nil {
@@ -200,7 +206,7 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, lim
 		return nil, s, err
 	}
 	err = p.waitReady(ctx, func() error {
-		for _, u := range []string{s.plain, s.limited, s.far, s.admin + "/config/"} {
+		for _, u := range []string{s.plain, s.limited, s.far, s.local, s.admin + "/config/"} {
 			if err := getOK(ctx, u, "srlbench-ready"); err != nil {
 				return err
 			}

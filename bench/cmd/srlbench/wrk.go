@@ -22,6 +22,9 @@ type scenario struct {
 	about  string
 	// far runs the limited side on the site whose Redis is 1 ms away.
 	far bool
+	// local runs the limited side on the site without Redis (the
+	// in-process store).
+	local bool
 	// keyLua is Lua that sets the local `key` for one request, with the
 	// thread-local counters n, g and b.
 	keyLua string
@@ -51,6 +54,11 @@ var scenarios = []scenario{
 		keyLua: `n = n + 1; local key
 	if n % 10 == 0 then b = b + 1; key = "mxbot-" .. (b % 10) else g = g + 1; key = "mx-" .. (g % 10000) end`,
 		prime: []string{"mxbot-0", "mxbot-1", "mxbot-2", "mxbot-3", "mxbot-4", "mxbot-5", "mxbot-6", "mxbot-7", "mxbot-8", "mxbot-9"},
+	},
+	{
+		name: "in-process store", slug: "local", target: 0.92, local: true,
+		about:  "the many clients load (own 10,000 keys) on a site without redis, where the limiter keeps its state in Caddy's process: the handler's own cost, with no Redis to share the CPUs with",
+		keyLua: `n = n + 1; local key = "loc-" .. (n % 10000)`,
 	},
 	{
 		name: "Redis 1 ms away", slug: "far", target: math.NaN(), far: true,
