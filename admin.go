@@ -191,7 +191,7 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, reg *registratio
 	defer cancel()
 	checks := []limiter.Check{{Zone: z.identity, Key: key, Limit: z.limit}}
 	decisions := make([]limiter.Decision, 1)
-	if err := h.inspector.Peek(ctx, checks, decisions); err != nil {
+	if err := h.backend.store.Peek(ctx, checks, decisions); err != nil {
 		return caddy.APIError{
 			HTTPStatus: http.StatusServiceUnavailable,
 			Err:        fmt.Errorf("zone %s: reading the client's state: %w", z.Name, err),
@@ -233,7 +233,7 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 	// the store may have reset the key before failing, and forgetting costs
 	// one store call at most.
 	for i, reg := range regs {
-		reg.h.cache.Forget(identity, keys[i])
+		reg.h.backend.cache.Forget(identity, keys[i])
 	}
 	errs = append(errs, a.announce(r.Context(), zone, announce)...)
 	if len(errs) > 0 {
@@ -359,7 +359,7 @@ func blockedClients(handlers []*Handler, limit int) blockedAnswer {
 	type clientInZone struct{ identity, key string }
 	seen := make(map[clientInZone]int) // index in answer.Blocked
 	for _, h := range handlers {
-		denied, total := h.cache.Denied(nil, limit)
+		denied, total := h.backend.cache.Denied(nil, limit)
 		answer.Count += total
 		for _, d := range denied {
 			id := clientInZone{d.Zone, d.Key}

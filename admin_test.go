@@ -185,7 +185,7 @@ http://localhost:9080 {
 			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
 		}
 	}
-	if reg.h.cache.Stats().Hits == 0 {
+	if reg.h.backend.cache.Stats().Hits == 0 {
 		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
 	}
 	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
@@ -238,9 +238,9 @@ http://localhost:9080 {
 			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
 		}
 	}
-	hits := b.cache.Stats().Hits
-	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || b.cache.Stats().Hits != hits+1 {
-		t.Fatalf("B, request 5: status %d, cache hits %d -> %d; want a 429 from the deny cache", status, hits, b.cache.Stats().Hits)
+	hits := b.backend.cache.Stats().Hits
+	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || b.backend.cache.Stats().Hits != hits+1 {
+		t.Fatalf("B, request 5: status %d, cache hits %d -> %d; want a 429 from the deny cache", status, hits, b.backend.cache.Stats().Hits)
 	}
 	if s := adminState(t, "adm_far", ip); s.Count != 3 {
 		t.Errorf("A sees count %d of B's admissions, want 3", s.Count)
@@ -260,7 +260,7 @@ http://localhost:9080 {
 		time.Sleep(100 * time.Microsecond)
 	}
 	if admitted.IsZero() {
-		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", b.cache.Stats().Entries)
+		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", b.backend.cache.Stats().Entries)
 	}
 	t.Logf("DELETE took %s; B admitted the key %s after it returned (request %d), %s after it was sent",
 		deleted.Sub(start), admitted.Sub(deleted), polls, admitted.Sub(start))
@@ -278,8 +278,8 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 	reg := registered(t, "adm_resub")
 	waitSubscribed(t, reg)
 	b.serve("192.0.2.1", nil)
-	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || b.cache.Stats().Entries != 1 {
-		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, b.cache.Stats().Entries)
+	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || b.backend.cache.Stats().Entries != 1 {
+		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, b.backend.cache.Stats().Entries)
 	}
 
 	// Kill B's subscriber connection, as a network error would.
@@ -302,7 +302,7 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		t.Fatalf("found %d subscriber connections named %s, want 1:\n%s", killed, name, list)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for b.cache.Stats().Entries != 0 {
+	for b.backend.cache.Stats().Entries != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("deny cache still holds the denial 5s after the subscriber lost its connection")
 		}
@@ -788,7 +788,7 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	expect(t, "/a then /b", client, site+"a", nil, 200, 429)
 	expect(t, "/b, denied by Redis", client, site+"b", nil, 429)
 	regs, _ := handlerRegistry.withZone("blk_shared")
-	if len(regs) != 2 || regs[0].h.cache.Stats().Entries != 1 || regs[1].h.cache.Stats().Entries != 1 {
+	if len(regs) != 2 || regs[0].h.backend.cache.Stats().Entries != 1 || regs[1].h.backend.cache.Stats().Entries != 1 {
 		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(regs))
 	}
 	answer := adminBlocked(t, "")

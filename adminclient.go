@@ -67,6 +67,12 @@ func adminRequest(addr, method, path string) ([]byte, error) {
 		return nil, fmt.Errorf("no Caddy admin API answers at %s (is Caddy running, with this admin address? see --address and --config): %w", addr, err)
 	}
 	defer res.Body.Close()
+	return readAdminAnswer(res, addr, path)
+}
+
+// readAdminAnswer returns the body of an admin API answer, or its error as
+// the admin API's own message.
+func readAdminAnswer(res *http.Response, addr, path string) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(res.Body, adminBodyLimit))
 	if err != nil {
 		return nil, fmt.Errorf("reading the admin API's answer: %w", err)

@@ -99,16 +99,22 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		}
 	}
-	if seen["window"] != seen["max_requests"] {
-		if !seen["window"] {
+	return h.checkLimitsGiven(d, seen["window"], seen["max_requests"])
+}
+
+// checkLimitsGiven checks, at the end of the block, that the limits that
+// were given make a whole.
+func (h *Handler) checkLimitsGiven(d *caddyfile.Dispenser, window, maxRequests bool) error {
+	if window != maxRequests {
+		if !window {
 			return d.Err("window is required with max_requests")
 		}
 		return d.Err("max_requests is required with window")
 	}
-	if !seen["window"] && len(h.Zones) == 0 {
+	if !window && len(h.Zones) == 0 {
 		return d.Err("window and max_requests are required (or at least one zone)")
 	}
-	if err := checkZoneNames(seen["window"], h.Zones); err != nil {
+	if err := checkZoneNames(window, h.Zones); err != nil {
 		return d.Err(err.Error())
 	}
 	return nil
@@ -212,21 +218,9 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	if err := checkZoneName(z.Name); err != nil {
 		return nil, d.Err(err.Error())
 	}
-	seen := make(map[string]bool)
-	// The short form: zone <name> <window> <max_requests>
-	switch args := d.RemainingArgs(); len(args) {
-	case 0:
-	case 2:
-		var err error
-		if z.Window, err = parseDuration(d, "window", args[0]); err != nil {
-			return nil, err
-		}
-		if z.MaxRequests, err = parseMaxRequests(d, args[1]); err != nil {
-			return nil, err
-		}
-		seen["window"], seen["max_requests"] = true, true
-	default:
-		return nil, d.Errf("zone %s: want zone <name> [<window> <max_requests>] [{ ... }]", z.Name)
+	seen, err := parseZoneShortForm(d, z)
+	if err != nil {
+		return nil, err
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
@@ -273,6 +267,27 @@ var subdirectiveSyntax = map[string]string{
 	"ipv6_prefix":  "ipv6_prefix <bits>",
 	"key_prefix":   "key_prefix <string>",
 	"timeout":      "timeout <duration>",
+}
+
+// parseZoneShortForm reads the arguments after a zone's name, the short form
+// zone <name> <window> <max_requests>, and returns the fields it set.
+func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error) {
+	seen := make(map[string]bool)
+	switch args := d.RemainingArgs(); len(args) {
+	case 0:
+	case 2:
+		var err error
+		if z.Window, err = parseDuration(d, "window", args[0]); err != nil {
+			return nil, err
+		}
+		if z.MaxRequests, err = parseMaxRequests(d, args[1]); err != nil {
+			return nil, err
+		}
+		seen["window"], seen["max_requests"] = true, true
+	default:
+		return nil, d.Errf("zone %s: want zone <name> [<window> <max_requests>] [{ ... }]", z.Name)
+	}
+	return seen, nil
 }
 
 // oneArg returns the single argument of the current subdirective, or an

@@ -122,20 +122,10 @@ func (h *Handler) giveBack(ctx context.Context, req *request, src source, status
 	}
 	// The client may be gone; the slot is given back all the same.
 	ctx = context.WithoutCancel(ctx)
-	store := h.refunder
-	if src == fromLocal {
-		store = h.local.(limiter.Refunder)
-	}
-	if err := store.Refund(ctx, checks, decisions); err != nil {
+	// Only an admission that took a client's last slot can have made
+	// another instance cache a denial.
+	lastSlot := func(i int) bool { return decisions[i].Remaining == 0 }
+	if err := h.backend.refund(ctx, checks, decisions, src, lastSlot); err != nil {
 		h.refundFailures.record(h.FailMode, err)
-		return
-	}
-	for i, c := range checks {
-		h.cache.Forget(c.Zone, c.Key)
-		if decisions[i].Remaining == 0 && src == fromStore && h.resets != nil {
-			if err := h.resets.announceRefund(ctx, h.redisKey(c.Zone, c.Key)); err != nil {
-				h.refundFailures.record(h.FailMode, err)
-			}
-		}
 	}
 }

@@ -182,7 +182,7 @@ func TestCountStatusConcurrent(t *testing.T) {
 			t.Fatalf("with three requests in flight, request %d: %d, want 429", i+1, status)
 		}
 	}
-	if a.cache.Stats().Hits == 0 {
+	if a.backend.cache.Stats().Hits == 0 {
 		t.Fatal("the second denial did not come from a's deny cache; the test would not cross it")
 	}
 	close(release)

@@ -1,7 +1,6 @@
 package slidingratelimit
 
 import (
-	"context"
 	"errors"
 	"net/http"
 
@@ -30,18 +29,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(req.checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	source, err := h.decide(r.Context(), &req)
+	source, err := h.backend.allow(r.Context(), req.checks, req.decisions)
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away: nothing failed, and no one waits.
 			return nil
 		}
 		h.failures.record(h.FailMode, err)
-		if h.FailMode != failLocal {
+		if !h.backend.allowLocally(r.Context(), req.checks, req.decisions) {
 			return h.failed(w, r, next, &req, err)
 		}
-		// The in-process store never fails.
-		_ = h.local.Allow(r.Context(), req.checks, req.decisions)
 		source = fromLocal
 	}
 	shown := mostRestrictive(req.decisions)
@@ -157,20 +154,6 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		return nil
 	}
 	return caddyhttp.Error(http.StatusTooManyRequests, errRateLimited)
-}
-
-// decide asks the deny cache, and behind it the store. The Redis store ends
-// each call at its own timeout, so a request creates no timer.
-func (h *Handler) decide(ctx context.Context, req *request) (source, error) {
-	hit, err := h.cache.AllowCached(ctx, req.checks, req.decisions)
-	return cacheSource(hit), err
-}
-
-func cacheSource(hit bool) source {
-	if hit {
-		return fromCache
-	}
-	return fromStore
 }
 
 // hasErrorRoutes reports whether the server has handle_errors routes, which

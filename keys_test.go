@@ -240,7 +240,7 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	if reg.h.cache.Stats().Hits == 0 {
+	if reg.h.backend.cache.Stats().Hits == 0 {
 		t.Fatal("no denial came from the deny cache; the test would not cross it")
 	}
 	// The admin API's seconds are rounded to the millisecond.

@@ -5,7 +5,6 @@
 package slidingratelimit
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -161,28 +160,17 @@ type Handler struct {
 	LogKeys bool `json:"log_keys,omitempty"`
 
 	zones []*Zone
-	// cache answers repeated denials without a store call and wraps the
-	// store (Redis behind a circuit breaker, or the in-process store).
-	cache *limiter.DenyCache
-	// inspector is the store itself, for the admin API.
-	inspector limiter.Inspector
-	// local decides while Redis fails, with fail_mode local.
-	local    limiter.Store
-	breaker  *limiter.Breaker
-	releases []func() error
+	// backend is the store stack: deny cache, store, breaker, fallback.
+	backend  *backend
 	failures *failureLog
 	// refundFailures logs count_status refunds that failed.
 	refundFailures *failureLog
 	// countStatus is set when a zone has count_status, so that admitted
 	// requests are followed to their response.
 	countStatus bool
-	// refunder is the store that records admissions (Redis or in-process),
-	// for count_status refunds; resets, with Redis, announces them.
-	refunder limiter.Refunder
-	resets   *resetBus
-	events   *caddyevents.App
-	ctx      caddy.Context
-	logger   *zap.Logger
+	events      *caddyevents.App
+	ctx         caddy.Context
+	logger      *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -196,6 +184,29 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults, loads the zones and connects the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
+	h.setDefaults()
+	if err := h.provisionZones(ctx); err != nil {
+		return err
+	}
+	h.ctx = ctx
+	h.failures = newFailureLog(h.logger, "rate limit store unavailable; applying fail mode", time.Second)
+	h.refundFailures = newFailureLog(h.logger, "giving back count_status slots failed: they count until they age out", time.Second)
+	// Only a configured events app can have subscribers; without one there
+	// is no one to tell.
+	if events, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events = events.(*caddyevents.App)
+	}
+	b, err := newBackend(h)
+	if err != nil {
+		return err
+	}
+	h.backend = b
+	h.register() // admin API and resets from other instances: registry.go
+	return nil
+}
+
+// setDefaults fills the optional fields left empty.
+func (h *Handler) setDefaults() {
 	if h.Key == "" {
 		h.Key = defaultKey
 	}
@@ -223,18 +234,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Headers == "" {
 		h.Headers = headersDraft
 	}
-	if err := h.provisionZones(ctx); err != nil {
-		return err
-	}
-	h.ctx = ctx
-	h.failures = newFailureLog(h.logger, "rate limit store unavailable; applying fail mode", time.Second)
-	h.refundFailures = newFailureLog(h.logger, "giving back count_status slots failed: they count until they age out", time.Second)
-	// Only a configured events app can have subscribers; without one there
-	// is no one to tell.
-	if events, err := ctx.AppIfConfigured("events"); err == nil {
-		h.events = events.(*caddyevents.App)
-	}
-	return h.provisionStores()
 }
 
 // provisionZones builds the zone list: the "default" zone of the top-level
@@ -259,57 +258,14 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	return nil
 }
 
-// provisionStores connects the stores: Redis behind a circuit breaker and a
-// deny cache, the in-process store for fail_mode local, or the in-process
-// store alone without Redis.
-func (h *Handler) provisionStores() error {
-	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
-	if redisURL == "" || h.FailMode == failLocal {
-		memory, release := loadMemoryStore()
-		h.releases = append(h.releases, release)
-		if redisURL == "" {
-			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
-			h.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
-			h.inspector, h.refunder = memory, memory
-			h.register(nil) // admin API: registry.go
-			return nil
-		}
-		h.local = memory
-	}
-	client, release, err := loadRedisClient(h.RedisTopology, redisURL)
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	h.releases = append(h.releases, release)
-	if err := h.checkRedis(client.UniversalClient); err != nil {
-		return err
-	}
-	redisStore, release, err := loadRedisStore(h.RedisTopology, redisURL, limiter.RedisOptions{
-		KeyPrefix: h.KeyPrefix,
-		Timeout:   time.Duration(h.Timeout),
-	})
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
-	}
-	h.releases = append(h.releases, release)
-	h.inspector, h.refunder = redisStore, redisStore
-	// The client's breaker, shared with every handler on it.
-	h.breaker = client.breaker
-	h.cache = limiter.NewDenyCache(h.breaker.Guard(client.gate.Guard(timedStore{redisStore})), limiter.DefaultDenyCacheEntries)
-	h.register(client.UniversalClient) // admin API and resets from other instances: registry.go
-	return nil
-}
-
 // Cleanup releases the stores, closing the Redis client when no other
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
 	h.unregister() // before releasing the stores it names
-	var errs []error
-	for _, release := range h.releases {
-		errs = append(errs, release())
+	if h.backend == nil {
+		return nil
 	}
-	h.releases = nil
-	return errors.Join(errs...)
+	return h.backend.close()
 }
 
 // Interface guards

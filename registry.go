@@ -54,24 +54,20 @@ type redisStoreID struct {
 }
 
 // register adds the provisioned handler to the registry and, with Redis,
-// subscribes it to resets made on other instances. client is the handler's
-// pooled Redis client, nil without Redis. Cleanup calls unregister.
-func (h *Handler) register(client redis.UniversalClient) {
+// subscribes it to resets made on other instances through its client's reset
+// bus. Cleanup calls unregister.
+func (h *Handler) register() {
+	b := h.backend
 	reg := &registration{h: h}
-	if rs, ok := h.inspector.(*limiter.RedisStore); ok && client != nil {
-		reg.stores = append(reg.stores, storeRef{id: redisStoreID{client, h.KeyPrefix}, store: rs, redis: rs})
-		reg.resets = resetBusOf(client)
-		h.resets = reg.resets
-		reg.listener = &resetListener{h: h, store: rs, keyStart: h.KeyPrefix + "{"}
-		if reg.resets == nil {
-			// Cannot happen while clients come from loadRedisClient.
-			h.logger.Warn("no reset subscriber for this redis client: resets on other instances reach this one only when their denials expire")
-		}
-	} else if h.inspector != nil {
-		reg.stores = append(reg.stores, storeRef{id: h.inspector, store: h.inspector})
+	if b.redis != nil {
+		reg.stores = append(reg.stores, storeRef{id: redisStoreID{b.client.UniversalClient, h.KeyPrefix}, store: b.redis, redis: b.redis})
+		reg.resets = b.client.resets
+		reg.listener = &resetListener{h: h, store: b.redis, keyStart: h.KeyPrefix + "{"}
+	} else {
+		reg.stores = append(reg.stores, storeRef{id: b.store, store: b.store})
 	}
-	if local, ok := h.local.(limiter.Inspector); ok {
-		reg.stores = append(reg.stores, storeRef{id: local, store: local})
+	if b.local != nil {
+		reg.stores = append(reg.stores, storeRef{id: b.local, store: b.local})
 	}
 	handlerRegistry.add(reg)
 	if reg.resets != nil {
@@ -122,14 +118,6 @@ func (r *registry) withZone(name string) ([]*registration, []*Zone) {
 		}
 	}
 	return regs, zones
-}
-
-// redisKey is the Redis key of a client in a zone of h.
-func (h *Handler) redisKey(identity, key string) string {
-	if rs, ok := h.inspector.(*limiter.RedisStore); ok {
-		return rs.Key(identity, key)
-	}
-	return ""
 }
 
 // zoneByIdentity returns the handler's zone of that identity, or nil.

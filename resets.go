@@ -97,19 +97,6 @@ func newResetBus(client redis.UniversalClient) *resetBus {
 	}
 }
 
-// resetBusOf returns the reset bus of a pooled Redis client, or nil.
-func resetBusOf(client redis.UniversalClient) *resetBus {
-	var bus *resetBus
-	stores.Range(func(_, v any) bool {
-		if c, ok := v.(redisClient); ok && c.UniversalClient == client {
-			bus = c.resets
-			return false
-		}
-		return true
-	})
-	return bus
-}
-
 // listen passes announcements to l from now on, and starts the subscriber if
 // it is not running.
 func (b *resetBus) listen(l *resetListener) {
@@ -291,11 +278,11 @@ func (l *resetListener) forget(key string, reset bool) {
 		// A key of this prefix in a layout this version does not know,
 		// from another version during an upgrade: forgetting everything is
 		// exact, forgetting nothing may not be.
-		l.h.cache.Clear()
+		l.h.backend.cache.Clear()
 		return
 	}
-	l.h.cache.Forget(zone, client)
-	if local, ok := l.h.local.(limiter.Inspector); ok && reset {
+	l.h.backend.cache.Forget(zone, client)
+	if local := l.h.backend.local; local != nil && reset {
 		// The in-process store never fails.
 		_ = local.Reset(context.Background(), zone, client)
 	}
@@ -303,5 +290,5 @@ func (l *resetListener) forget(key string, reset bool) {
 
 // forgetAll drops the handler's whole deny cache.
 func (l *resetListener) forgetAll() {
-	l.h.cache.Clear()
+	l.h.backend.cache.Clear()
 }

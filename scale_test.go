@@ -233,7 +233,7 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				})
 				return true
 			})
-			if got := in.breaker.State().String(); got != "open" {
+			if got := in.backend.client.breaker.State().String(); got != "open" {
 				t.Errorf("breaker %s while Redis is frozen, want open", got)
 			}
 			if got := testutil.ToFloat64(limiterMetrics.circuitState); got != 1 {
@@ -256,7 +256,7 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				// decision carries the RateLimit header (fail open does not).
 				// Calls that timed out while Redis was frozen may still run
 				// when it resumes, so the count need not be fresh.
-				if in.breaker.State().String() == "closed" && h.Get("RateLimit") != "" {
+				if in.backend.client.breaker.State().String() == "closed" && h.Get("RateLimit") != "" {
 					t.Logf("decisions by Redis %s after SIGCONT: %d %s", time.Since(thawed).Round(time.Millisecond), status, h.Get("RateLimit"))
 					if got := testutil.ToFloat64(limiterMetrics.circuitState); got != 0 {
 						t.Errorf("circuit_state metric %v after recovery, want 0", got)
@@ -313,7 +313,7 @@ func TestRedisLosesState(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Still blocked (state kept): only the script cache went.
-	in.cache.Clear()
+	in.backend.cache.Clear()
 	if status, _ := in.serve("192.0.2.99", nil); status != http.StatusTooManyRequests {
 		t.Errorf("after SCRIPT FLUSH: %d, want 429 from Redis (NOSCRIPT handled)", status)
 	}
@@ -321,11 +321,11 @@ func TestRedisLosesState(t *testing.T) {
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	in.cache.Clear() // an operator's flush is a reset: see the README
+	in.backend.cache.Clear() // an operator's flush is a reset: see the README
 	expectFresh("after FLUSHALL")
 
 	use()
-	in.cache.Clear()
+	in.backend.cache.Clear()
 	srv.Restart(t)
 	expectFresh("after a restart")
 }

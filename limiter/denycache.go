@@ -207,16 +207,15 @@ func (c *DenyCache) Allow(ctx context.Context, checks []Check, decisions []Decis
 // only the denying decisions carry meaning (see DenyCache). Otherwise it is
 // the wrapped store's answer, and its denials are remembered.
 func (c *DenyCache) AllowCached(ctx context.Context, checks []Check, decisions []Decision) (hit bool, err error) {
-	if c.Cached(checks, decisions) {
+	if c.cached(checks, decisions) {
 		return true, nil
 	}
 	return false, c.ask(ctx, checks, decisions)
 }
 
-// Cached answers checks from the cache alone, without the wrapped store:
-// it reports true, and fills decisions, if any check's key is denied. A
-// caller can try it before it pays for a deadline on the store call.
-func (c *DenyCache) Cached(checks []Check, decisions []Decision) bool {
+// cached answers checks from the cache alone, without the wrapped store:
+// it reports true, and fills decisions, if any check's key is denied.
+func (c *DenyCache) cached(checks []Check, decisions []Decision) bool {
 	if c.entries.Load() == 0 {
 		return false
 	}
@@ -225,10 +224,10 @@ func (c *DenyCache) Cached(checks []Check, decisions []Decision) bool {
 	for i := range checks {
 		if retryAt, ok := c.lookup(checks[i].Zone, checks[i].Key, now); ok {
 			left := time.Duration(retryAt - now)
-			decisions[i] = Decision{RetryAfter: left, Reset: left, Cached: true, token: -1}
+			decisions[i] = Decision{RetryAfter: left, Reset: left, token: -1}
 			hit = true
 		} else {
-			decisions[i] = Decision{Allowed: true, Cached: true, token: -1}
+			decisions[i] = Decision{Allowed: true, token: -1}
 		}
 	}
 	if hit {

@@ -94,9 +94,6 @@ type Decision struct {
 	// RetryAfter is, for a denying zone, the exact time until it admits again;
 	// zero when Allowed.
 	RetryAfter time.Duration
-	// Cached reports that a deny cache answered without asking the store.
-	// Then only the denying decisions carry figures.
-	Cached bool
 
 	// token is what the store recorded, for a refund: the admission's time
 	// in the store's unit, or a counter's window index; -1 for nothing.

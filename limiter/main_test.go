@@ -103,7 +103,7 @@ func untilAged(a call, cStart, cEnd time.Time, w time.Duration) (lo, hi time.Dur
 // exported returns d with only its exported fields, to compare with a
 // Decision literal.
 func exported(d Decision) Decision {
-	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter, Cached: d.Cached}
+	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter}
 }
 
 // checkWithin fails unless lo-tol <= got <= hi+tol.

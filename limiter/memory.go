@@ -255,8 +255,8 @@ func (s *MemoryStore) sweep() {
 	}
 }
 
-// Len returns how many (zone, client) states the store holds.
-func (s *MemoryStore) Len() int {
+// len returns how many (zone, client) states the store holds.
+func (s *MemoryStore) len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.state)

@@ -37,7 +37,7 @@ func TestMemoryStoreSweep(t *testing.T) {
 	for _, st := range steps {
 		now = st.at
 		s.sweep()
-		if got := s.Len(); got != st.want {
+		if got := s.len(); got != st.want {
 			t.Errorf("Len after a sweep at %v = %d, want %d", st.at, got, st.want)
 		}
 	}

@@ -1,0 +1,158 @@
+package slidingratelimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// storeMode says where a handler's limits live.
+type storeMode uint8
+
+const (
+	// inProcess: no Redis; the in-process store, so each instance counts
+	// alone.
+	inProcess storeMode = iota
+	// redisShared: Redis, shared by every instance; fail_mode open or
+	// closed.
+	redisShared
+	// redisWithLocal: Redis, and the in-process store decides while Redis
+	// fails (fail_mode local).
+	redisWithLocal
+)
+
+// backend is the store stack of one handler, built in one place (newBackend)
+// and owned here, so that the request path and the admin API talk to it and
+// never to its parts:
+//
+//	deny cache -> Redis client's breaker -> dial gate -> timing -> RedisStore
+//	deny cache -> MemoryStore                          (no Redis)
+//	MemoryStore                                        (fail_mode local, while Redis fails)
+type backend struct {
+	mode storeMode
+	// cache answers repeated denials in process, in front of the store.
+	cache *limiter.DenyCache
+	// store is the store that records admissions: Redis or in-process.
+	store interface {
+		limiter.Inspector
+		limiter.Refunder
+	}
+	// local decides while Redis fails, with mode redisWithLocal.
+	local *limiter.MemoryStore
+	// redis and client are set with Redis: the store (which knows the key
+	// layout) and its pooled client (breaker, reset bus).
+	redis    *limiter.RedisStore
+	client   redisClient
+	releases []func() error
+}
+
+// newBackend builds the stack for h's configuration; its pooled parts
+// (clients, stores) are shared with other handlers and configs and kept
+// across reloads.
+func newBackend(h *Handler) (*backend, error) {
+	b := new(backend)
+	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
+	if redisURL == "" || h.FailMode == failLocal {
+		memory, release := loadMemoryStore()
+		b.releases = append(b.releases, release)
+		if redisURL == "" {
+			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+			b.mode, b.store = inProcess, memory
+			b.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
+			return b, nil
+		}
+		b.local = memory
+	}
+	if err := b.connect(h, redisURL); err != nil {
+		_ = b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// connect adds the Redis part of the stack.
+func (b *backend) connect(h *Handler, redisURL string) error {
+	b.mode = redisShared
+	if b.local != nil {
+		b.mode = redisWithLocal
+	}
+	client, release, err := loadRedisClient(h.RedisTopology, redisURL)
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	b.releases = append(b.releases, release)
+	b.client = client
+	if err := h.checkRedis(client.UniversalClient); err != nil {
+		return err
+	}
+	store, release, err := loadRedisStore(h.RedisTopology, redisURL, limiter.RedisOptions{
+		KeyPrefix: h.KeyPrefix,
+		Timeout:   time.Duration(h.Timeout),
+	})
+	if err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	b.releases = append(b.releases, release)
+	b.redis, b.store = store, store
+	guarded := client.breaker.Guard(client.gate.Guard(timedStore{store}))
+	b.cache = limiter.NewDenyCache(guarded, limiter.DefaultDenyCacheEntries)
+	return nil
+}
+
+// allow decides checks: from the deny cache, or the store behind it. The
+// Redis store ends each call at its own timeout, so a request creates no
+// timer.
+func (b *backend) allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (source, error) {
+	hit, err := b.cache.AllowCached(ctx, checks, decisions)
+	if hit {
+		return fromCache, err
+	}
+	return fromStore, err
+}
+
+// allowLocally decides checks with the in-process fallback, which never
+// fails; it reports false unless the mode has one.
+func (b *backend) allowLocally(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) bool {
+	if b.mode != redisWithLocal {
+		return false
+	}
+	_ = b.local.Allow(ctx, checks, decisions)
+	return true
+}
+
+// refund takes back admissions that src recorded, forgets denials they may
+// have caused here and, when announce is set, on every instance.
+func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source, announce func(i int) bool) error {
+	var store limiter.Refunder = b.store
+	if src == fromLocal {
+		store = b.local
+	}
+	if err := store.Refund(ctx, checks, decisions); err != nil {
+		return err
+	}
+	for i, c := range checks {
+		b.cache.Forget(c.Zone, c.Key)
+		if src == fromStore && b.redis != nil && b.client.resets != nil && announce(i) {
+			if err := b.client.resets.announceRefund(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// close releases this use of the pooled parts.
+func (b *backend) close() error {
+	var first error
+	for _, release := range b.releases {
+		if err := release(); err != nil && first == nil {
+			first = err
+		}
+	}
+	b.releases = nil
+	return first
+}
