@@ -1,9 +1,11 @@
 package slidingratelimit
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -15,13 +17,18 @@ import (
 // per goroutine as Caddy's server would, then replayed with a new client IP
 // per request (keys cycle through clients, all under the limit) or one IP.
 func benchmarkServeHTTP(b *testing.B, config string, clients int) {
+	benchmarkServeHTTPWith(b, config, clients, okHandler)
+}
+
+// benchmarkServeHTTPWith is benchmarkServeHTTP with next as the next handler.
+func benchmarkServeHTTPWith(b *testing.B, config string, clients int, next caddyhttp.Handler) {
 	in := newInstance(&testing.T{}, config)
 	b.Cleanup(func() { in.Cleanup() })
 	ips := make([]string, clients)
 	for i := range ips {
 		ips[i] = "10." + strconv.Itoa(i>>16&255) + "." + strconv.Itoa(i>>8&255) + "." + strconv.Itoa(i&255)
 	}
-	var next atomic.Int64
+	var turn atomic.Int64
 	// A server without handle_errors routes, as in the bench Caddyfile.
 	srv := new(caddyhttp.Server)
 	b.ReportAllocs()
@@ -32,9 +39,9 @@ func benchmarkServeHTTP(b *testing.B, config string, clients int) {
 		w := httptest.NewRecorder()
 		for pb.Next() {
 			r := httptest.NewRequest(http.MethodGet, "http://example.test/", nil)
-			r.RemoteAddr = ips[int(next.Add(1))%clients] + ":40000"
+			r.RemoteAddr = ips[int(turn.Add(1))%clients] + ":40000"
 			r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, srv)
-			_ = in.ServeHTTP(w, r, okHandler)
+			_ = in.ServeHTTP(w, r, next)
 		}
 	})
 }
@@ -69,4 +76,46 @@ func BenchmarkServeHTTPRedis(b *testing.B) {
 	b.Run("one-bot", func(b *testing.B) {
 		benchmarkServeHTTP(b, `{"window": "1m", "max_requests": 10, "redis": "`+sharedRedis.URL()+`", "key_prefix": "bench:", "timeout": "1s"}`, 1)
 	})
+}
+
+// BenchmarkServeHTTPCountStatus is what count_status costs on Redis: a
+// response whose status counts keeps its admission (no more than any
+// request), one that does not is given back with one more script call. It
+// reports Redis script calls per request.
+func BenchmarkServeHTTPCountStatus(b *testing.B) {
+	config := `{"window": "1m", "max_requests": 1000000000, "count_status": [401], "redis": "` + sharedRedis.URL() + `", "key_prefix": "bench:", "timeout": "1s"}`
+	for _, c := range []struct {
+		name   string
+		status int
+	}{{"counted-401", http.StatusUnauthorized}, {"given-back-200", http.StatusOK}} {
+		b.Run(c.name, func(b *testing.B) {
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				w.WriteHeader(c.status)
+				return nil
+			})
+			before := scriptCalls(b)
+			benchmarkServeHTTPWith(b, config, 10000, next)
+			b.ReportMetric(float64(scriptCalls(b)-before)/float64(b.N), "script-calls/op")
+		})
+	}
+}
+
+// scriptCalls is how many EVALSHA and EVAL calls the shared Redis has run.
+func scriptCalls(b *testing.B) int64 {
+	info, err := sharedRedis.Client(b).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_evalsha:calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			total += n
+		}
+		if rest, ok := strings.CutPrefix(line, "cmdstat_eval:calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			total += n
+		}
+	}
+	return total
 }
