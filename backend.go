@@ -124,9 +124,11 @@ func (b *backend) allowLocally(ctx context.Context, checks []limiter.Check, deci
 	return true
 }
 
-// refund takes back admissions that src recorded, forgets denials they may
-// have caused here and, when announce is set, on every instance.
-func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source, announce func(i int) bool) error {
+// refund takes back admissions that src recorded and forgets the denials
+// they may have caused: here, and on every instance when an admission had
+// taken a client's last slot (only then can another instance have cached a
+// denial because of it).
+func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
 	var store limiter.Refunder = b.store
 	if src == fromLocal {
 		store = b.local
@@ -136,7 +138,8 @@ func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions 
 	}
 	for i, c := range checks {
 		b.cache.Forget(c.Zone, c.Key)
-		if src == fromStore && b.redis != nil && b.client.resets != nil && announce(i) {
+		lastSlot := decisions[i].Remaining == 0
+		if lastSlot && src == fromStore && b.redis != nil && b.client.resets != nil {
 			if err := b.client.resets.announceRefund(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
 				return err
 			}

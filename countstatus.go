@@ -104,10 +104,8 @@ func (h *Handler) serveCounted(w http.ResponseWriter, r *http.Request, next cadd
 }
 
 // giveBack refunds the admissions of the zones that do not count status, in
-// the store that recorded them, and forgets denials that those admissions
-// may have caused: here directly, on other instances through Redis when the
-// admission had taken a client's last slot (only then can anyone have
-// cached a denial because of it).
+// the store that recorded them (backend.refund also forgets the denials they
+// may have caused).
 func (h *Handler) giveBack(ctx context.Context, req *request, src source, status int) {
 	var checks []limiter.Check
 	var decisions []limiter.Decision
@@ -122,10 +120,7 @@ func (h *Handler) giveBack(ctx context.Context, req *request, src source, status
 	}
 	// The client may be gone; the slot is given back all the same.
 	ctx = context.WithoutCancel(ctx)
-	// Only an admission that took a client's last slot can have made
-	// another instance cache a denial.
-	lastSlot := func(i int) bool { return decisions[i].Remaining == 0 }
-	if err := h.backend.refund(ctx, checks, decisions, src, lastSlot); err != nil {
+	if err := h.backend.refund(ctx, checks, decisions, src); err != nil {
 		h.refundFailures.record(h.FailMode, err)
 	}
 }

@@ -2,7 +2,6 @@ package slidingratelimit
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -10,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"golang.org/x/crypto/bcrypt"
 
@@ -26,25 +24,6 @@ var loginHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Req
 	w.WriteHeader(http.StatusOK)
 	return nil
 })
-
-// serveWith runs one request from clientIP through the instance with next
-// and returns the status the client gets.
-func (in *instance) serveWith(clientIP string, header http.Header, next caddyhttp.Handler) int {
-	r := httptest.NewRequest(http.MethodGet, "http://example.test/login", nil)
-	for k, v := range header {
-		r.Header[k] = v
-	}
-	r.RemoteAddr = net.JoinHostPort(clientIP, "40000")
-	w := httptest.NewRecorder()
-	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, nil)
-	if err := in.ServeHTTP(w, r, next); err != nil {
-		if herr, ok := err.(caddyhttp.HandlerError); ok {
-			return herr.StatusCode
-		}
-		return http.StatusInternalServerError
-	}
-	return w.Code
-}
 
 func basicAuth(password string) http.Header {
 	r := httptest.NewRequest(http.MethodGet, "/", nil)

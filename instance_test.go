@@ -66,7 +66,19 @@ var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Reques
 // serve runs one request from clientIP through the handler and returns the
 // status Caddy would send (the handler's error status for a 429 or 503).
 func (in *instance) serve(clientIP string, header http.Header) (int, http.Header) {
-	r := httptest.NewRequest(http.MethodGet, "http://example.test/", nil)
+	return in.serveTo("/", clientIP, header, okHandler)
+}
+
+// serveWith is serve with next as the next handler, on /login.
+func (in *instance) serveWith(clientIP string, header http.Header, next caddyhttp.Handler) int {
+	status, _ := in.serveTo("/login", clientIP, header, next)
+	return status
+}
+
+// serveTo runs one request for path from clientIP through the handler and
+// next.
+func (in *instance) serveTo(path, clientIP string, header http.Header, next caddyhttp.Handler) (int, http.Header) {
+	r := httptest.NewRequest(http.MethodGet, "http://example.test"+path, nil)
 	for k, v := range header {
 		r.Header[k] = v
 	}
@@ -75,7 +87,7 @@ func (in *instance) serve(clientIP string, header http.Header) (int, http.Header
 	// As Caddy's server does: the replacer with the http.* placeholders,
 	// and the client IP.
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, nil)
-	err := in.ServeHTTP(w, r, okHandler)
+	err := in.ServeHTTP(w, r, next)
 	if err != nil {
 		if herr, ok := err.(caddyhttp.HandlerError); ok {
 			return herr.StatusCode, w.Header()
