@@ -345,7 +345,7 @@ func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
-	return writeJSON(w, http.StatusOK, blockedClients(registeredHandlers(), limit))
+	return writeJSON(w, http.StatusOK, blockedClients(handlerRegistry.handlers(), limit))
 }
 
 // blockedClients lists the clients the handlers' deny caches hold, the
@@ -385,17 +385,6 @@ func blockedClients(handlers []*Handler, limit int) blockedAnswer {
 	})
 	answer.Blocked = answer.Blocked[:min(len(answer.Blocked), limit)]
 	return answer
-}
-
-// registeredHandlers returns the provisioned handlers, newest first.
-func registeredHandlers() []*Handler {
-	handlerRegistry.mu.RLock()
-	defer handlerRegistry.mu.RUnlock()
-	handlers := make([]*Handler, 0, len(handlerRegistry.regs))
-	for i := len(handlerRegistry.regs) - 1; i >= 0; i-- {
-		handlers = append(handlers, handlerRegistry.regs[i].h)
-	}
-	return handlers
 }
 
 func (a *AdminAPI) log() *zap.Logger {

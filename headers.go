@@ -76,10 +76,10 @@ func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, d limiter.D
 	if vars == nil {
 		// Not a request Caddy's server prepared; keep the provider in the
 		// replacer itself.
-		vars = make(map[string]any, 1)
 		if v, ok := repl.Get(placeholdersVar); ok {
 			vars = v.(map[string]any)
 		} else {
+			vars = make(map[string]any, 1)
 			repl.Set(placeholdersVar, vars)
 		}
 	}

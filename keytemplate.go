@@ -214,7 +214,7 @@ func (t *keyTemplate) compositeKey(r *http.Request, repl *caddy.Replacer, ipv4Bi
 		b.WriteString(escapeBytes(v, t.escape))
 	}
 	if empty == t.placeholders {
-		return addressKey(clientIP(r), ipv4Bits, ipv6Bits), true
+		return address, true
 	}
 	return limiter.BoundKey(b.String()), false
 }

@@ -102,6 +102,17 @@ func (r *registry) remove(h *Handler) *registration {
 	return reg
 }
 
+// handlers returns the provisioned handlers, newest first.
+func (r *registry) handlers() []*Handler {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	handlers := make([]*Handler, 0, len(r.regs))
+	for i := len(r.regs) - 1; i >= 0; i-- {
+		handlers = append(handlers, r.regs[i].h)
+	}
+	return handlers
+}
+
 // withZone returns the registrations of the handlers that have a zone of
 // that name or identity, newest first, with the zone of each.
 func (r *registry) withZone(name string) ([]*registration, []*Zone) {
