@@ -42,6 +42,8 @@ run: build
 test:
 	bash scripts/ensure-redis.sh
 	$(GO) vet ./...
+	# The soak test builds only with its tag: vet keeps it compiling.
+	$(GO) vet -tags soak .
 	$(GO) test -race -count=1 ./...
 
 # Each fuzz target runs alone (go test -fuzz takes one); `make test` already

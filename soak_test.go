@@ -146,7 +146,8 @@ func TestSoak(t *testing.T) {
 				int(time.Since(start).Round(time.Minute)/time.Minute), rssMB(), runtime.NumGoroutine(), redisConnections(rdb),
 				total, statuses[200].Load(), statuses[429].Load(), statuses[503].Load(),
 				testutil.ToFloat64(limiterMetrics.decisions.WithLabelValues(defaultZone, resultFailedClosed)),
-				testutil.ToFloat64(limiterMetrics.decisions.WithLabelValues(defaultZone, resultLocal)),
+				testutil.ToFloat64(limiterMetrics.decisions.WithLabelValues(defaultZone, resultLocalAllowed))+
+					testutil.ToFloat64(limiterMetrics.decisions.WithLabelValues(defaultZone, resultLocalDenied)),
 				reloads, restarts)
 			rows = append(rows, row)
 			t.Log(row)
