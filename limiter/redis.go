@@ -97,22 +97,18 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 	}
 	admitted := true
 	for g, idx := range groups {
-		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
 		o := opPeek
 		if admitted {
 			o = opAllow
 		}
-		if err := s.do(ctx, o, subKeys, sub, subDecisions); err != nil {
+		if err := s.doGroup(ctx, o, keys, checks, decisions, idx); err != nil {
 			if admitted && g > 0 {
 				// Best effort: the request fails either way.
 				_ = s.refundGroups(ctx, keys, checks, decisions, groups[:g])
 			}
 			return err
 		}
-		for j, i := range idx {
-			decisions[i] = subDecisions[j]
-		}
-		if admitted && !Admitted(subDecisions) {
+		if admitted && !admittedAt(decisions, idx) {
 			admitted = false
 			if err := s.refundGroups(ctx, keys, checks, decisions, groups[:g]); err != nil {
 				return err
@@ -130,12 +126,8 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 		return s.do(ctx, opPeek, keys, checks, decisions)
 	}
 	for _, idx := range groups {
-		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
-		if err := s.do(ctx, opPeek, subKeys, sub, subDecisions); err != nil {
+		if err := s.doGroup(ctx, opPeek, keys, checks, decisions, idx); err != nil {
 			return err
-		}
-		for j, i := range idx {
-			decisions[i] = subDecisions[j]
 		}
 	}
 	return nil
@@ -151,15 +143,8 @@ func (s *RedisStore) Refund(ctx context.Context, checks []Check, decisions []Dec
 		return s.do(ctx, opRefund, keys, checks, decisions)
 	}
 	for _, idx := range groups {
-		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
-		for j, i := range idx {
-			subDecisions[j] = decisions[i]
-		}
-		if err := s.do(ctx, opRefund, subKeys, sub, subDecisions); err != nil {
+		if err := s.doGroup(ctx, opRefund, keys, checks, decisions, idx); err != nil {
 			return err
-		}
-		for j, i := range idx {
-			decisions[i] = subDecisions[j]
 		}
 	}
 	return nil
@@ -194,6 +179,32 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 		r.slot = hashSlot(keys[0])
 	}
 	return s.batch.do(r)
+}
+
+// doGroup runs o for the checks of one slot group (indexes idx), with their
+// decisions as o's input and, after it, its output.
+func (s *RedisStore) doGroup(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision, idx []int) error {
+	subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
+	for j, i := range idx {
+		subDecisions[j] = decisions[i]
+	}
+	if err := s.do(ctx, o, subKeys, sub, subDecisions); err != nil {
+		return err
+	}
+	for j, i := range idx {
+		decisions[i] = subDecisions[j]
+	}
+	return nil
+}
+
+// admittedAt reports whether the decisions at idx all admit.
+func admittedAt(decisions []Decision, idx []int) bool {
+	for _, i := range idx {
+		if !decisions[i].Allowed {
+			return false
+		}
+	}
+	return true
 }
 
 // refundGroups takes back the admissions recorded for the checks of groups,
