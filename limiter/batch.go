@@ -13,10 +13,27 @@ import (
 )
 
 const (
-	// batchFlushers is how many script calls may be in flight at once. One
-	// would leave Redis idle while a reply travels back and the next batch is
-	// written; two keep it busy, and more only split batches smaller.
-	batchFlushers = 2
+	// batchTurns is how many script calls may be in flight while Redis
+	// answers fast. One would leave Redis idle while a reply travels back and
+	// the next batch is written; two keep it busy, and more only split
+	// batches smaller, which costs Redis more per decision.
+	batchTurns = 2
+	// slowCall is how long a call may hold its turn. A call out longer is
+	// waiting for the network, not for Redis's CPU: it passes its turn on, so
+	// the requests queued behind it go out now instead of after its reply.
+	// Against a Redis 50ms away, a request would otherwise wait a round trip
+	// for a turn and another for its reply: the whole of a 100ms timeout.
+	slowCall = 5 * time.Millisecond
+	// maxCalls bounds the calls in flight, slow ones included, and so the
+	// connections the batcher holds: go-redis's smallest default pool (one
+	// CPU) has 10.
+	maxCalls = 8
+	// warmAfter slow calls in a row, with no fast one between them, make
+	// the batcher open connections ahead of need (see warm), at most once
+	// every warmEvery. One slow call is a hiccup, or the first call's script
+	// load; a far Redis makes every call slow.
+	warmAfter = 3
+	warmEvery = time.Second
 	// maxBatch and maxBatchZones bound one script call: a full batch is about
 	// a millisecond of Redis's time, a small part of any sensible timeout,
 	// so one slow call holds few decisions.
@@ -80,9 +97,20 @@ func (r *request) abandon(err error) {
 type batcher struct {
 	client  RedisClient
 	cluster bool
-	queue   chan *request
-	done    chan struct{}
-	wg      sync.WaitGroup
+	// warmTimeout bounds the opening of a connection by warm.
+	warmTimeout time.Duration
+	queue       chan *request
+	// turns holds a token for each call that has the right to take a batch:
+	// batchTurns of them, so at most that many fast calls are out at once.
+	turns chan struct{}
+	// ctx ends at close; it bounds the connections warm opens.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// slowStreak counts the slow calls since the last fast one.
+	slowStreak atomic.Int64
+	lastWarm   atomic.Int64
+	done       chan struct{}
+	wg         sync.WaitGroup
 
 	// mu guards closed and watch. Requests join watch under it and Close
 	// sets closed under it, so Close answers every request it missed.
@@ -92,17 +120,23 @@ type batcher struct {
 	wake   chan struct{}
 }
 
-func newBatcher(client RedisClient, cluster bool) *batcher {
+// newBatcher starts a batcher for a store whose calls end after timeout.
+func newBatcher(client RedisClient, cluster bool, timeout time.Duration) *batcher {
 	b := &batcher{
 		client:  client,
 		cluster: cluster,
-		queue:   make(chan *request, batchQueue),
-		done:    make(chan struct{}),
-		wake:    make(chan struct{}, 1),
+		// A connection whose handshake and first command take longer
+		// than two timeouts could not decide anything in time anyway.
+		warmTimeout: 2 * timeout,
+		queue:       make(chan *request, batchQueue),
+		turns:       make(chan struct{}, batchTurns),
+		done:        make(chan struct{}),
+		wake:        make(chan struct{}, 1),
 	}
-	b.wg.Add(batchFlushers + 1)
-	for range batchFlushers {
-		go b.flush()
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.wg.Add(maxCalls + 1)
+	for range maxCalls {
+		go newFlusher(b).run()
 	}
 	go b.watchDeadlines()
 	return b
@@ -118,6 +152,7 @@ func (b *batcher) close() {
 	}
 	b.closed = true
 	close(b.done)
+	b.cancel()
 	b.mu.Unlock()
 	b.wg.Wait()
 	b.mu.Lock()
@@ -202,31 +237,109 @@ func (b *batcher) watchDeadlines() {
 	}
 }
 
-// flush sends batches until Close.
-func (b *batcher) flush() {
+// flusher is one of the batcher's goroutines that send batches. It takes a
+// batch only while it holds a turn, and holds it until its call returns or
+// has been out slowCall: so a near Redis gets few calls with large batches,
+// and a far one up to maxCalls in flight.
+type flusher struct {
+	b     *batcher
+	batch []*request
+	work  batchWork
+	// handOff passes the turn on when the call is slow; passed says the
+	// turn of the current call was passed on, by it or at the call's end.
+	handOff *time.Timer
+	passed  atomic.Bool
+}
+
+func newFlusher(b *batcher) *flusher {
+	f := &flusher{b: b, batch: make([]*request, 0, maxBatch)}
+	f.handOff = time.AfterFunc(time.Hour, func() {
+		f.passTurn()
+		if b.slowStreak.Add(1) >= warmAfter {
+			b.warm()
+		}
+	})
+	f.handOff.Stop()
+	return f
+}
+
+// passTurn gives the turn back, once per call. A hand-off that fires after
+// the call ended, stopped too late, may pass the next call's turn early;
+// the count of turns stays right.
+func (f *flusher) passTurn() {
+	if f.passed.CompareAndSwap(false, true) {
+		<-f.b.turns
+	}
+}
+
+// run sends batches until Close.
+func (f *flusher) run() {
+	b := f.b
 	defer b.wg.Done()
-	batch := make([]*request, 0, maxBatch)
-	var w batchWork
+	defer f.handOff.Stop()
 	for {
 		select {
-		case r := <-b.queue:
-			batch = append(batch[:0], r)
+		case b.turns <- struct{}{}:
 		case <-b.done:
 			return
 		}
-		zones := len(batch[0].keys)
+		select {
+		case r := <-b.queue:
+			f.batch = append(f.batch[:0], r)
+		case <-b.done:
+			<-b.turns
+			return
+		}
+		zones := len(f.batch[0].keys)
 	more:
-		for len(batch) < maxBatch && zones < maxBatchZones {
+		for len(f.batch) < maxBatch && zones < maxBatchZones {
 			select {
 			case r := <-b.queue:
-				batch = append(batch, r)
+				f.batch = append(f.batch, r)
 				zones += len(r.keys)
 			default:
 				break more
 			}
 		}
-		b.send(&w, batch)
-		clear(batch)
+		f.passed.Store(false)
+		f.handOff.Reset(slowCall)
+		b.send(&f.work, f.batch)
+		if f.handOff.Stop() && b.slowStreak.Load() != 0 {
+			b.slowStreak.Store(0)
+		}
+		f.passTurn()
+		clear(f.batch)
+	}
+}
+
+// warm opens connections ahead of need, when calls are slow. A new
+// connection costs a handshake round trip before its first call; with Redis
+// far away, that is what pushes a decision past its deadline, and slow calls
+// are what makes the batcher send more calls at once. It runs one cheap
+// command on maxCalls connections at once, outside any decision's deadline,
+// which makes the pool hold that many (on a cluster, as many in all).
+func (b *batcher) warm() {
+	now := time.Now().UnixNano()
+	last := b.lastWarm.Load()
+	if now-last < int64(warmEvery) || !b.lastWarm.CompareAndSwap(last, now) {
+		return
+	}
+	if p, ok := b.client.(interface{ PoolStats() *redis.PoolStats }); ok && p.PoolStats().TotalConns >= maxCalls {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.wg.Add(maxCalls)
+	for range maxCalls {
+		go func() {
+			defer b.wg.Done()
+			ctx, cancel := context.WithTimeout(b.ctx, b.warmTimeout)
+			defer cancel()
+			_ = limitScript.Exists(ctx, b.client).Err()
+		}()
 	}
 }
 

@@ -392,3 +392,36 @@ func TestRedisStoreClose(t *testing.T) {
 		t.Errorf("Allow after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestBatchFarRedisWarmsConnections: warmAfter calls in a row slower than
+// slowCall make the batcher open maxCalls connections ahead of need,
+// outside any decision's deadline, so that the extra calls it then sends
+// find connections whose handshake is done. A near Redis gets no more
+// connections than its calls use.
+func TestBatchFarRedisWarmsConnections(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy := redistest.StartFaultProxy(t, srv.Addr())
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: time.Second})
+	t.Cleanup(func() { s.Close() })
+	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1000}}
+	for range 20 {
+		allow1(t, s, c)
+	}
+	if n := client.PoolStats().TotalConns; n > batchTurns {
+		t.Fatalf("%d connections after sequential decisions on a near Redis, want at most %d", n, batchTurns)
+	}
+
+	proxy.Latency(t, redistest.Downstream, 20*time.Millisecond, 0)
+	for range warmAfter {
+		allow1(t, s, c)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for client.PoolStats().TotalConns < maxCalls {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections 5s after %d slow calls, want %d", client.PoolStats().TotalConns, warmAfter, maxCalls)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -65,7 +65,7 @@ func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
 		cluster: cluster,
-		batch:   newBatcher(client, cluster),
+		batch:   newBatcher(client, cluster, opts.Timeout),
 	}
 }
 
