@@ -89,8 +89,28 @@ func isDialFailure(err error) bool {
 	return errors.As(err, &dns)
 }
 
+// outageProofPoolSize is the connection pool size of a client, unless the
+// URL sets pool_size. go-redis counts a pool's failed dials over its whole
+// life and, once they reach the pool size, dials only from a background loop
+// that tries once a second. Behind the dial gate each outage adds one failed
+// dial, so with go-redis's default (10 per CPU) the twentieth outage on two
+// CPUs kept decisions in the fail mode for up to a second after Redis came
+// back. The batcher never holds more than a few connections, so the size is
+// only that threshold here; at this one it costs 80 KB a pool.
+const outageProofPoolSize = 10_000
+
+// poolSize returns the pool size of a client: the URL's, or
+// outageProofPoolSize.
+func poolSize(fromURL int) int {
+	if fromURL > 0 {
+		return fromURL
+	}
+	return outageProofPoolSize
+}
+
 // failFast returns the retry counts of a client that fails fast (see
-// parseTopologyURL), unless the URL set them (max_retries, dialer_retries).
+// parseTopologyURL): no command retries unless the URL sets max_retries, and
+// one dial attempt (go-redis reads no dialer retries from a URL).
 func failFast(maxRetries, dialerRetries int) (int, int) {
 	if maxRetries == 0 {
 		maxRetries = -1

@@ -530,6 +530,43 @@ func TestFaultRecovery(t *testing.T) {
 	}
 }
 
+// TestFaultManyOutages: after many separate outages, each recovery is as
+// fast as the first. go-redis counts a pool's failed dials over its whole
+// life and, once they reach its pool size, stops dialing and tries again
+// only once a second; one failed dial per outage adds up.
+func TestFaultManyOutages(t *testing.T) {
+	const bound = 600 * time.Millisecond    // the target is 200ms
+	outages := 10*runtime.GOMAXPROCS(0) + 5 // more than go-redis's default pool size
+	_, proxy := faultRedis(t)
+	faultSite(t, proxy.URL(), failClosed, 1_000_000)
+	warmUp(t)
+	client := newFaultClient(t, 2)
+	var took []time.Duration
+	for i := range outages {
+		proxy.Disable()
+		for range 3 {
+			if a := client.get(""); a.err != nil || a.status != http.StatusServiceUnavailable {
+				t.Fatalf("outage %d: %d %v, want 503", i, a.status, a.err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		proxy.Enable(t)
+		enabled := time.Now()
+		for !client.get("").decided() {
+			if time.Since(enabled) > 5*time.Second {
+				t.Fatalf("outage %d: no decision by Redis within 5s of its end", i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		took = append(took, time.Since(enabled).Round(time.Millisecond))
+	}
+	t.Logf("%d outages: first decision by Redis after each: %v", outages, took)
+	slices.Sort(took)
+	if took[len(took)-1] > bound {
+		t.Errorf("slowest recovery %v, want within %v (target 200ms)", took[len(took)-1], bound)
+	}
+}
+
 // TestFaultRefused: with nothing listening on the Redis port, or a host that
 // does not resolve, the fail mode answers in milliseconds, not after the
 // timeout: the dial is refused at once and is not retried.

@@ -141,7 +141,8 @@ func checkRedisURL(topology, rawURL string) error {
 // waits, so a dial is tried once; and a script is never retried, since a retry
 // cannot finish within a decision's deadline after the first attempt ate it,
 // and a script whose reply was lost may have recorded its admission. A URL
-// that sets max_retries or dialer_retries keeps its values. A new connection
+// that sets max_retries keeps its value, and one that sets pool_size keeps
+// its own (see outageProofPoolSize). A new connection
 // spends one round trip on its handshake, not three: no CLIENT SETINFO and no
 // maintenance notifications (a Redis Enterprise feature) follow HELLO. With
 // Redis 50ms away and a 100ms timeout, three would leave no time for the
@@ -155,6 +156,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
+		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case topologyCluster:
@@ -164,6 +166,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
+		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case topologySentinel:
@@ -173,6 +176,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
+		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity = true // it sends no maintenance notifications handshake
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
 	}

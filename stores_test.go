@@ -72,3 +72,64 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 		}
 	}
 }
+
+// TestClientOptions: every topology's client fails fast, keeps a pool too
+// large for go-redis's failed-dial count to stall recovery, and skips the
+// handshake's extra round trips; what the URL sets itself is kept.
+func TestClientOptions(t *testing.T) {
+	type options struct{ poolSize, maxRetries, dialerRetries int }
+	// go-redis reads a MaxRetries of -1 as no retries; a single server's
+	// client then keeps 0, a cluster's -1.
+	const noRetries = -1
+	retries := func(n int) int {
+		if n <= 0 {
+			return noRetries
+		}
+		return n
+	}
+	read := func(c redis.UniversalClient) (options, bool) {
+		switch c := c.(type) {
+		case *redis.ClusterClient:
+			o := c.Options()
+			return options{o.PoolSize, retries(o.MaxRetries), o.DialerRetries}, o.DisableIdentity
+		case *redis.Client:
+			o := c.Options()
+			return options{o.PoolSize, retries(o.MaxRetries), o.DialerRetries}, o.DisableIdentity
+		}
+		t.Fatalf("client of type %T", c)
+		return options{}, false
+	}
+	for _, tc := range []struct{ topology, url string }{
+		{topologyStandalone, "redis://127.0.0.1:6379/0"},
+		{topologyCluster, "redis://127.0.0.1:7000?addr=127.0.0.1:7001"},
+		{topologySentinel, "redis://127.0.0.1:26379?master_name=mymaster"},
+	} {
+		t.Run(tc.topology, func(t *testing.T) {
+			for _, c := range []struct {
+				query string
+				want  options
+			}{
+				{"", options{outageProofPoolSize, noRetries, 1}},
+				{"pool_size=7&max_retries=2", options{7, 2, 1}},
+			} {
+				url := tc.url
+				if c.query != "" {
+					sep := "?"
+					if strings.Contains(url, "?") {
+						sep = "&"
+					}
+					url += sep + c.query
+				}
+				client, err := newRedisClient(tc.topology, url)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, noIdentity := read(client)
+				client.Close()
+				if got != c.want || !noIdentity {
+					t.Errorf("%q: %+v, CLIENT SETINFO skipped %v; want %+v, skipped", c.query, got, noIdentity, c.want)
+				}
+			}
+		})
+	}
+}
