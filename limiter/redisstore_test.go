@@ -327,6 +327,10 @@ func TestRedisStoreUnfixableErrors(t *testing.T) {
 		{"wrong-password", redis.Options{Password: "wrong"}, "WRONGPASS"},
 		{"no-password", redis.Options{}, "NOAUTH"},
 	} {
+		// Redis answers a call of more than 10 arguments (a batch of 7
+		// or more) from a connection that has not authenticated with a
+		// protocol error instead, and says so.
+		unauthenticated := c.want == "NOAUTH"
 		t.Run(c.name, func(t *testing.T) {
 			opts := c.opts
 			opts.Addr = srv.Addr()
@@ -342,6 +346,9 @@ func TestRedisStoreUnfixableErrors(t *testing.T) {
 			wg.Wait()
 			close(errs)
 			for err := range errs {
+				if unauthenticated && err != nil && strings.Contains(err.Error(), "unauthenticated multibulk length") {
+					continue
+				}
 				if err == nil || !strings.Contains(err.Error(), c.want) {
 					t.Errorf("Allow: error %v, want one that says %q", err, c.want)
 				}
