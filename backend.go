@@ -29,9 +29,11 @@ const (
 // and owned here, so that the request path and the admin API talk to it and
 // never to its parts:
 //
-//	deny cache -> Redis client's breaker -> dial gate -> timing -> RedisStore
-//	deny cache -> MemoryStore                          (no Redis)
-//	MemoryStore                                        (fail_mode local, while Redis fails)
+//	deny cache -> Redis client's breaker -> timing -> RedisStore
+//	deny cache -> MemoryStore                (no Redis)
+//	MemoryStore                              (fail_mode local, while Redis fails)
+//
+// The dial gate (dialgate.go) is inside the go-redis client.
 type backend struct {
 	mode storeMode
 	// cache answers repeated denials in process, in front of the store.
@@ -98,7 +100,7 @@ func (b *backend) connect(h *Handler, redisURL string) error {
 	}
 	b.releases = append(b.releases, release)
 	b.redis, b.store = store, store
-	guarded := client.breaker.Guard(client.gate.Guard(timedStore{store}))
+	guarded := client.breaker.Guard(timedStore{store})
 	b.cache = limiter.NewDenyCache(guarded, limiter.DefaultDenyCacheEntries)
 	return nil
 }

@@ -1,7 +1,6 @@
 package slidingratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,73 +8,68 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// dialGate keeps decisions away from a Redis client's connection pools while
-// its server refuses connections, one per client like its breaker. go-redis
-// counts failed dials, and once a pool has failed as many as it holds
-// connections it stops dialing and redials in the background once a second:
-// every breaker probe during an outage adds a failed dial, so after a few
-// seconds of outage decisions stayed in the fail mode for up to a second after
-// Redis was back. Once a decision fails to dial, the next ones first connect
-// to the server themselves and call the client only when that works; the
-// pools see one failed dial per outage, not one per probe.
-// gateDialTimeout bounds the gate's own connection attempt, made only while
-// the server refused the last one.
-const gateDialTimeout = 100 * time.Millisecond
-
+// dialGate keeps a Redis server's connection pool from dialing while the
+// server refuses connections. go-redis counts a pool's failed dials and,
+// once they reach its pool size, stops dialing and tries again once a second
+// in the background: every breaker probe during an outage added a failed
+// dial, so after a few seconds of outage decisions stayed in the fail mode for
+// up to a second after Redis was back. Once a dial fails, the gate makes each
+// command first connect to the server itself, and lets it reach the pool only
+// when that works: the pool sees one failed dial per outage, not one per
+// probe.
+//
+// It is a go-redis Limiter, which the client consults before it takes a
+// connection, so it sits on the client of each server: the one of a single
+// server, or each node's on a cluster. A sentinel-managed client has none:
+// its primary's address moves with a failover, which the client learns from
+// the sentinels, so a gate probing one address would hold decisions away
+// from the new primary.
 type dialGate struct {
 	network, addr string
 	// down is set by a failed dial and cleared by a successful connection.
 	down atomic.Bool
 }
 
-// newDialGate returns the gate of a standalone client, or nil: a cluster or a
-// sentinel client dials many servers, which one address cannot stand for.
-func newDialGate(topology, rawURL string) *dialGate {
-	if topology != "" && topology != topologyStandalone {
+// gateDialTimeout bounds the gate's own connection attempt, made only while
+// the server refused the last one.
+const gateDialTimeout = 100 * time.Millisecond
+
+var _ redis.Limiter = (*dialGate)(nil)
+
+// gateDials installs a dial gate on each server's client that opts make.
+func gateDials(opts *redis.Options) {
+	opts.Limiter = &dialGate{network: opts.Network, addr: opts.Addr}
+}
+
+// gateNodeDials installs a dial gate on each node's client of a cluster.
+func gateNodeDials(opts *redis.ClusterOptions) {
+	opts.NewClient = func(node *redis.Options) *redis.Client {
+		gateDials(node)
+		return redis.NewClient(node)
+	}
+}
+
+// Allow implements redis.Limiter.
+func (g *dialGate) Allow() error {
+	if !g.down.Load() {
 		return nil
 	}
-	opts, err := redis.ParseURL(rawURL)
+	conn, err := net.DialTimeout(g.network, g.addr, gateDialTimeout)
 	if err != nil {
-		return nil
+		return fmt.Errorf("connecting to redis: %w", err)
 	}
-	return &dialGate{network: opts.Network, addr: opts.Addr}
+	conn.Close()
+	g.down.Store(false)
+	return nil
 }
 
-// Guard returns store behind the gate; a nil gate returns store.
-func (g *dialGate) Guard(store limiter.Store) limiter.Store {
-	if g == nil {
-		return store
-	}
-	return gatedStore{g, store}
-}
-
-type gatedStore struct {
-	gate *dialGate
-	next limiter.Store
-}
-
-func (s gatedStore) Allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) error {
-	g := s.gate
-	if g.down.Load() {
-		// Bounded by itself: callers' contexts need not carry a deadline
-		// (the store ends its own calls at its timeout).
-		d := net.Dialer{Timeout: gateDialTimeout}
-		conn, err := d.DialContext(ctx, g.network, g.addr)
-		if err != nil {
-			return fmt.Errorf("connecting to redis: %w", err)
-		}
-		conn.Close()
-		g.down.Store(false)
-	}
-	err := s.next.Allow(ctx, checks, decisions)
+// ReportResult implements redis.Limiter.
+func (g *dialGate) ReportResult(err error) {
 	if err != nil && isDialFailure(err) {
 		g.down.Store(true)
 	}
-	return err
 }
 
 // isDialFailure reports whether err is a failure to connect: refused, no
@@ -90,13 +84,13 @@ func isDialFailure(err error) bool {
 }
 
 // outageProofPoolSize is the connection pool size of a client, unless the
-// URL sets pool_size. go-redis counts a pool's failed dials over its whole
-// life and, once they reach the pool size, dials only from a background loop
-// that tries once a second. Behind the dial gate each outage adds one failed
-// dial, so with go-redis's default (10 per CPU) the twentieth outage on two
-// CPUs kept decisions in the fail mode for up to a second after Redis came
-// back. The batcher never holds more than a few connections, so the size is
-// only that threshold here; at this one it costs 80 KB a pool.
+// URL sets pool_size. Even behind the dial gate each outage adds one failed
+// dial to go-redis's count (see dialGate), so with go-redis's default (10 per
+// CPU) the twentieth outage on two CPUs kept decisions in the fail mode for
+// up to a second after Redis came back; without a gate (sentinel), a long
+// outage adds up to ten a second. The batcher never holds more than a few
+// connections, so the size is only that threshold here; at this one it costs
+// 80 KB a pool.
 const outageProofPoolSize = 10_000
 
 // poolSize returns the pool size of a client: the URL's, or

@@ -36,14 +36,12 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	}
 }
 
-// redisClient is a pooled client with what lives as long as it: the circuit breaker
-// that guards them all (clientbreaker.go) and the gate that keeps them off the
-// pools while Redis refuses connections (dialgate.go), and the subscriber to
-// the resets that instances announce (resets.go).
+// redisClient is a pooled client with what lives as long as it: the circuit
+// breaker that guards every handler on it (clientbreaker.go) and the
+// subscriber to the resets that instances announce (resets.go).
 type redisClient struct {
 	redis.UniversalClient
 	breaker *limiter.Breaker
-	gate    *dialGate
 	// label names the Redis in metrics and logs: host:port.
 	label  string
 	resets *resetBus
@@ -68,7 +66,6 @@ func loadRedisClient(topology, rawURL string) (redisClient, func() error, error)
 		return redisClient{
 			UniversalClient: client,
 			breaker:         newClientBreaker(label),
-			gate:            newDialGate(topology, rawURL),
 			label:           label,
 			resets:          newResetBus(client),
 		}, nil
@@ -158,6 +155,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
+		gateDials(opts)
 		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
@@ -168,6 +166,7 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
+		gateNodeDials(opts)
 		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
