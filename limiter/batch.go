@@ -34,6 +34,8 @@ const (
 	// load; a far Redis makes every call slow.
 	warmAfter = 3
 	warmEvery = time.Second
+	// warmBackoff is how long a warm that failed holds off the next.
+	warmBackoff = 10 * time.Second
 	// maxBatch and maxBatchZones bound one script call: a full batch is about
 	// a millisecond of Redis's time, a small part of any sensible timeout,
 	// so one slow call holds few decisions.
@@ -338,7 +340,11 @@ func (b *batcher) warm() {
 			defer b.wg.Done()
 			ctx, cancel := context.WithTimeout(b.ctx, b.warmTimeout)
 			defer cancel()
-			_ = limitScript.Exists(ctx, b.client).Err()
+			if limitScript.Exists(ctx, b.client).Err() != nil {
+				// Redis is not far but stuck, or gone: do not
+				// open connections to it every second.
+				b.lastWarm.Store(time.Now().Add(warmBackoff - warmEvery).UnixNano())
+			}
 		}()
 	}
 }
