@@ -28,10 +28,12 @@ const (
 	// connections the batcher holds: go-redis's smallest default pool (one
 	// CPU) has 10.
 	maxCalls = 8
-	// warmAfter slow calls in a row, with no fast one between them, make
-	// the batcher open connections ahead of need (see warm), at most once
-	// every warmEvery. One slow call is a hiccup, or the first call's script
-	// load; a far Redis makes every call slow.
+	// warmAfter slow calls in a row that Redis answered, with no fast one
+	// between them, make the next slow call open connections ahead of need
+	// (see warm), at most once every warmEvery. One slow call is a hiccup, or the
+	// first call's script load; a far Redis makes every call slow. Calls
+	// that got no reply do not count: more connections do not help a Redis
+	// that is stuck or gone.
 	warmAfter = 3
 	warmEvery = time.Second
 	// warmBackoff is how long a warm that failed holds off the next.
@@ -108,7 +110,7 @@ type batcher struct {
 	// ctx ends at close; it bounds the connections warm opens.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// slowStreak counts the slow calls since the last fast one.
+	// slowStreak counts the slow, answered calls since the last fast one.
 	slowStreak atomic.Int64
 	lastWarm   atomic.Int64
 	done       chan struct{}
@@ -257,7 +259,9 @@ func newFlusher(b *batcher) *flusher {
 	f := &flusher{b: b, batch: make([]*request, 0, maxBatch)}
 	f.handOff = time.AfterFunc(time.Hour, func() {
 		f.passTurn()
-		if b.slowStreak.Add(1) >= warmAfter {
+		// While this call holds its connection: warm's commands then
+		// take new ones, not the one the next call will want.
+		if b.slowStreak.Load() >= warmAfter {
 			b.warm()
 		}
 	})
@@ -305,9 +309,14 @@ func (f *flusher) run() {
 		}
 		f.passed.Store(false)
 		f.handOff.Reset(slowCall)
-		b.send(&f.work, f.batch)
-		if f.handOff.Stop() && b.slowStreak.Load() != 0 {
-			b.slowStreak.Store(0)
+		answered := b.send(&f.work, f.batch)
+		switch {
+		case f.handOff.Stop():
+			if b.slowStreak.Load() != 0 {
+				b.slowStreak.Store(0)
+			}
+		case answered:
+			b.slowStreak.Add(1)
 		}
 		f.passTurn()
 		clear(f.batch)
@@ -364,10 +373,11 @@ type slotCall struct {
 	cmd      *redis.Cmd
 }
 
-// send decides one batch. Requests already answered (their caller gave up)
-// or past their deadline are not sent: a Redis that recovers from a freeze
-// is not handed the backlog.
-func (b *batcher) send(w *batchWork, batch []*request) {
+// send decides one batch, and reports whether Redis answered every call it
+// made. Requests already answered (their caller gave up) or past their
+// deadline are not sent: a Redis that recovers from a freeze is not handed
+// the backlog.
+func (b *batcher) send(w *batchWork, batch []*request) (answered bool) {
 	now := time.Now()
 	w.live = w.live[:0]
 	var latest time.Time
@@ -395,14 +405,22 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		c := &w.calls[0]
 		c.cmd = limitScript.Run(ctx, b.client, c.keys, c.args)
 		c.answer(c.cmd.Val(), c.cmd.Err())
-		return
+		return replied(c.cmd.Err())
 	}
-	b.sendPipelined(ctx, w.calls)
+	return b.sendPipelined(ctx, w.calls)
+}
+
+// replied reports whether err, a call's, came with a reply from Redis: none,
+// or Redis's own error.
+func replied(err error) bool {
+	var redisErr redis.Error
+	return err == nil || errors.As(err, &redisErr)
 }
 
 // sendPipelined runs calls, one per slot, in one pipeline (go-redis splits
-// it by node), and again with EVAL those that met NOSCRIPT.
-func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) {
+// it by node), and again with EVAL those that met NOSCRIPT. It reports
+// whether Redis replied to them.
+func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) bool {
 	pipe := b.client.Pipeline()
 	for i := range calls {
 		c := &calls[i]
@@ -419,7 +437,7 @@ func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) {
 		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
 	}
 	if len(retry) == 0 {
-		return
+		return replied(execErr)
 	}
 	pipe = b.client.Pipeline()
 	for _, c := range retry {
@@ -429,6 +447,7 @@ func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) {
 	for _, c := range retry {
 		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
 	}
+	return replied(execErr)
 }
 
 func exec(ctx context.Context, pipe redis.Pipeliner) error {
