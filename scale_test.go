@@ -236,7 +236,7 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 			if got := in.backend.client.breaker.State().String(); got != "open" {
 				t.Errorf("breaker %s while Redis is frozen, want open", got)
 			}
-			if got := testutil.ToFloat64(limiterMetrics.circuitState); got != 1 {
+			if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.client.label)); got != 1 {
 				t.Errorf("circuit_state metric %v while open, want 1", got)
 			}
 			// Open: no Redis call, so an answer takes far less than the timeout.
@@ -258,7 +258,7 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				// when it resumes, so the count need not be fresh.
 				if in.backend.client.breaker.State().String() == "closed" && h.Get("RateLimit") != "" {
 					t.Logf("decisions by Redis %s after SIGCONT: %d %s", time.Since(thawed).Round(time.Millisecond), status, h.Get("RateLimit"))
-					if got := testutil.ToFloat64(limiterMetrics.circuitState); got != 0 {
+					if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.client.label)); got != 0 {
 						t.Errorf("circuit_state metric %v after recovery, want 0", got)
 					}
 					break
