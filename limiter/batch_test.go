@@ -394,10 +394,10 @@ func TestRedisStoreClose(t *testing.T) {
 }
 
 // TestBatchFarRedisWarmsConnections: warmAfter calls in a row slower than
-// slowCall make the batcher open maxCalls connections ahead of need,
-// outside any decision's deadline, so that the extra calls it then sends
-// find connections whose handshake is done. A near Redis gets no more
-// connections than its calls use.
+// slowCall, and answered, make the next slow call open maxCalls connections
+// ahead of need, outside any decision's deadline, so that the extra calls
+// the batcher then sends find connections whose handshake is done. A near
+// Redis gets no more connections than its calls use.
 func TestBatchFarRedisWarmsConnections(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.StartFaultProxy(t, srv.Addr())
@@ -414,13 +414,14 @@ func TestBatchFarRedisWarmsConnections(t *testing.T) {
 	}
 
 	proxy.Latency(t, redistest.Downstream, 20*time.Millisecond, 0)
-	for range warmAfter {
+	// warmAfter answered slow calls, then the slow call that warms.
+	for range warmAfter + 1 {
 		allow1(t, s, c)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for client.PoolStats().TotalConns < maxCalls {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections 5s after %d slow calls, want %d", client.PoolStats().TotalConns, warmAfter, maxCalls)
+			t.Fatalf("%d connections 5s after %d slow calls, want %d", client.PoolStats().TotalConns, warmAfter+1, maxCalls)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
