@@ -217,7 +217,7 @@ func TestFaultLatencyBelowTimeout(t *testing.T) {
 			// Before the latency: load the script and open the
 			// pipelines' connections, as a running server has. A new
 			// connection pays a round trip more for its handshake, which
-			// with 50ms each way and a 100ms timeout does not fit.
+			// with replies 50ms late and a 100ms timeout does not fit.
 			warmUp(t)
 			proxy.Latency(t, redistest.Downstream, latency, 0)
 			// Clients one after another, and then several at once.
