@@ -220,6 +220,21 @@ function Ring:bucket(cutoff)
   return lo, hi
 end
 
+-- first_over returns the first logical index in [a, z) of a ring held whole
+-- in v (slots from byte so, head h, capacity cap) whose time offset is over
+-- c, or z if none: times increase from the head, so it is a binary search.
+local function first_over(v, so, h, cap, a, z, c)
+  while a < z do
+    local m = floor((a + z) / 2)
+    if unpack(TIMEFMT, v, so + W * ((h + m) % cap)) > c then
+      z = m
+    else
+      a = m + 1
+    end
+  end
+  return a
+end
+
 -- first_after returns the logical index of the first kept time > cutoff
 -- (n if none), and that time.
 function Ring:first_after(cutoff)
@@ -229,15 +244,7 @@ function Ring:first_after(cutoff)
   local v = self.v
   if v then
     local so = HEADER + W * B + 1
-    local a, z = lo, hi
-    while a < z do
-      local m = floor((a + z) / 2)
-      if unpack(TIMEFMT, v, so + W * ((h + m) % cap)) > c then
-        z = m
-      else
-        a = m + 1
-      end
-    end
+    local a = first_over(v, so, h, cap, lo, hi, c)
     if a < n then
       return a, self.base_us + unpack(TIMEFMT, v, so + W * ((h + a) % cap))
     end
@@ -536,16 +543,7 @@ local function small_log(key, window, max, record)
   if n > 0 then
     first = unpack(TIMEFMT, v, so + W * h)
     if first <= c then
-      local a, e = 1, n
-      while a < e do
-        local m = floor((a + e) / 2)
-        if unpack(TIMEFMT, v, so + W * ((h + m) % cap)) > c then
-          e = m
-        else
-          a = m + 1
-        end
-      end
-      f = a
+      f = first_over(v, so, h, cap, 1, n, c)
       first = f < n and unpack(TIMEFMT, v, so + W * ((h + f) % cap)) or nil
     end
   end
