@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -23,19 +24,10 @@ type instance struct {
 // newInstance provisions a handler from its JSON config.
 func newInstance(t *testing.T, config string) *instance {
 	t.Helper()
-	h := new(Handler)
-	if err := json.Unmarshal([]byte(config), h); err != nil {
-		t.Fatalf("config %s: %v", config, err)
+	h, err := provisioned(t, config)
+	if err != nil {
+		t.Fatal(err)
 	}
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
-	if err := h.Provision(ctx); err != nil {
-		t.Fatalf("provision: %v", err)
-	}
-	if err := h.Validate(); err != nil {
-		t.Fatalf("validate: %v", err)
-	}
-	t.Cleanup(func() { h.Cleanup() })
 	return &instance{h}
 }
 
@@ -43,18 +35,28 @@ func newInstance(t *testing.T, config string) *instance {
 // error of Provision or Validate, nil if both pass.
 func provisionError(t *testing.T, config string) error {
 	t.Helper()
+	_, err := provisioned(t, config)
+	return err
+}
+
+// provisioned unmarshals, provisions and validates a handler as Caddy
+// would; the test's end cleans it up.
+func provisioned(t *testing.T, config string) (*Handler, error) {
+	t.Helper()
 	h := new(Handler)
 	if err := json.Unmarshal([]byte(config), h); err != nil {
 		t.Fatalf("config %s: %v", config, err)
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
-	err := h.Provision(ctx)
-	if err == nil {
-		err = h.Validate()
-	}
 	t.Cleanup(func() { h.Cleanup() })
-	return err
+	if err := h.Provision(ctx); err != nil {
+		return h, fmt.Errorf("provision: %w", err)
+	}
+	if err := h.Validate(); err != nil {
+		return h, fmt.Errorf("validate: %w", err)
+	}
+	return h, nil
 }
 
 // okHandler is the next handler: it answers 200.
