@@ -1,13 +1,14 @@
 package slidingratelimit
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // dialGate keeps a Redis server's connection pool from dialing while the
@@ -67,20 +68,9 @@ func (g *dialGate) Allow() error {
 
 // ReportResult implements redis.Limiter.
 func (g *dialGate) ReportResult(err error) {
-	if err != nil && isDialFailure(err) {
+	if err != nil && limiter.IsDialError(err) {
 		g.down.Store(true)
 	}
-}
-
-// isDialFailure reports whether err is a failure to connect: refused, no
-// route, or a name that does not resolve.
-func isDialFailure(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return true
-	}
-	var dns *net.DNSError
-	return errors.As(err, &dns)
 }
 
 // outageProofPoolSize is the connection pool size of a client, unless the

@@ -197,7 +197,7 @@ func (b *Breaker) allow(ctx context.Context, next Store, checks []Check, decisio
 	if !countsAsFailure(ctx, err) {
 		return err
 	}
-	if isDialError(err) {
+	if IsDialError(err) {
 		b.transition(e, BreakerOpen)
 	} else if e.failures.Add(1) == b.failures {
 		b.transition(e, BreakerOpen)
@@ -273,9 +273,11 @@ func countsAsFailure(ctx context.Context, err error) bool {
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
 }
 
-// isDialError reports whether err is a failure to connect: refused, no route,
-// or a name that does not resolve.
-func isDialError(err error) bool {
+// IsDialError reports whether err is a failure to connect: refused, no
+// route, or a name that does not resolve. The breaker opens at once on one;
+// callers that keep their own account of a server's reachability can use
+// the same test.
+func IsDialError(err error) bool {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true

@@ -776,7 +776,7 @@ func TestBreakerRedis(t *testing.T) {
 				if outage.wantDeadline && !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
 					t.Errorf("call %d to a frozen Redis: err = %v, want a timeout", i, err)
 				}
-				if !outage.wantDeadline && !isDialError(err) {
+				if !outage.wantDeadline && !IsDialError(err) {
 					t.Errorf("call %d to a stopped Redis: err = %v, want a refused dial", i, err)
 				}
 				if elapsed > deadline+slack {
