@@ -39,10 +39,7 @@ type backend struct {
 	// cache answers repeated denials in process, in front of the store.
 	cache *limiter.DenyCache
 	// store is the store that records admissions: Redis or in-process.
-	store interface {
-		limiter.Inspector
-		limiter.Refunder
-	}
+	store limiter.Store
 	// local decides while Redis fails, with mode redisWithLocal.
 	local *limiter.MemoryStore
 	// redis and client are set with Redis: the store (which knows the key
@@ -131,11 +128,15 @@ func (b *backend) allowLocally(ctx context.Context, checks []limiter.Check, deci
 // taken a client's last slot (only then can another instance have cached a
 // denial because of it).
 func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
-	var store limiter.Refunder = b.store
+	var store limiter.Store = b.store
 	if src == fromLocal {
 		store = b.local
 	}
-	if err := store.Refund(ctx, checks, decisions); err != nil {
+	// A refund is a settle to zero units.
+	for i := range checks {
+		checks[i].Cost = 0
+	}
+	if err := store.Settle(ctx, checks, decisions); err != nil {
 		return err
 	}
 	for i, c := range checks {

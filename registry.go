@@ -40,7 +40,7 @@ type storeRef struct {
 	// however many handlers share it: the *limiter.MemoryStore, or a
 	// redisStoreID.
 	id    any
-	store limiter.Inspector
+	store limiter.Store
 	// redis is set for a Redis store: it names the keys announced to other
 	// instances.
 	redis *limiter.RedisStore

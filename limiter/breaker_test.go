@@ -38,6 +38,7 @@ func (c *breakerClock) Advance(d time.Duration) {
 // breakerStore is a fake Store that counts its calls and answers with whatever
 // its answer function says (success when nil).
 type breakerStore struct {
+	onlyAllow
 	calls  atomic.Int64
 	answer atomic.Pointer[func(context.Context) error]
 }
@@ -163,8 +164,8 @@ func TestBreakerStateString(t *testing.T) {
 func TestBreakerDefaults(t *testing.T) {
 	for _, opts := range []BreakerOptions{{}, {Failures: -1, Cooldown: -time.Second}} {
 		b, store, clock, changes := newTestBreaker(t, opts)
-		openBreaker(t, b, store, DefaultBreakerFailures)
-		clock.Advance(DefaultBreakerCooldown - time.Nanosecond)
+		openBreaker(t, b, store, defaultBreakerFailures)
+		clock.Advance(defaultBreakerCooldown - time.Nanosecond)
 		if err := breakerCall(b); !errors.Is(err, ErrBreakerOpen) {
 			t.Fatalf("%+v: call before the default cool-down: err = %v, want ErrBreakerOpen", opts, err)
 		}
@@ -614,7 +615,7 @@ func TestBreakerOnStateChangeReentrant(t *testing.T) {
 }
 
 // breakerNoopStore admits everything and allocates nothing.
-type breakerNoopStore struct{}
+type breakerNoopStore struct{ onlyAllow }
 
 func (breakerNoopStore) Allow(context.Context, []Check, []Decision) error { return nil }
 
@@ -1000,7 +1001,7 @@ func TestBreakerDeadStoreLoad(t *testing.T) {
 			calls := store.calls.Load()
 			// The failures that open it (all callers may be in flight),
 			// then at most one probe per shortest cool-down.
-			bound := int64(DefaultBreakerFailures+callers) + int64(flood/DefaultBreakerCooldown)
+			bound := int64(defaultBreakerFailures+callers) + int64(flood/defaultBreakerCooldown)
 			t.Logf("%s: %d requests in %v, %d reached the store (%.0f/s; bound %d)", tc.name, requests.Load(), flood, calls, float64(calls)/flood.Seconds(), bound)
 			if calls > bound {
 				t.Errorf("a dead store received %d calls in %v, want at most %d", calls, flood, bound)

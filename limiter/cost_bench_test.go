@@ -86,7 +86,7 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor
 func BenchmarkRedisCPUPerDecision(b *testing.B) {
 	for _, limit := range []int{60, 1000, 10_000, 100_000} {
 		modes := []cpuMode{viaStore, batch32}
-		if limit <= ringSmall {
+		if 13+6*limit <= ringSmall {
 			modes = append(modes, floor32)
 		}
 		for _, mode := range modes {
@@ -184,10 +184,12 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 					}
 					keys := make([]string, 0, callers)
 					var args []byte
+					var checks []Check
 					for j := n; j < n+callers && j < decisions; j++ {
 						c := Check{Zone: "z", Key: key(int(j % int64(clients))), Limit: lim}
 						keys = append(keys, s.Key(c.Zone, c.Key))
-						args = appendRequest(args, opAllow, []Check{c}, nil)
+						checks = append(checks, c)
+						args = appendRequest(args, opAllow, []Check{c}, make([]Decision, 1), 0, nil)
 					}
 					if mode == floor32 {
 						if err := floorScript.Run(ctx, client, keys).Err(); err != nil {
@@ -200,15 +202,16 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 						b.Error(err)
 						return
 					}
-					r, err := checkReply(reply, len(keys))
+					r, err := checkReply(reply, replyLen(len(keys), len(keys)))
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					ds := make([]Decision, len(keys))
-					decodeReply(r, opAllow, ds)
-					for _, d := range ds {
-						if !d.Allowed {
+					ds := make([]Decision, 1)
+					for _, c := range checks {
+						decodeReply(r[:replyLen(1, 1)], opAllow, []Check{c}, ds, 0, nil)
+						r = r[replyLen(1, 1):]
+						if !ds[0].Allowed {
 							denied.Add(1)
 						}
 					}
@@ -295,7 +298,7 @@ func redisMemoryPerClient(b *testing.B, max, clients int) {
 	var usage int64
 	for i := range clients {
 		k := s.Key("default", key(i))
-		if n := len(readRing(b, client, k).times); n != max {
+		if n := len(readRing(b, client, k, redisNow(b, client)).times); n != max {
 			b.Fatalf("%s holds %d admissions, want %d", k, n, max)
 		}
 		n, err := client.MemoryUsage(ctx, k, 0).Result()

@@ -1,871 +1,497 @@
 -- Decides a batch of rate-limit requests in one call: TIME once, then each
 -- request's zones all or nothing, then one packed reply.
--- Its arguments and reply are packed binary (script.go packs and reads
--- them), so that a batch costs Redis and the store little to parse.
 --
--- KEYS[i]   state of the i-th zone of the batch, requests in order:
---             log:     a ring (string) of the last max admission times, below
---             counter: hash {w = index of the current fixed window,
---                      c = admissions in it, p = admissions in the one before}
+-- Semantics. A log zone admits a request of cost c when the units admitted in
+-- the last window, plus c, fit in max; for a count zone every cost is 1. With
+-- n the newest admission kept and sum_i the units admitted up to admission i:
+--   j       = the smallest kept admission with sum_j >= sum_n + c - max: the
+--             newest one that must age out for c to fit (none: c fits now)
+--   room    = t_j + window (none: now)
+--   admit   when room - now <= wait (wait 0: room <= now); the request is
+--           recorded at max(room, t_n + 1us): times strictly increase, even
+--           for two requests in one microsecond or a clock that steps back
+--   deny    otherwise, with reset = room - now; c > max is never admitted.
+-- With several zones the admission time is the latest of their rooms, and
+-- every zone records it then. A promised admission (room > now) is recorded
+-- at its future time, so no later request takes its slot, and for any window
+-- the units whose times lie in it never exceed max. Settling changes one
+-- admission's units (and the sums after it); max may change between calls,
+-- and each call is exact for its own max. A counter zone weighs units as it
+-- weighs requests; a concurrency zone holds one lease per request in flight.
+-- Counter and concurrency zones do not wait (the store refuses a wait there):
+-- they admit now or deny, and a counter counts a request in the fixed window
+-- of its decision even when its log zones delay it.
+--
+-- KEYS[i]   the state of the i-th zone of the batch, requests in order:
+--             log:         a ring (string), below
+--             counter:     hash {w = index of the current fixed window,
+--                          c = its units, p = the units of the one before}
+--             concurrency: sorted set, member = lease id, score = its expiry
 -- ARGV[1]   the requests, packed big-endian, one after another:
 --             op      uint8: 0 peek (write nothing), 1 allow (record in every
---                     zone if all admit), 2 refund (take back what an allow
---                     recorded: the token of each zone)
+--                     zone if all admit), 2 settle, 3 extend
 --             zones   uint8: how many KEYS this request takes, in order
+--             wait    double: microseconds the request may wait for its slot
 --             then per zone:
---               algo    uint8: 0 log, 1 counter
---               window  double: microseconds
---               max     double: admissions in any window
---               token   double: refund only; else ignored
--- ARGV[2]   optional, for tests: the time in microseconds, in place of TIME
+--               kind    uint8: 0 log, 1 counter, 2 concurrency
+--               window  double: microseconds (the lease time)
+--               max     double: units in any window (leases at once)
+--               cost    double: units to reserve (allow, peek), or the real
+--                       cost (settle)
+--               token   double: settle: the log's admission time, the
+--                       counter's window index
+--               aux     8 bytes: the lease id; counter settle: the units
+--                       reserved (double)
+-- ARGV[2]   optional, for tests: the time in microseconds, in place of TIME;
+--           keys then get no expiry, which runs on Redis's clock
 --
--- Reply: one string, per zone of every request in order, packed big-endian:
---   allowed    uint8: 1 if this zone admits (recorded only if every zone of
---              the request admits); for a refund, 1 if something was taken back
---   remaining  double: admissions left now (after this one, when recorded)
---   reset      double: microseconds; denying zone: exact time until it admits
---              again; otherwise: until the count next drops (a slot frees)
---   token      double: what was recorded, for a refund: the log's admission
---              time or the counter's window index; -1 when nothing
+-- Reply: one string; per request a double, the delay in microseconds before
+-- an admitted request goes on (0 when denied), then per zone, packed
+-- big-endian:
+--   flag       uint8: 0 denied, 1 admits (recorded only if every zone of the
+--              request admits), 2 never (cost above max); settle and extend:
+--              1 if done
+--   remaining  double: units left now (after this one, when recorded)
+--   reset      double: microseconds; denying zone: until it has room for this
+--              cost; otherwise: until units next leave the window
+--   token      double: the log's admission time, the counter's window index;
+--              -1 when nothing was recorded
 --
--- The ring: a header of cap, head, count and base (uint32 each; base in
--- seconds), then B samples, then cap slots; every time is a uint48 offset
--- in microseconds from base (W bytes). A ring starts small and doubles as
--- it fills, up to max, so a client's state is the size of its use. Slot p
--- is physical; the logical i-th oldest kept time is in slot (head + i) %
--- cap, and times strictly increase with i. Sample b is a copy of slot b*S
--- when that slot is kept, so that a search reads the header and one bucket
--- of S slots rather than the whole ring. Rings of cap <= SMALL have no
--- samples and are read and written whole (GET, SET): cheaper than several
--- ranges, which in turn cost half of a whole GET and SET at max 1,000.
+-- The ring of a log zone keeps the admissions that may still be in its
+-- window, oldest first from slot h, in cap slots that wrap: a header, then
+-- each admission's time (6 bytes: microseconds modulo 2^48, read back as the
+-- one nearest now). Version 1, a count ring, holds costs of 1: sums are
+-- indexes, nothing to store. Version 2, a units ring, adds each admission's
+-- running sum within its bucket (rels, 6 bytes) and each bucket's base sum
+-- (bases): sum_i = base[bucket(i)] + rel_i - floor, with buckets of S
+-- consecutive admissions (by sequence number), so a settle rewrites at most
+-- one bucket's rels and the later buckets' bases, never every later sum.
+--   header  version u8, cap u32, h u32, n u32; version 2: seq (double, the
+--           sequence number of slot h), floor u48 (the sum before it)
+-- Admissions that aged out are dropped when the next one is recorded, so a
+-- ring reuses their slots before it grows; one whose admissions all lie in
+-- the window and that is full doubles. A value of at most SMALL bytes is read
+-- and written whole (GET, SET); a larger one by ranges: the same decision,
+-- read another way. Sums are kept modulo 2^48: the units a ring holds
+-- saturate below that.
 
-local unpack, pack, floor, ceil = struct.unpack, struct.pack, math.floor, math.ceil
+local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
+local call, pcall, min, max = redis.call, redis.pcall, math.min, math.max
 
-local W = 6
-local HEADER = 16
-local SMALL = 512
-local TIMEFMT = '>I6'
--- One zone's reply.
+local M48 = 2 ^ 48
+local S = 64
+local SMALL = 2048
+local CHUNK = 96
 local REPLY = '>Bddd'
--- Offsets from the base stay below SPAN (8.9 years).
-local SPAN = 2 ^ 48
 
--- One clock for every caller: Redis's own, not each server's. (ARGV[2], the
--- time in microseconds, replaces it in tests of clock steps.)
-local now = tonumber(ARGV[2])
+-- With the time given, expiry on Redis's own clock would not follow it:
+-- keys are then kept.
+local now, expires = tonumber(ARGV[2]), not ARGV[2]
 if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local t = call('TIME')
+  now = t[1] * 1000000 + t[2]
 end
+-- A time kept modulo 2^48 is the one in (tbase, tbase + 2^48]: up to 6.7
+-- years back and 2.2 ahead.
+local tbase = now - 0.75 * M48
+local function dec(o) return tbase + (o - tbase) % M48 end
+local function fmt(x) return string.format('%.0f', x) end
 
--- layout returns the number of samples and the bucket size of a ring.
-local function layout(cap)
-  if cap <= SMALL then
-    return 0, cap
+-- fresh returns reply, or nil after dropping key when it holds another kind's
+-- state (the zone's algorithm changed), so the zone starts over rather than
+-- failing until that state expires.
+local function fresh(reply, key)
+  if type(reply) == 'table' and reply.err then
+    if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
+    call('DEL', key)
+    return nil
   end
-  local S = ceil(math.sqrt(cap))
-  return ceil(cap / S), S
+  return reply
 end
 
-local function size(cap)
-  local B = layout(cap)
-  return HEADER + W * (B + cap)
+-- patch returns s, which holds the bytes from offset at on, with b written at
+-- offset off where the two overlap.
+local function patch(s, at, off, b)
+  local lo, hi = max(off, at), min(off + #b, at + #s)
+  if lo >= hi then return s end
+  return sub(s, 1, lo - at) .. sub(b, lo - off + 1, hi - off) .. sub(s, hi - at + 1)
 end
 
--- A ring of one key: cap slots, n of them kept from slot h on, times as
--- offsets from base (seconds). A ring whose value is in hand (v: small
--- ones, and rings made anew) is read from it and written back whole, so
--- Redis allocates it at its size; a large one reads and writes ranges.
 local Ring = {}
 Ring.__index = Ring
 
-local function new_ring(key, cap, base)
-  local B, S = layout(cap)
-  return setmetatable({key = key, cap = cap, h = 0, n = 0, B = B, S = S,
-    base = base, base_us = base * 1000000, v = false, samples = false,
-    samples_dirty = false, puts = {}}, Ring)
+function Ring:shape(ver, cap)
+  self.ver, self.cap, self.B = ver, cap, floor(cap / S) + 2
+  self.H = ver == 1 and 13 or 27
+  self.RO = self.H + 6 * cap
+  self.BO = self.RO + 6 * cap
+  self.size = ver == 1 and self.RO or self.BO + 6 * self.B
 end
 
-function Ring:slot_off(p)
-  return HEADER + W * (self.B + p)
-end
-
--- get returns len bytes at byte offset off (0-based).
-function Ring:get(off, len)
-  if self.v then
-    return string.sub(self.v, off + 1, off + len)
+-- load reads the ring at key: whole when small, else its first SMALL bytes,
+-- the rest on demand. Anything else (unknown, or cut short) starts over.
+local function load(key)
+  local v = fresh(pcall('GETRANGE', key, 0, SMALL - 1), key) or ''
+  local r = setmetatable({key = key, v = v, cache = {}, h = 0, n = 0, seq = 0, floor = 0}, Ring)
+  local ver, cap = 0, 0
+  if #v >= 13 then ver, cap, r.h, r.n = unpack('>BI4I4I4', v) end
+  if ver == 2 and #v >= 27 then r.seq, r.floor = unpack('>dI6', v, 14) end
+  if ver == 1 or ver == 2 then r:shape(ver, cap) end
+  if not r.size or #v ~= r.size and #v < SMALL or ver == 2 and #v < 27 then
+    r.h, r.n = 0, 0
+    r:shape(1, 0)
+    r.v = string.rep('\0', 13)
   end
-  return redis.call('GETRANGE', self.key, off, off + len - 1)
-end
-
--- off_at returns the offset from base of the logical i-th kept time.
-function Ring:off_at(i)
-  local off = self:slot_off((self.h + i) % self.cap)
-  if self.v then
-    return (unpack(TIMEFMT, self.v, off + 1))
-  end
-  return (unpack(TIMEFMT, redis.call('GETRANGE', self.key, off, off + W - 1)))
-end
-
-function Ring:at(i)
-  return self.base_us + self:off_at(i)
-end
-
--- ends returns the oldest and the newest kept time, in one read when their
--- slots are adjacent (a full ring).
-function Ring:ends()
-  local v = self.v
-  if v then
-    local so, h, cap = HEADER + W * self.B + 1, self.h, self.cap
-    return self.base_us + unpack(TIMEFMT, v, so + W * h),
-      self.base_us + unpack(TIMEFMT, v, so + W * ((h + self.n - 1) % cap))
-  end
-  if self.n == self.cap and self.h > 0 then
-    local d = self:get(self:slot_off(self.h - 1), 2 * W)
-    local newest, oldest = unpack(TIMEFMT .. 'I6', d)
-    return self.base_us + oldest, self.base_us + newest
-  end
-  return self:at(0), self:at(self.n - 1)
-end
-
--- raw returns the logical range [lo, hi) as one string of offsets.
-function Ring:raw(lo, hi)
-  if hi <= lo then
-    return ''
-  end
-  local p = (self.h + lo) % self.cap
-  local len = hi - lo
-  if p + len <= self.cap then
-    return self:get(self:slot_off(p), W * len)
-  end
-  local first = self.cap - p
-  return self:get(self:slot_off(p), W * first) .. self:get(self:slot_off(0), W * (len - first))
-end
-
--- all returns every kept time, oldest first.
-function Ring:all()
-  local d = self:raw(0, self.n)
-  local out = {}
-  for i = 0, self.n - 1 do
-    out[i + 1] = self.base_us + unpack(TIMEFMT, d, W * i + 1)
-  end
-  return out
-end
-
-function Ring:put(off, bytes)
-  self.puts[#self.puts + 1] = {off, bytes}
-end
-
--- set_raw writes the string of offsets d at logical index lo on.
-function Ring:set_raw(lo, d)
-  local len = #d / W
-  local p = (self.h + lo) % self.cap
-  if p + len <= self.cap then
-    self:put(self:slot_off(p), d)
-  else
-    local first = self.cap - p
-    self:put(self:slot_off(p), string.sub(d, 1, W * first))
-    self:put(self:slot_off(0), string.sub(d, W * first + 1))
-  end
-end
-
-function Ring:sample(b)
-  if self.v then
-    return (unpack(TIMEFMT, self.v, HEADER + W * b + 1))
-  end
-  return (unpack(TIMEFMT, self.samples, W * b + 1))
-end
-
--- set_sample keeps sample b equal to slot b*S.
-function Ring:set_sample(b, packed)
-  if self.v then
-    self:put(HEADER + W * b, packed)
-  else
-    self.samples = string.sub(self.samples, 1, W * b) .. packed .. string.sub(self.samples, W * b + W + 1)
-    self.samples_dirty = true
-  end
-end
-
--- bucket returns the logical range [lo, hi] that holds the first kept time
--- > cutoff (n if none), from the samples alone: all of the ring when it
--- has none.
-function Ring:bucket(cutoff)
-  local n, h, cap, S, B = self.n, self.h, self.cap, self.S, self.B
-  local lo, hi = 0, n
-  if B == 0 then
-    return lo, hi
-  end
-  local c = cutoff - self.base_us
-  -- Samples in logical order start at the first bucket at or after head.
-  local b0 = ceil(h / S) % B
-  local function L(k)
-    return ((((b0 + k) % B) * S) - h) % cap
-  end
-  -- The largest k whose sample is kept and <= cutoff: a true prefix.
-  local a, z = -1, B - 1
-  while a < z do
-    local m = floor((a + z + 1) / 2)
-    if L(m) < n and self:sample((b0 + m) % B) <= c then
-      a = m
-    else
-      z = m - 1
-    end
-  end
-  if a >= 0 then
-    lo = L(a) + 1
-  end
-  if a + 1 < B and L(a + 1) < n then
-    hi = L(a + 1)
-  end
-  return lo, hi
-end
-
--- first_over returns the first logical index in [a, z) of a ring held whole
--- in v (slots from byte so, head h, capacity cap) whose time offset is over
--- c, or z if none: times increase from the head, so it is a binary search.
-local function first_over(v, so, h, cap, a, z, c)
-  while a < z do
-    local m = floor((a + z) / 2)
-    if unpack(TIMEFMT, v, so + W * ((h + m) % cap)) > c then
-      z = m
-    else
-      a = m + 1
-    end
-  end
-  return a
-end
-
--- first_after returns the logical index of the first kept time > cutoff
--- (n if none), and that time.
-function Ring:first_after(cutoff)
-  local n, h, cap, B = self.n, self.h, self.cap, self.B
-  local c = cutoff - self.base_us
-  local lo, hi = self:bucket(cutoff)
-  local v = self.v
-  if v then
-    local so = HEADER + W * B + 1
-    local a = first_over(v, so, h, cap, lo, hi, c)
-    if a < n then
-      return a, self.base_us + unpack(TIMEFMT, v, so + W * ((h + a) % cap))
-    end
-    return n, nil
-  end
-  -- Search [lo, hi] in one read of the bucket (and of slot hi, whose time
-  -- the caller wants when it is the answer).
-  local d = self:raw(lo, math.min(hi + 1, n))
-  local a, z = 0, hi - lo
-  while a < z do
-    local m = floor((a + z) / 2)
-    if unpack(TIMEFMT, d, W * m + 1) > c then
-      z = m
-    else
-      a = m + 1
-    end
-  end
-  local f = lo + a
-  if f < n then
-    return f, self.base_us + unpack(TIMEFMT, d, W * a + 1)
-  end
-  return n, nil
-end
-
--- commit writes the ring, and makes the key expire ttl_ms from now.
-function Ring:commit(ttl_ms)
-  local hdr = pack('>I4I4I4I4', self.cap, self.h, self.n, self.base)
-  local puts = self.puts
-  if self.v then
-    local v = self.v
-    if #puts == 1 then
-      local off, b = puts[1][1], puts[1][2]
-      v = hdr .. string.sub(v, HEADER + 1, off) .. b .. string.sub(v, off + #b + 1)
-    else
-      for _, pb in ipairs(puts) do
-        v = string.sub(v, 1, pb[1]) .. pb[2] .. string.sub(v, pb[1] + #pb[2] + 1)
-      end
-      v = hdr .. string.sub(v, HEADER + 1)
-    end
-    self.v = v
-    self.puts = {}
-    redis.call('SET', self.key, v, 'PX', ttl_ms)
-    return
-  end
-  self.puts = {}
-  if self.samples_dirty then
-    redis.call('SETRANGE', self.key, 0, hdr .. self.samples)
-    self.samples_dirty = false
-  else
-    redis.call('SETRANGE', self.key, 0, hdr)
-  end
-  for _, pb in ipairs(puts) do
-    redis.call('SETRANGE', self.key, pb[1], pb[2])
-  end
-  redis.call('PEXPIRE', self.key, ttl_ms)
-end
-
--- build returns a ring of cap holding times (oldest first, strictly
--- increasing, at most cap of them), in hand, to be committed whole.
-local function build(key, cap, times)
-  local base = floor((times[1] or now) / 1000000)
-  local r = new_ring(key, cap, base)
-  local parts = {}
-  for i, at in ipairs(times) do
-    parts[i] = pack(TIMEFMT, at - r.base_us)
-  end
-  r.n = #times
-  local slots = table.concat(parts) .. string.rep('\0', W * (cap - r.n))
-  local samples = {}
-  for b = 0, r.B - 1 do
-    samples[b + 1] = string.sub(slots, W * b * r.S + 1, W * b * r.S + W)
-  end
-  r.v = string.rep('\0', HEADER) .. table.concat(samples) .. slots
+  r.whole = #r.v == r.size
   return r
 end
 
--- grown_cap is the size of a ring made for n times under max: rings grow
--- by doubling as they fill, so a client's state is the size of its use.
-local function grown_cap(n, max)
-  return math.min(max, math.max(4, 2 * n))
+-- bytes returns len bytes at offset off.
+function Ring:bytes(off, len)
+  local v = self.v
+  if v and off + len <= #v then return sub(v, off + 1, off + len) end
+  return call('GETRANGE', self.key, off, off + len - 1)
 end
 
--- load returns the ring of a log zone of max. A key that holds no string
--- is converted: the sorted set of an older version (member = sequence,
--- score = admission time) becomes a ring of its admissions still in the
--- window, the last max of them, written at once, so that a denied request
--- leaves it converted; anything else (a counter's hash) starts over.
-local function load(key, max, cutoff, pre)
-  local B = layout(max)
-  local v = pre
-  if v == nil then
-    if max <= SMALL then
-      v = redis.pcall('GET', key)
-    else
-      v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
-    end
+-- u6 returns the 6-byte number at offset off, reading a large value a chunk
+-- at a time.
+function Ring:u6(off)
+  local v = self.v
+  if v and off + 6 <= #v then return (unpack('>I6', v, off + 1)) end
+  local c0 = off - off % CHUNK
+  local c = self.cache[c0]
+  if not c then
+    c = call('GETRANGE', self.key, c0, c0 + CHUNK + 5)
+    self.cache[c0] = c
   end
-  if type(v) == 'table' and v.err then
-    if not string.find(v.err, 'WRONGTYPE', 1, true) then
-      error(v)
-    end
-    local times = {}
-    if redis.call('TYPE', key).ok == 'zset' then
-      local z = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%.0f', cutoff), '+inf', 'WITHSCORES')
-      for i = math.max(2, #z - 2 * max + 2), #z, 2 do
-        times[#times + 1] = tonumber(z[i])
+  return (unpack('>I6', c, off - c0 + 1))
+end
+
+-- put writes b at offset off: into the value in hand when it is whole (SET
+-- writes it), else at once, keeping what was read in step.
+function Ring:put(off, b)
+  if self.v then self.v = patch(self.v, 0, off, b) end
+  if not self.whole then
+    call('SETRANGE', self.key, off, b)
+    for c0, c in pairs(self.cache) do self.cache[c0] = patch(c, c0, off, b) end
+  end
+end
+
+function Ring:put6(off, x) self:put(off, pack('>I6', x % M48)) end
+
+-- range returns the entries [i, j) of the region at off, oldest first.
+function Ring:range(off, i, j)
+  if j <= i then return '' end
+  local p = (self.h + i) % self.cap
+  local a = min(j - i, self.cap - p)
+  local s = self:bytes(off + 6 * p, 6 * a)
+  if a < j - i then s = s .. self:bytes(off, 6 * (j - i - a)) end
+  return s
+end
+
+-- write writes the entries b from entry i on into the region at off.
+function Ring:write(off, i, b)
+  local p = (self.h + i) % self.cap
+  local a = min(#b, 6 * (self.cap - p))
+  self:put(off + 6 * p, sub(b, 1, a))
+  if a < #b then self:put(off, sub(b, a + 1)) end
+end
+
+-- t returns the time of entry i (0 is the oldest kept).
+function Ring:t(i) return dec(self:u6(self.H + 6 * ((self.h + i) % self.cap))) end
+
+-- s returns the units of the entries kept up to i (0 for i < 0).
+function Ring:s(i)
+  if i < 0 then return 0 end
+  if self.ver == 1 then return i + 1 end
+  return (self:u6(self.BO + 6 * (floor((self.seq + i) / S) % self.B))
+    + self:u6(self.RO + 6 * ((self.h + i) % self.cap)) - self.floor) % M48
+end
+
+-- search returns the first i in [lo, hi) with get(r, i) > x, get increasing
+-- in i; hi if none.
+local function search(r, get, x, lo, hi)
+  while lo < hi do
+    local m = floor((lo + hi) / 2)
+    if get(r, m) > x then hi = m else lo = m + 1 end
+  end
+  return lo
+end
+
+-- gallop is search over [lo, n), probing lo, lo+1, lo+3, ... first: the
+-- answer is usually next to lo.
+local function gallop(r, get, x, lo)
+  local hi, step = lo, 1
+  while hi < r.n and get(r, hi) <= x do
+    lo, hi, step = hi + 1, hi + step, step * 2
+  end
+  return search(r, get, x, lo, min(hi, r.n))
+end
+
+-- rebuild lays the ring out again from slot 0 in a new shape: grown, shrunk,
+-- or a count ring made a units ring. It moves ranges, never one entry at a
+-- time, and the value is then in hand, to be written whole.
+local function rebuild(r, cap, ver)
+  local n = r.n
+  local body = r:range(r.H, 0, n) .. string.rep('\0', 6 * (cap - n))
+  if ver == 2 then
+    local B, bases, rels = floor(cap / S) + 2, {}, nil
+    if r.ver == 2 then
+      rels = r:range(r.RO, 0, n)
+      for q = r.seq - r.seq % S, r.seq + n - 1, S do
+        bases[floor(q / S) % B] = r:u6(r.BO + 6 * (floor(q / S) % r.B))
       end
+    else
+      -- Every cost so far is 1: sequence numbers and sums start at 0.
+      local one = {}
+      for i = 1, S do one[i] = pack('>I6', i) end
+      rels = sub(string.rep(table.concat(one), ceil(n / S)), 1, 6 * n)
+      for q = 0, n - 1, S do bases[q / S] = q end
+      r.seq, r.floor = 0, 0
     end
-    redis.call('DEL', key)
-    local r = build(key, grown_cap(#times, max), times)
-    if #times > 0 then
-      r:commit(math.max(1, ceil((times[#times] + (now - cutoff) - now) / 1000)))
-    end
-    return r
+    local b = {}
+    for k = 0, B - 1 do b[k + 1] = pack('>I6', bases[k] or 0) end
+    body = body .. rels .. string.rep('\0', 6 * (cap - n)) .. table.concat(b)
   end
-  if not v or #v < HEADER then
-    return build(key, 0, {})
-  end
-  local cap, h, n, base = unpack('>I4I4I4I4', v)
-  local r = new_ring(key, cap, base)
-  r.h, r.n = h, n
-  if cap <= SMALL then
-    if #v ~= size(cap) then
-      v = redis.call('GET', key)
-    end
-    r.v = v
-  else
-    if #v < HEADER + W * r.B then
-      v = redis.call('GETRANGE', key, 0, HEADER + W * r.B - 1)
-    end
-    r.samples = string.sub(v, HEADER + 1, HEADER + W * r.B)
-  end
-  return r
+  r.h = 0
+  r:shape(ver, cap)
+  r.v, r.whole, r.cache = string.rep('\0', r.H) .. body, true, {}
 end
 
--- A log zone's decision, before any write: allowed iff fewer than max kept
--- times lie in the window. (A ring may hold more than max, after max was
--- lowered: so lowering max and raising it again forgets nothing.)
-local function log_decide(z, pre)
-  local cutoff = now - z.window
-  local r = load(z.key, z.max, cutoff, pre)
-  z.ring = r
-  if r.n == 0 then
-    z.in_window, z.first, z.allowed = 0, nil, true
+-- commit writes the header (and a value in hand) and keeps the key until the
+-- newest admission ages out; an empty ring is deleted.
+function Ring:commit(window)
+  if self.n == 0 then
+    call('DEL', self.key)
     return
   end
-  local oldest, newest, f
-  if not r.v and r.n == r.cap and r.h > 0 then
-    -- A full large ring, as at a client's limit: when the first time in
-    -- the window is in the bucket that starts at the oldest, one read of
-    -- the newest slot, the oldest and that bucket decides.
-    local lo, hi = r:bucket(cutoff)
-    local top = math.min(hi + 1, r.n)
-    if lo == 0 and r.h + top <= r.cap then
-      local d = r:get(r:slot_off(r.h - 1), W * (top + 1))
-      local bu, c = r.base_us, cutoff - r.base_us
-      newest, oldest = bu + unpack(TIMEFMT, d, 1), bu + unpack(TIMEFMT, d, W + 1)
-      local a, e = 0, hi
-      while a < e do
-        local m = floor((a + e) / 2)
-        if unpack(TIMEFMT, d, W * (m + 1) + 1) > c then
-          e = m
-        else
-          a = m + 1
-        end
-      end
-      f = a
-      if f < r.n then
-        z.first = bu + unpack(TIMEFMT, d, W * (f + 1) + 1)
-      end
-    end
-  end
-  if not f then
-    oldest, newest = r:ends()
-    f = 0
-    if oldest > cutoff then
-      z.first = oldest
-    elseif newest <= cutoff then
-      f, z.first = r.n, nil
-    else
-      f, z.first = r:first_after(cutoff)
-    end
-  end
-  z.newest = newest
-  z.in_window = r.n - f
-  z.allowed = z.in_window < z.max
-  if not z.allowed then
-    -- The max-th newest admission must age out before one more fits.
-    local i = r.n - z.max
-    z.pivot = i == 0 and oldest or r:at(i)
+  local px = max(1, ceil((self:t(self.n - 1) + window - now) / 1000))
+  local hdr = pack('>BI4I4I4', self.ver, self.cap, self.h, self.n)
+  if self.ver == 2 then hdr = hdr .. pack('>dI6', self.seq, self.floor) end
+  if self.whole and expires then
+    call('SET', self.key, hdr .. sub(self.v, #hdr + 1), 'PX', px)
+  elseif self.whole then
+    call('SET', self.key, hdr .. sub(self.v, #hdr + 1))
+  else
+    call('SETRANGE', self.key, 0, hdr)
+    if expires then call('PEXPIRE', self.key, px) end
   end
 end
 
--- Records an admission in a log zone that log_decide admitted; returns its
--- time. Times strictly increase, even for two calls in one microsecond or a
--- Redis clock that steps back.
-local function log_record(z)
-  local r = z.ring
-  local at = now
-  if r.n > 0 and z.newest >= at then
-    at = z.newest + 1
+-- A log zone's decision, before any write: z.room, when its request fits;
+-- z.held, the units in the window; z.f, the first entry in the window that
+-- holds units, and z.first its time.
+local function log_decide(z)
+  local r = load(z.key)
+  local n = r.n
+  z.r = r
+  local f = n > 0 and gallop(r, Ring.t, now - z.window, 0) or 0
+  local before, total = r:s(f - 1), r:s(n - 1)
+  z.held, z.room = total - before, now
+  if r.ver == 2 then
+    -- Entries settled to zero hold nothing: the window starts after them.
+    while f < n and r:s(f) == before do f = f + 1 end
   end
-  if r.n == r.cap and r.cap < z.max then
-    r = build(z.key, grown_cap(r.n, z.max), r:all())
+  z.f, z.first = f, f < n and r:t(f) or nil
+  z.newest = n > 0 and r:t(n - 1) or nil
+  if z.held + z.cost > z.max and z.cost <= z.max then
+    local T = total + z.cost - z.max
+    local j = r.ver == 1 and T - 1 or gallop(r, Ring.s, T - 1, f)
+    z.room = r:t(j) + z.window
   end
-  if r.n == 0 then
-    r.base = floor(at / 1000000)
-    r.base_us = r.base * 1000000
-  elseif at - r.base_us >= SPAN then
-    -- Offsets are running out: start the base again at the oldest time
-    -- still in the window.
-    local kept = {}
-    for _, t in ipairs(r:all()) do
-      if t > now - z.window then
-        kept[#kept + 1] = t
-      end
+  z.reset = z.first and z.first + z.window - now or 0
+end
+
+-- Records the admission of a log zone at time at (or just after its newest):
+-- drops what aged out first, then grows or shrinks the ring if it must.
+local function log_record(z, at)
+  local r = z.r
+  if z.newest and z.newest >= at then at = z.newest + 1 end
+  if z.f > 0 then
+    r.floor = (r.floor + r:s(z.f - 1)) % M48
+    r.h, r.n, r.seq = (r.h + z.f) % r.cap, r.n - z.f, r.seq + z.f
+  end
+  local n, cap, ver = r.n, r.cap, r.ver
+  if z.cost ~= 1 then ver = 2 end
+  if n == cap then
+    cap = max(4, 2 * cap)
+    if ver == 1 and n < z.max then cap = min(cap, z.max) end
+  elseif cap > 64 and 4 * (n + 1) <= cap then
+    cap = floor(cap / 2)
+  end
+  if cap ~= r.cap or ver ~= r.ver then rebuild(r, cap, ver) end
+  local p = (r.h + n) % r.cap
+  if r.ver == 2 then
+    local q, rel = r.seq + n, z.cost
+    if n == 0 or q % S == 0 then
+      r:put6(r.BO + 6 * (floor(q / S) % r.B), r.floor + r:s(n - 1))
+    else
+      rel = rel + r:u6(r.RO + 6 * ((p - 1) % r.cap))
     end
-    r = build(z.key, r.cap, kept)
+    r:put6(r.RO + 6 * p, rel)
   end
-  local p
-  if r.n < r.cap then
-    p = (r.h + r.n) % r.cap
-    r.n = r.n + 1
-  else
-    -- Full: the oldest is outside the window, or this would be denied.
-    p = r.h
-    r.h = (r.h + 1) % r.cap
-  end
-  local packed = pack(TIMEFMT, at - r.base_us)
-  r:put(r:slot_off(p), packed)
-  if r.B > 0 and p % r.S == 0 then
-    r:set_sample(p / r.S, packed)
-  end
-  r:commit(math.max(1, ceil((at + z.window - now) / 1000)))
+  r:put6(r.H + 6 * p, at)
+  r.n = n + 1
+  r:commit(z.window)
+  z.held = z.held + z.cost
+  if not z.first then z.reset = at + z.window - now end
   return at
 end
 
--- Takes back the admission at time token from a log zone: the newer kept
--- times move back one slot, so the ring stays in order with one fewer.
-local function log_refund(z, token)
-  local r = load(z.key, z.max, now - z.window)
-  if r.n == 0 then
-    return 0
-  end
-  local j, at = r:first_after(token - 1)
-  if at ~= token then
-    return 0
-  end
-  local newer = r:raw(j + 1, r.n)
-  if #newer > 0 then
-    r:set_raw(j, newer)
-  end
-  r.n = r.n - 1
-  if r.B > 0 then
-    -- Samples of the slots that moved.
-    for k = 0, #newer / W - 1 do
-      local p = (r.h + j + k) % r.cap
-      if p % r.S == 0 then
-        r:set_sample(p / r.S, string.sub(newer, W * k + 1, W * k + W))
-      end
+-- Settles the admission at time z.token to z.cost units. A count ring takes
+-- a refunded entry out (the newer ones move back a slot); any other change
+-- makes it a units ring, where the entry's bucket from it on and the later
+-- buckets' bases change, and entries settled to zero are dropped once newest.
+local function log_settle(z)
+  local r = load(z.key)
+  local n = r.n
+  local e = search(r, Ring.t, z.token - 1, 0, n)
+  if e == n or r:t(e) ~= z.token then return 0 end
+  local old, c = r:s(e) - r:s(e - 1), z.cost
+  if c == old then return 1 end
+  if r.ver == 1 and c == 0 then
+    r:write(r.H, e, r:range(r.H, e + 1, n))
+    r.n = n - 1
+  else
+    if r.ver == 1 then rebuild(r, r.cap, 2) end
+    c = min(c, M48 - 1 - r:s(n - 1) + old)
+    local q, d = r.seq + e, c - old
+    for i = e, min(n - 1, e + S - 1 - q % S) do
+      local o = r.RO + 6 * ((r.h + i) % r.cap)
+      r:put6(o, r:u6(o) + d)
     end
+    for k = floor(q / S) + 1, floor((r.seq + n - 1) / S) do
+      local o = r.BO + 6 * (k % r.B)
+      r:put6(o, r:u6(o) + d)
+    end
+    while r.n > 0 and r:s(r.n - 1) == r:s(r.n - 2) do r.n = r.n - 1 end
   end
-  local ttl = redis.call('PTTL', z.key)
-  if ttl <= 0 then
-    ttl = ceil(z.window / 1000)
-  end
-  r:commit(ttl)
+  r:commit(z.window)
   return 1
 end
 
--- The common case on its own: a request of one log zone of max <= SMALL. The same steps as log_decide and log_record, on the value
--- in hand and in locals, which costs Redis a fraction of the general path.
--- It returns nil when the general path must decide: another layout, a ring
--- that outgrows SMALL, offsets running out.
-local function small_log(key, window, max, record)
-  if max > SMALL then
-    return nil
-  end
-  local v = redis.pcall('GET', key)
-  local cap, h, n, base
-  if v == false then
-    cap, h, n, base = 0, 0, 0, 0
-    v = string.rep('\0', HEADER)
-  elseif type(v) ~= 'string' or #v < HEADER then
-    return nil
-  else
-    cap, h, n, base = unpack('>I4I4I4I4', v)
-    if cap > SMALL or #v ~= HEADER + W * cap then
-      return nil
-    end
-  end
-  local bu = base * 1000000
-  local c = now - window - bu
-  local so = HEADER + 1
-  local f, first = 0, nil
-  if n > 0 then
-    first = unpack(TIMEFMT, v, so + W * h)
-    if first <= c then
-      f = first_over(v, so, h, cap, 1, n, c)
-      first = f < n and unpack(TIMEFMT, v, so + W * ((h + f) % cap)) or nil
-    end
-  end
-  local in_window = n - f
-  if in_window >= max then
-    local pivot = unpack(TIMEFMT, v, so + W * ((h + n - max) % cap))
-    return pack(REPLY, 0, 0, pivot + bu + window - now, -1)
-  end
-  local reset = 0
-  if in_window > 0 then
-    reset = first + bu + window - now
-  end
-  if not record then
-    return pack(REPLY, 1, max - in_window, reset, -1)
-  end
-  if in_window == 0 then
-    reset = window
-  end
-  local at = now
-  if n > 0 then
-    local newest = bu + unpack(TIMEFMT, v, so + W * ((h + n - 1) % cap))
-    if newest >= at then
-      at = newest + 1
-    end
-  else
-    base = floor(at / 1000000)
-    bu = base * 1000000
-  end
-  if at - bu >= SPAN then
-    return nil
-  end
-  if n == cap and cap < max then
-    -- Grow: the kept times, oldest first, from slot 0.
-    local grown = grown_cap(n, max)
-    if grown > SMALL then
-      return nil
-    end
-    local slots = string.sub(v, so + W * h, HEADER + W * cap) .. string.sub(v, so, HEADER + W * h)
-    v = string.rep('\0', HEADER) .. slots .. string.rep('\0', W * (grown - n))
-    cap, h = grown, 0
-  end
-  local p
-  if n < cap then
-    p = (h + n) % cap
-    n = n + 1
-  else
-    p = h
-    h = (h + 1) % cap
-  end
-  local off = HEADER + W * p
-  v = pack('>I4I4I4I4', cap, h, n, base) .. string.sub(v, HEADER + 1, off) .. pack(TIMEFMT, at - bu) .. string.sub(v, off + W + 1)
-  redis.call('SET', key, v, 'PX', math.max(1, ceil((at + window - now) / 1000)))
-  return pack(REPLY, 1, max - in_window - 1, reset, at)
-end
-
--- The steady state of a large ring on its own: a request of one log zone
--- whose ring is full, as at a client's limit. The steps of log_decide and
--- log_record, in locals: one read of the header and samples, one or two of
--- the newest, the oldest and the bucket that holds the first time in the
--- window, then the writes. It returns nil and what it read when the general
--- path must decide.
-local function large_log(key, window, max, record)
-  if max <= SMALL then
-    return nil
-  end
-  local B, S = layout(max)
-  local v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
-  if type(v) ~= 'string' or #v ~= HEADER + W * B then
-    return nil, v
-  end
-  local cap, h, n, base = unpack('>I4I4I4I4', v)
-  if cap ~= max or n ~= cap or h == 0 then
-    return nil, v
-  end
-  local bu = base * 1000000
-  local c = now - window - bu
-  -- The bucket: the largest k whose sample (in logical order, from the
-  -- first bucket at or after head) is <= cutoff; every slot is kept.
-  local b0 = ceil(h / S) % B
-  local a, e = -1, B - 1
-  while a < e do
-    local m = floor((a + e + 1) / 2)
-    if unpack(TIMEFMT, v, HEADER + W * ((b0 + m) % B) + 1) <= c then
-      a = m
-    else
-      e = m - 1
-    end
-  end
-  local lo, hi = 0, n
-  if a >= 0 then
-    lo = (((b0 + a) % B) * S - h) % cap + 1
-  end
-  if a + 1 < B then
-    hi = (((b0 + a + 1) % B) * S - h) % cap
-  end
-  local top = math.min(hi + 1, n)
-  -- d holds the logical range [lo, top) from byte o on; newest and oldest.
-  local d, o, newest, oldest
-  if lo == 0 and h + top <= cap then
-    -- One read from the newest slot (h-1) through the bucket.
-    local off = HEADER + W * (B + h - 1)
-    d = redis.call('GETRANGE', key, off, off + W * (top + 1) - 1)
-    newest, oldest, o = unpack(TIMEFMT, d, 1), unpack(TIMEFMT, d, W + 1), W + 1
-  else
-    local off = HEADER + W * (B + h - 1)
-    local ends = redis.call('GETRANGE', key, off, off + 2 * W - 1)
-    newest, oldest = unpack(TIMEFMT, ends, 1), unpack(TIMEFMT, ends, W + 1)
-    local p, len = (h + lo) % cap, top - lo
-    off = HEADER + W * (B + p)
-    if p + len <= cap then
-      d = redis.call('GETRANGE', key, off, off + W * len - 1)
-    else
-      local first = cap - p
-      d = redis.call('GETRANGE', key, off, off + W * first - 1) ..
-        redis.call('GETRANGE', key, HEADER + W * B, HEADER + W * (B + len - first) - 1)
-    end
-    o = 1
-  end
-  -- The first time > cutoff in [lo, hi]; hi when none (then it is n).
-  a, e = 0, hi - lo
-  while a < e do
-    local m = floor((a + e) / 2)
-    if unpack(TIMEFMT, d, o + W * m) > c then
-      e = m
-    else
-      a = m + 1
-    end
-  end
-  local f = lo + a
-  local in_window = n - f
-  if in_window >= max then
-    return pack(REPLY, 0, 0, oldest + bu + window - now, -1)
-  end
-  local reset = window
-  if in_window > 0 then
-    reset = unpack(TIMEFMT, d, o + W * a) + bu + window - now
-  elseif not record then
-    reset = 0
-  end
-  if not record then
-    return pack(REPLY, 1, max - in_window, reset, -1)
-  end
-  local at = now
-  if newest + bu >= at then
-    at = newest + bu + 1
-  end
-  if at - bu >= SPAN then
-    return nil, v
-  end
-  local p = h
-  h = (h + 1) % cap
-  local packed = pack(TIMEFMT, at - bu)
-  redis.call('SETRANGE', key, 0, pack('>I4I4I4I4', cap, h, n, base))
-  redis.call('SETRANGE', key, HEADER + W * (B + p), packed)
-  if p % S == 0 then
-    redis.call('SETRANGE', key, HEADER + W * (p / S), packed)
-  end
-  redis.call('PEXPIRE', key, math.max(1, ceil((at + window - now) / 1000)))
-  return pack(REPLY, 1, max - in_window - 1, reset, at)
-end
-
--- Checks the reply of a counter zone's first command. A key that holds the
--- log's state, because the zone's algorithm changed on a config reload, is
--- dropped and the zone starts over, rather than failing with WRONGTYPE on
--- every request until that state expires.
-local function started_over(reply, key)
-  if type(reply) == 'table' and reply.err then
-    if string.find(reply.err, 'WRONGTYPE', 1, true) then
-      redis.call('DEL', key)
-      return true
-    end
-    error(reply)
-  end
-  return false
-end
-
--- Sliding-window counter: the previous fixed window's count, weighted by how
+-- The sliding counter: the previous fixed window's units, weighted by how
 -- much of it the sliding window still covers, plus the current one's.
 local function counter_decide(z)
-  z.index = floor(now / z.window)
-  z.elapsed = now - z.index * z.window
-  local h = redis.pcall('HMGET', z.key, 'w', 'c', 'p')
-  if started_over(h, z.key) then
-    h = {}
-  end
+  local W = z.window
+  z.idx = floor(now / W)
+  z.e = now - z.idx * W
+  local h = fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
   local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
-  if w == nil or w < z.index - 1 then
+  if w == nil or w < z.idx - 1 then
     c, p = 0, 0
-  elseif w == z.index - 1 then
+  elseif w == z.idx - 1 then
     c, p = 0, c
   end
   z.c, z.p = c, p
-  z.count = p * (z.window - z.elapsed) / z.window + c
-  z.allowed = z.count + 1 <= z.max
-end
-
--- Time until a counter zone's estimate allows one more admission.
-local function counter_wait(z)
-  local W, e, c, p, max = z.window, z.elapsed, z.c, z.p, z.max
-  if c + 1 <= max and p > 0 then
-    -- Within this window the previous one's weight decays linearly.
-    return ceil(W - (max - 1 - c) * W / p - e)
+  z.held = p * (W - z.e) / W + c
+  z.room, z.reset = now, 0
+  local need = z.max - z.cost
+  if z.held > need and need >= 0 then
+    if c <= need and p > 0 then
+      -- Within this window the previous one's weight decays linearly.
+      z.room = now + ceil(W - (need - c) * W / p - z.e)
+    else
+      -- This window alone is too full: wait for the next, where c becomes p.
+      z.room = now + ceil((W - z.e) + W - need * W / c)
+    end
   end
-  -- This window alone is full: wait for the next, where c becomes p.
-  return ceil((W - e) + W - (max - 1) * W / c)
-end
-
--- Time until a counter zone's estimate next falls by about one.
-local function counter_reset(z, c, p)
   if p > 0 then
-    return math.min(ceil(z.window / p), z.window - z.elapsed)
+    z.reset = min(ceil(W / p), W - z.e)
   elseif c > 0 then
-    return ceil((z.window - z.elapsed) + z.window / c)
+    z.reset = ceil((W - z.e) + W / c)
   end
-  return 0
 end
 
-local function counter_refund(z, token)
-  local w = tonumber(redis.call('HGET', z.key, 'w'))
-  if w == token then
-    redis.call('HINCRBY', z.key, 'c', -1)
-    return 1
-  elseif w == token + 1 then
-    redis.call('HINCRBY', z.key, 'p', -1)
-    return 1
-  end
-  return 0
+local function counter_record(z)
+  local c = z.c + z.cost
+  call('HSET', z.key, 'w', z.idx, 'c', c, 'p', z.p)
+  -- Kept while it can still weigh: to the end of the next window.
+  if expires then call('PEXPIRE', z.key, ceil((2 * z.window - z.e) / 1000)) end
+  z.held = z.held + z.cost
+  if z.p == 0 then z.reset = ceil((z.window - z.e) + z.window / c) end
+  return z.idx
 end
 
-local out = {}
-local args = ARGV[1]
-local pos = 1
-local k = 0
+local function counter_settle(z)
+  local h = fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
+  local w, field = tonumber(h[1]), nil
+  if w == z.token then field = 2 elseif w == z.token + 1 then field = 3 else return 0 end
+  local d = z.cost - unpack('>d', z.aux)
+  call('HSET', z.key, field == 2 and 'c' or 'p', max(0, (tonumber(h[field]) or 0) + d))
+  return 1
+end
+
+-- A concurrency zone: the leases whose expiry is after now.
+local function lease_decide(z)
+  z.held = fresh(pcall('ZCOUNT', z.key, '(' .. fmt(now), '+inf'), z.key) or 0
+  z.room, z.reset = now, 0
+  if z.held > 0 then
+    local first = call('ZRANGEBYSCORE', z.key, '(' .. fmt(now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
+    z.reset = tonumber(first[2]) - now
+  end
+  if z.held + 1 > z.max then z.room = now + z.reset end
+end
+
+-- expire keeps a lease key as long as its latest lease.
+local function expire_leases(key)
+  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if expires then call('PEXPIRE', key, max(1, ceil((tonumber(last[2]) - now) / 1000))) end
+end
+
+local function lease_record(z, at)
+  call('ZREMRANGEBYSCORE', z.key, '-inf', fmt(now))
+  call('ZADD', z.key, fmt(at + z.window), z.aux)
+  expire_leases(z.key)
+  z.held = z.held + 1
+  if z.reset == 0 or at + z.window - now < z.reset then z.reset = at + z.window - now end
+  return -1
+end
+
+local function lease_extend(z)
+  local exp = tonumber(fresh(pcall('ZSCORE', z.key, z.aux), z.key))
+  if not exp or exp <= now then return 0 end
+  call('ZADD', z.key, 'XX', fmt(now + z.window), z.aux)
+  expire_leases(z.key)
+  return 1
+end
+
+local decide = {[0] = log_decide, counter_decide, lease_decide}
+local record = {[0] = log_record, counter_record, lease_record}
+local settle = {[0] = log_settle, counter_settle, function(z) return call('ZREM', z.key, z.aux) end}
+
+local out, args, pos, k = {}, ARGV[1], 1, 0
 while pos <= #args do
-  local op, nz
-  op, nz, pos = unpack('>BB', args, pos)
-  local fast, pre = nil, nil
-  if nz == 1 and op ~= 2 then
-    local algo, window, max = unpack('>Bdd', args, pos)
-    if algo == 0 then
-      fast = small_log(KEYS[k + 1], window, max, op == 1)
-      if not fast then
-        fast, pre = large_log(KEYS[k + 1], window, max, op == 1)
-      end
-    end
+  local op, nz, wait
+  op, nz, wait, pos = unpack('>BBd', args, pos)
+  local zs = {}
+  for i = 1, nz do
+    local z = {}
+    z.kind, z.window, z.max, z.cost, z.token, pos = unpack('>Bdddd', args, pos)
+    z.aux, pos, k = sub(args, pos, pos + 7), pos + 8, k + 1
+    z.key = KEYS[k]
+    zs[i] = z
   end
-  local zones = {}
-  if fast then
-    k = k + 1
-    pos = pos + 25
-  else
-    for i = 1, nz do
-      local algo, window, max, token
-      algo, window, max, token, pos = unpack('>Bddd', args, pos)
-      k = k + 1
-      -- Every field at once: a table that grows rehashes.
-      zones[i] = {key = KEYS[k], counter = algo == 1, window = window, max = max,
-        token = token, allowed = false, ring = false, in_window = 0, first = false,
-        newest = false, pivot = false, index = 0, elapsed = 0, c = 0, p = 0, count = 0}
-    end
-  end
-  if fast then
-    out[#out + 1] = fast
-  elseif op == 2 then
-    for _, z in ipairs(zones) do
-      local done = 0
-      if z.token >= 0 then
-        if z.counter then
-          done = counter_refund(z, z.token)
-        else
-          done = log_refund(z, z.token)
-        end
-      end
+  if op >= 2 then
+    out[#out + 1] = pack('>d', 0)
+    for _, z in ipairs(zs) do
+      local done = op == 2 and settle[z.kind](z) or z.kind == 2 and lease_extend(z) or 0
       out[#out + 1] = pack(REPLY, done, 0, 0, -1)
     end
   else
-    local admit = true
-    for _, z in ipairs(zones) do
-      if z.counter then
-        counter_decide(z)
-      else
-        log_decide(z, pre)
-      end
-      if not z.allowed then
-        admit = false
-      end
+    local at, admit = now, true
+    for _, z in ipairs(zs) do
+      decide[z.kind](z)
+      z.ok = z.cost <= z.max and z.room - now <= (z.kind == 0 and wait or 0)
+      if z.ok then at = max(at, z.room) else admit = false end
     end
-    local write = op == 1 and admit
-    for _, z in ipairs(zones) do
-      local reply
-      if z.counter then
-        if not z.allowed then
-          reply = pack(REPLY, 0, 0, counter_wait(z), -1)
-        elseif write then
-          local c = z.c + 1
-          redis.call('HSET', z.key, 'w', z.index, 'c', c, 'p', z.p)
-          -- Kept while it can still weigh: to the end of the next window.
-          redis.call('PEXPIRE', z.key, ceil((2 * z.window - z.elapsed) / 1000))
-          reply = pack(REPLY, 1, floor(z.max - (z.count + 1)), counter_reset(z, c, z.p), z.index)
-        else
-          reply = pack(REPLY, 1, floor(z.max - z.count), counter_reset(z, z.c, z.p), -1)
-        end
-      else
-        local in_window = z.in_window
-        if not z.allowed then
-          reply = pack(REPLY, 0, 0, z.pivot + z.window - now, -1)
-        elseif write then
-          local reset = z.window
-          if in_window > 0 then
-            reset = z.first + z.window - now
-          end
-          local at = log_record(z)
-          reply = pack(REPLY, 1, z.max - in_window - 1, reset, at)
-        else
-          local reset = 0
-          if in_window > 0 then
-            reset = z.first + z.window - now
-          end
-          reply = pack(REPLY, 1, z.max - in_window, reset, -1)
-        end
-      end
-      out[#out + 1] = reply
+    out[#out + 1] = pack('>d', admit and at - now or 0)
+    for _, z in ipairs(zs) do
+      local token, flag = -1, z.ok and 1 or 0
+      if z.cost > z.max then flag = 2 end
+      if admit and op == 1 then token = record[z.kind](z, at) end
+      if not z.ok then z.reset = z.cost > z.max and 0 or z.room - now end
+      out[#out + 1] = pack(REPLY, flag, max(0, floor(z.max - z.held)), z.reset, token)
     end
   end
 end

@@ -183,7 +183,7 @@ func TestRedisStoreDeniedWritesNothing(t *testing.T) {
 				return state{dump, pttl}
 			}
 			if algo == SlidingLog {
-				if n := len(readRing(t, testClient, s.Key("full", key)).times); n != max {
+				if n := len(readRing(t, testClient, s.Key("full", key), redisNow(t, testClient)).times); n != max {
 					t.Fatalf("admissions kept in the full key = %d; want %d", n, max)
 				}
 			}
@@ -197,7 +197,7 @@ func TestRedisStoreDeniedWritesNothing(t *testing.T) {
 				}
 			}
 			if algo == SlidingLog {
-				if n := len(readRing(t, testClient, s.Key("full", key)).times); n != max {
+				if n := len(readRing(t, testClient, s.Key("full", key), redisNow(t, testClient)).times); n != max {
 					t.Errorf("admissions kept in the full key after 200 denials = %d; want %d", n, max)
 				}
 			}
