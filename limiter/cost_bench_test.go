@@ -86,7 +86,7 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor
 func BenchmarkRedisCPUPerDecision(b *testing.B) {
 	for _, limit := range []int{60, 1000, 10_000, 100_000} {
 		modes := []cpuMode{viaStore, batch32}
-		if 13+6*limit <= ringSmall {
+		if 18+6*limit <= ringSmall {
 			modes = append(modes, floor32)
 		}
 		for _, mode := range modes {

@@ -80,9 +80,8 @@ local call, pcall, min, max = redis.call, redis.pcall, math.min, math.max
 
 local M48 = 2 ^ 48
 local S = 64
-local SMALL = 2048
-local CHUNK = 96
-local REPLY = '>Bddd'
+local SMALL, SMALL_END = 512, '511'
+local CHUNK = 120
 
 -- With the time given, expiry on Redis's own clock would not follow it:
 -- keys are then kept.
@@ -93,8 +92,7 @@ if not now then
 end
 -- A time kept modulo 2^48 is the one in (tbase, tbase + 2^48]: up to 6.7
 -- years back and 2.2 ahead.
-local tbase = now - 0.75 * M48
-local function dec(o) return tbase + (o - tbase) % M48 end
+local tbase, ms = now - 0.75 * M48, floor(now / 1000)
 local function fmt(x) return string.format('%.0f', x) end
 
 -- fresh returns reply, or nil after dropping key when it holds another kind's
@@ -109,267 +107,316 @@ local function fresh(reply, key)
   return reply
 end
 
--- patch returns s, which holds the bytes from offset at on, with b written at
--- offset off where the two overlap.
-local function patch(s, at, off, b)
-  local lo, hi = max(off, at), min(off + #b, at + #s)
-  if lo >= hi then return s end
-  return sub(s, 1, lo - at) .. sub(b, lo - off + 1, hi - off) .. sub(s, hi - at + 1)
+-- The ring in hand: its key; v, what was read of it from offset 0 (the whole
+-- value when small), and cache, chunks read beyond; the header's fields;
+-- E, the bytes of an entry, and BO, the offset of the bases. One ring is in
+-- hand at a time; the zones of one request save it and take it back.
+local key, v, whole, cache
+local ver, cap, h, n, exp, seq, flo, total, H, E, B, BO
+
+local function shape(version, size)
+  ver, cap, B = version, size, floor(size / S) + 2
+  H, E = version == 1 and 18 or 38, version == 1 and 6 or 12
+  BO = H + E * cap
+  return version == 1 and BO or BO + 6 * B
 end
 
-local Ring = {}
-Ring.__index = Ring
-
-function Ring:shape(ver, cap)
-  self.ver, self.cap, self.B = ver, cap, floor(cap / S) + 2
-  self.H = ver == 1 and 13 or 27
-  self.RO = self.H + 6 * cap
-  self.BO = self.RO + 6 * cap
-  self.size = ver == 1 and self.RO or self.BO + 6 * self.B
-end
-
--- load reads the ring at key: whole when small, else its first SMALL bytes,
--- the rest on demand. Anything else (unknown, or cut short) starts over.
-local function load(key)
-  local v = fresh(pcall('GETRANGE', key, 0, SMALL - 1), key) or ''
-  local r = setmetatable({key = key, v = v, cache = {}, h = 0, n = 0, seq = 0, floor = 0}, Ring)
-  local ver, cap = 0, 0
-  if #v >= 13 then ver, cap, r.h, r.n = unpack('>BI4I4I4', v) end
-  if ver == 2 and #v >= 27 then r.seq, r.floor = unpack('>dI6', v, 14) end
-  if ver == 1 or ver == 2 then r:shape(ver, cap) end
-  if not r.size or #v ~= r.size and #v < SMALL or ver == 2 and #v < 27 then
-    r.h, r.n = 0, 0
-    r:shape(1, 0)
-    r.v = string.rep('\0', 13)
+-- load takes the ring at k in hand, reading it whole when it is expected
+-- small; anything else (unknown, or cut short) starts over.
+local function load(k, small)
+  -- Numbers given to redis.call are formatted each time: these are not.
+  key, cache, v = k, false, pcall('GETRANGE', k, '0', small and SMALL_END or '37')
+  if type(v) ~= 'string' then v = fresh(v, k) or '' end
+  local version, size = 0, nil
+  h, n, exp, seq, flo, total = 0, 0, ms, 0, 0, 0
+  if #v >= 18 then version, size, h, n, exp = unpack('>BI4I4I4I5', v) end
+  if version == 2 and #v >= 38 then seq, flo, total = unpack('>dI6I6', v, 19) end
+  size = (version == 1 or version == 2) and shape(version, size)
+  if not size or #v ~= size and #v < (small and SMALL or 38) or version == 2 and #v < 38 then
+    h, n, exp, seq, flo, total = 0, 0, ms, 0, 0, 0
+    size, v = shape(1, 0), ''
   end
-  r.whole = #r.v == r.size
-  return r
+  whole = #v == size
+end
+
+local function save(sv)
+  sv[1], sv[2], sv[3], sv[4], sv[5], sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12] =
+    key, v, whole, cache, ver, cap, h, n, exp, seq, flo, total
+end
+
+local function restore(sv)
+  key, v, whole, cache, h, n, exp, seq, flo, total = sv[1], sv[2], sv[3], sv[4], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12]
+  shape(sv[5], sv[6])
 end
 
 -- bytes returns len bytes at offset off.
-function Ring:bytes(off, len)
-  local v = self.v
-  if v and off + len <= #v then return sub(v, off + 1, off + len) end
-  return call('GETRANGE', self.key, off, off + len - 1)
+local function bytes(off, len)
+  if off + len <= #v then return sub(v, off + 1, off + len) end
+  return call('GETRANGE', key, off, off + len - 1)
 end
 
 -- u6 returns the 6-byte number at offset off, reading a large value a chunk
 -- at a time.
-function Ring:u6(off)
-  local v = self.v
-  if v and off + 6 <= #v then return (unpack('>I6', v, off + 1)) end
+local function u6(off)
+  if off + 6 <= #v then return (unpack('>I6', v, off + 1)) end
   local c0 = off - off % CHUNK
-  local c = self.cache[c0]
+  local c = cache and cache[c0]
   if not c then
-    c = call('GETRANGE', self.key, c0, c0 + CHUNK + 5)
-    self.cache[c0] = c
+    c = call('GETRANGE', key, c0, c0 + CHUNK + 5)
+    cache = cache or {}
+    cache[c0] = c
   end
   return (unpack('>I6', c, off - c0 + 1))
 end
 
--- put writes b at offset off: into the value in hand when it is whole (SET
--- writes it), else at once, keeping what was read in step.
-function Ring:put(off, b)
-  if self.v then self.v = patch(self.v, 0, off, b) end
-  if not self.whole then
-    call('SETRANGE', self.key, off, b)
-    for c0, c in pairs(self.cache) do self.cache[c0] = patch(c, c0, off, b) end
-  end
+-- put writes b at offset off, keeping what was read in step.
+local function put(off, b)
+  call('SETRANGE', key, off, b)
+  local lo, hi = max(off, 0), min(off + #b, #v)
+  if lo < hi then v = sub(v, 1, lo) .. sub(b, lo - off + 1, hi - off) .. sub(v, hi + 1) end
+  cache = false
 end
 
-function Ring:put6(off, x) self:put(off, pack('>I6', x % M48)) end
+local function u48(x) return pack('>I6', x % M48) end
 
--- range returns the entries [i, j) of the region at off, oldest first.
-function Ring:range(off, i, j)
-  if j <= i then return '' end
-  local p = (self.h + i) % self.cap
-  local a = min(j - i, self.cap - p)
-  local s = self:bytes(off + 6 * p, 6 * a)
-  if a < j - i then s = s .. self:bytes(off, 6 * (j - i - a)) end
-  return s
+-- at returns the offset of entry i (0 is the oldest kept).
+local function at(i) return H + E * ((h + i) % cap) end
+
+-- t returns the time of entry i; u its units.
+local function t(i)
+  local off = H + E * ((h + i) % cap)
+  return tbase + ((off + 6 <= #v and unpack('>I6', v, off + 1) or u6(off)) - tbase) % M48
 end
 
--- write writes the entries b from entry i on into the region at off.
-function Ring:write(off, i, b)
-  local p = (self.h + i) % self.cap
-  local a = min(#b, 6 * (self.cap - p))
-  self:put(off + 6 * p, sub(b, 1, a))
-  if a < #b then self:put(off, sub(b, a + 1)) end
+local function u(i)
+  if ver == 1 then return 1 end
+  local off = H + 12 * ((h + i) % cap) + 6
+  return off + 6 <= #v and unpack('>I6', v, off + 1) or u6(off)
 end
 
--- t returns the time of entry i (0 is the oldest kept).
-function Ring:t(i) return dec(self:u6(self.H + 6 * ((self.h + i) % self.cap))) end
-
--- s returns the units of the entries kept up to i (0 for i < 0).
-function Ring:s(i)
+-- s returns the units of the entries kept up to i (0 for i < 0): in a units
+-- ring, the base of i's bucket (or the floor, in the oldest's) plus the
+-- units from its start.
+local function s(i)
   if i < 0 then return 0 end
-  if self.ver == 1 then return i + 1 end
-  return (self:u6(self.BO + 6 * (floor((self.seq + i) / S) % self.B))
-    + self:u6(self.RO + 6 * ((self.h + i) % self.cap)) - self.floor) % M48
+  if ver == 1 then return i + 1 end
+  if i == n - 1 then return (total - flo) % M48 end
+  local q = seq + i
+  local j, sum = 0, 0
+  if floor(q / S) > floor(seq / S) then
+    j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % M48
+  end
+  for m = j, i do sum = sum + u(m) end
+  return sum
 end
 
--- search returns the first i in [lo, hi) with get(r, i) > x, get increasing
--- in i; hi if none.
-local function search(r, get, x, lo, hi)
+-- search returns the first i in [lo, hi) with get(i) > x, get increasing in
+-- i; hi if none.
+local function search(get, x, lo, hi)
   while lo < hi do
     local m = floor((lo + hi) / 2)
-    if get(r, m) > x then hi = m else lo = m + 1 end
+    if get(m) > x then hi = m else lo = m + 1 end
   end
   return lo
 end
 
--- gallop is search over [lo, n), probing lo, lo+1, lo+3, ... first: the
--- answer is usually next to lo.
-local function gallop(r, get, x, lo)
-  local hi, step = lo, 1
-  while hi < r.n and get(r, hi) <= x do
+-- gallop is search over [lo, n), probing lo, lo+1, lo+3, ... first, as the
+-- answer is usually next to lo; it returns the answer and get(answer).
+local function gallop(get, x, lo)
+  local hi, step, y = lo, 1, nil
+  while hi < n do
+    y = get(hi)
+    if y > x then break end
     lo, hi, step = hi + 1, hi + step, step * 2
   end
-  return search(r, get, x, lo, min(hi, r.n))
+  local i = search(get, x, lo, min(hi, n))
+  if i == hi and hi < n then return i, y end
+  return i, i < n and get(i) or nil
 end
 
--- rebuild lays the ring out again from slot 0 in a new shape: grown, shrunk,
--- or a count ring made a units ring. It moves ranges, never one entry at a
--- time, and the value is then in hand, to be written whole.
-local function rebuild(r, cap, ver)
-  local n = r.n
-  local body = r:range(r.H, 0, n) .. string.rep('\0', 6 * (cap - n))
-  if ver == 2 then
-    local B, bases, rels = floor(cap / S) + 2, {}, nil
-    if r.ver == 2 then
-      rels = r:range(r.RO, 0, n)
-      for q = r.seq - r.seq % S, r.seq + n - 1, S do
-        bases[floor(q / S) % B] = r:u6(r.BO + 6 * (floor(q / S) % r.B))
-      end
-    else
-      -- Every cost so far is 1: sequence numbers and sums start at 0.
-      local one = {}
-      for i = 1, S do one[i] = pack('>I6', i) end
-      rels = sub(string.rep(table.concat(one), ceil(n / S)), 1, 6 * n)
-      for q = 0, n - 1, S do bases[q / S] = q end
-      r.seq, r.floor = 0, 0
+-- range returns the entries [i, j), oldest first.
+local function range(i, j)
+  if j <= i then return '' end
+  local p = (h + i) % cap
+  local a = min(j - i, cap - p)
+  local r = bytes(H + E * p, E * a)
+  if a < j - i then r = r .. bytes(H, E * (j - i - a)) end
+  return r
+end
+
+-- write writes the entries b from entry i on.
+local function write(i, b)
+  local p = (h + i) % cap
+  local a = min(#b, E * (cap - p))
+  put(H + E * p, sub(b, 1, a))
+  if a < #b then put(H, sub(b, a + 1)) end
+end
+
+local function header()
+  local hdr = pack('>BI4I4I4I5', ver, cap, h, n, exp % 2 ^ 40)
+  if ver == 2 then hdr = hdr .. pack('>dI6I6', seq, flo, total) end
+  return hdr
+end
+
+local function size_of(version, size) return version == 1 and 18 + 6 * size or 38 + 12 * size + 6 * (floor(size / S) + 2) end
+
+-- reshape gives the ring size slots and the layout of version: grown,
+-- shrunk, or a count ring made a units ring (each of its entries then holds
+-- 1 unit). A large ring grows in place: the value is extended, and the
+-- older or the newer part of its entries, the smaller, moves so that the
+-- free slots lie between them; otherwise it is written anew from its
+-- entries. Never is a large value read or written whole.
+local function reshape(size, version)
+  local B0, bases = B, ver == 2 and version == 2 and bytes(BO, 6 * B)
+  if ver == version and size > cap and size_of(version, size) > SMALL then
+    call('SETRANGE', key, size_of(version, size) - 1, '\0')
+    if h > 0 and h <= cap - h then
+      put(H + E * cap, bytes(H, E * h))
+    elseif h > 0 then
+      put(H + E * (h + size - cap), bytes(H + E * h, E * (cap - h)))
+      h = h + size - cap
     end
-    local b = {}
-    for k = 0, B - 1 do b[k + 1] = pack('>I6', bases[k] or 0) end
-    body = body .. rels .. string.rep('\0', 6 * (cap - n)) .. table.concat(b)
+    shape(version, size)
+  else
+    local body = range(0, n)
+    if version == 2 and ver == 1 then
+      local parts, one = {}, u48(1)
+      for i = 0, n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
+      body, seq, flo, total = table.concat(parts), 0, 0, n
+    end
+    h = 0
+    shape(version, size)
+    v = header() .. body
+    local len = size_of(version, size)
+    call('DEL', key)
+    call('SETRANGE', key, len - 1, '\0')
+    call('SETRANGE', key, 0, v)
+    v, whole, cache, exp = len <= SMALL and v .. string.rep('\0', len - #v) or v, len <= SMALL, false, ms
   end
-  r.h = 0
-  r:shape(ver, cap)
-  r.v, r.whole, r.cache = string.rep('\0', r.H) .. body, true, {}
+  if version == 2 then
+    -- Each kept bucket's base takes its place among the new number of
+    -- bases (a converted ring's start at 0, one unit an entry).
+    for q = seq - seq % S, seq + n - 1, S do
+      local k = floor(q / S)
+      put(BO + 6 * (k % B), bases and sub(bases, 6 * (k % B0) + 1, 6 * (k % B0) + 6) or u48(q))
+    end
+  end
 end
 
--- commit writes the header (and a value in hand) and keeps the key until the
--- newest admission ages out; an empty ring is deleted.
-function Ring:commit(window)
-  if self.n == 0 then
-    call('DEL', self.key)
+-- commit writes b at offset off and the header, and keeps the key until its
+-- newest admission ages out (and an eighth of a window more, so that a key in
+-- use is not given a new expiry at each admission); an empty ring is
+-- deleted.
+local function commit(newest, window, off, b)
+  if n == 0 then
+    call('DEL', key)
     return
   end
-  local px = max(1, ceil((self:t(self.n - 1) + window - now) / 1000))
-  local hdr = pack('>BI4I4I4', self.ver, self.cap, self.h, self.n)
-  if self.ver == 2 then hdr = hdr .. pack('>dI6', self.seq, self.floor) end
-  if self.whole and expires then
-    call('SET', self.key, hdr .. sub(self.v, #hdr + 1), 'PX', px)
-  elseif self.whole then
-    call('SET', self.key, hdr .. sub(self.v, #hdr + 1))
-  else
-    call('SETRANGE', self.key, 0, hdr)
-    if expires then call('PEXPIRE', self.key, px) end
+  -- exp is the key's expiry in milliseconds, modulo 2^40.
+  if expires and newest + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
+    exp = ceil((newest + window + window / 8) / 1000)
+    call('PEXPIRE', key, max(1, exp - ms))
   end
+  if off then call('SETRANGE', key, off, b) end
+  call('SETRANGE', key, '0', ver == 1 and pack('>BI4I4I4I5', 1, cap, h, n, exp % 2 ^ 40) or header())
 end
 
 -- A log zone's decision, before any write: z.room, when its request fits;
 -- z.held, the units in the window; z.f, the first entry in the window that
--- holds units, and z.first its time.
+-- holds units, z.first its time, z.before the units before it; z.newest.
 local function log_decide(z)
-  local r = load(z.key)
-  local n = r.n
-  z.r = r
-  local f = n > 0 and gallop(r, Ring.t, now - z.window, 0) or 0
-  local before, total = r:s(f - 1), r:s(n - 1)
-  z.held, z.room = total - before, now
-  if r.ver == 2 then
+  load(z.key, 18 + 6 * z.max <= SMALL)
+  local W, c = z.window, z.cost
+  local f, first = 0, n > 0 and t(0)
+  if first and first <= now - W then f, first = gallop(t, now - W, 1) end
+  local before, all = f, n
+  if ver == 2 then
+    before, all = s(f - 1), (total - flo) % M48
     -- Entries settled to zero hold nothing: the window starts after them.
-    while f < n and r:s(f) == before do f = f + 1 end
+    local g = f
+    while g < n and u(g) == 0 do g = g + 1 end
+    if g ~= f then f, first = g, g < n and t(g) or nil end
   end
-  z.f, z.first = f, f < n and r:t(f) or nil
-  z.newest = n > 0 and r:t(n - 1) or nil
-  if z.held + z.cost > z.max and z.cost <= z.max then
-    local T = total + z.cost - z.max
-    local j = r.ver == 1 and T - 1 or gallop(r, Ring.s, T - 1, f)
-    z.room = r:t(j) + z.window
+  local room = now
+  z.held = all - before
+  if z.held + c > z.max and c <= z.max then
+    -- The newest admission that must age out for c to fit: the first j
+    -- with s(j) >= T; a units ring skips whole buckets by their bases.
+    local T, j = all + c - z.max, 0
+    if ver == 1 then
+      j = T - 1
+    else
+      local k0 = floor((seq + f) / S)
+      local k = search(function(k) return (u6(BO + 6 * (k % B)) - flo) % M48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
+      local sum
+      j, sum = f, before
+      if k > k0 then j, sum = k * S - seq, (u6(BO + 6 * (k % B)) - flo) % M48 end
+      while sum + u(j) < T do sum, j = sum + u(j), j + 1 end
+    end
+    room = t(j) + W
   end
-  z.reset = z.first and z.first + z.window - now or 0
+  z.f, z.first, z.before, z.room = f, first or false, before, room
+  z.newest = n > 0 and (f == n - 1 and first or t(n - 1))
+  z.reset = first and first + W - now or 0
 end
 
 -- Records the admission of a log zone at time at (or just after its newest):
--- drops what aged out first, then grows or shrinks the ring if it must.
+-- drops what aged out first, then grows, shrinks or makes a units ring if it
+-- must.
 local function log_record(z, at)
-  local r = z.r
   if z.newest and z.newest >= at then at = z.newest + 1 end
-  if z.f > 0 then
-    r.floor = (r.floor + r:s(z.f - 1)) % M48
-    r.h, r.n, r.seq = (r.h + z.f) % r.cap, r.n - z.f, r.seq + z.f
+  local f, c = z.f, z.cost
+  if f > 0 then
+    flo, h, n, seq = (flo + z.before) % M48, (h + f) % cap, n - f, seq + f
   end
-  local n, cap, ver = r.n, r.cap, r.ver
-  if z.cost ~= 1 then ver = 2 end
+  local size, version = cap, c == 1 and ver or 2
   if n == cap then
-    cap = max(4, 2 * cap)
-    if ver == 1 and n < z.max then cap = min(cap, z.max) end
+    size = max(4, 2 * cap)
+    if version == 1 and n < z.max then size = min(size, z.max) end
   elseif cap > 64 and 4 * (n + 1) <= cap then
-    cap = floor(cap / 2)
+    size = floor(cap / 2)
   end
-  if cap ~= r.cap or ver ~= r.ver then rebuild(r, cap, ver) end
-  local p = (r.h + n) % r.cap
-  if r.ver == 2 then
-    local q, rel = r.seq + n, z.cost
-    if n == 0 or q % S == 0 then
-      r:put6(r.BO + 6 * (floor(q / S) % r.B), r.floor + r:s(n - 1))
-    else
-      rel = rel + r:u6(r.RO + 6 * ((p - 1) % r.cap))
-    end
-    r:put6(r.RO + 6 * p, rel)
+  if size ~= cap or version ~= ver then reshape(size, version) end
+  local off, entry = H + E * ((h + n) % cap), pack('>I6', at % M48)
+  if ver == 2 then
+    if (seq + n) % S == 0 and n > 0 then put(BO + 6 * (floor((seq + n) / S) % B), u48(total)) end
+    entry, total = entry .. u48(c), (total + c) % M48
   end
-  r:put6(r.H + 6 * p, at)
-  r.n = n + 1
-  r:commit(z.window)
-  z.held = z.held + z.cost
+  n = n + 1
+  commit(at, z.window, off, entry)
+  z.held = z.held + c
   if not z.first then z.reset = at + z.window - now end
   return at
 end
 
 -- Settles the admission at time z.token to z.cost units. A count ring takes
 -- a refunded entry out (the newer ones move back a slot); any other change
--- makes it a units ring, where the entry's bucket from it on and the later
--- buckets' bases change, and entries settled to zero are dropped once newest.
+-- makes it a units ring, where the entry's units and the bases of the later
+-- buckets change, and entries settled to zero are dropped once newest.
 local function log_settle(z)
-  local r = load(z.key)
-  local n = r.n
-  local e = search(r, Ring.t, z.token - 1, 0, n)
-  if e == n or r:t(e) ~= z.token then return 0 end
-  local old, c = r:s(e) - r:s(e - 1), z.cost
+  load(z.key, false)
+  local e = search(t, z.token - 1, 0, n)
+  if e == n or t(e) ~= z.token then return 0 end
+  local old, c = u(e), z.cost
   if c == old then return 1 end
-  if r.ver == 1 and c == 0 then
-    r:write(r.H, e, r:range(r.H, e + 1, n))
-    r.n = n - 1
+  if ver == 1 and c == 0 then
+    write(e, range(e + 1, n))
+    n = n - 1
   else
-    if r.ver == 1 then rebuild(r, r.cap, 2) end
-    c = min(c, M48 - 1 - r:s(n - 1) + old)
-    local q, d = r.seq + e, c - old
-    for i = e, min(n - 1, e + S - 1 - q % S) do
-      local o = r.RO + 6 * ((r.h + i) % r.cap)
-      r:put6(o, r:u6(o) + d)
+    if ver == 1 then reshape(cap, 2) end
+    c = min(c, M48 - 1 - (total - flo) % M48 + old)
+    local d = c - old
+    put(at(e) + 6, u48(c))
+    for k = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do
+      local o = BO + 6 * (k % B)
+      put(o, u48(u6(o) + d))
     end
-    for k = floor(q / S) + 1, floor((r.seq + n - 1) / S) do
-      local o = r.BO + 6 * (k % r.B)
-      r:put6(o, r:u6(o) + d)
-    end
-    while r.n > 0 and r:s(r.n - 1) == r:s(r.n - 2) do r.n = r.n - 1 end
+    total = (total + d) % M48
+    while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  r:commit(z.window)
+  commit(n > 0 and t(n - 1) or now, z.window)
   return 1
 end
-
 -- The sliding counter: the previous fixed window's units, weighted by how
 -- much of it the sliding window still covers, plus the current one's.
 local function counter_decide(z)
@@ -460,38 +507,68 @@ local decide = {[0] = log_decide, counter_decide, lease_decide}
 local record = {[0] = log_record, counter_record, lease_record}
 local settle = {[0] = log_settle, counter_settle, function(z) return call('ZREM', z.key, z.aux) end}
 
+-- Z holds the zones of the request at hand, made once with all their fields
+-- and reused.
+local Z = {}
+local function zone(i)
+  local z = Z[i]
+  if not z then
+    z = {key = false, kind = 0, window = 0, max = 0, cost = 0, token = 0, aux = false,
+      room = 0, held = 0, reset = 0, ok = false, f = 0, first = false, newest = false,
+      idx = 0, e = 0, c = 0, p = 0, before = 0, sv = {}}
+    Z[i] = z
+  end
+  return z
+end
+
 local out, args, pos, k = {}, ARGV[1], 1, 0
 while pos <= #args do
-  local op, nz, wait
-  op, nz, wait, pos = unpack('>BBd', args, pos)
-  local zs = {}
+  local op, nz, wait, kind, window, mx, cost, token
+  op, nz, wait, kind, window, mx, cost, token, pos = unpack('>BBdBdddd', args, pos)
   for i = 1, nz do
-    local z = {}
-    z.kind, z.window, z.max, z.cost, z.token, pos = unpack('>Bdddd', args, pos)
-    z.aux, pos, k = sub(args, pos, pos + 7), pos + 8, k + 1
-    z.key = KEYS[k]
-    zs[i] = z
+    if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
+    local z = Z[i] or zone(i)
+    k = k + 1
+    z.key, z.kind, z.window, z.max, z.cost, z.token = KEYS[k], kind, window, mx, cost, token
+    if kind == 2 or op == 2 then z.aux = sub(args, pos, pos + 7) end
+    pos = pos + 8
   end
   if op >= 2 then
     out[#out + 1] = pack('>d', 0)
-    for _, z in ipairs(zs) do
+    for i = 1, nz do
+      local z = Z[i]
       local done = op == 2 and settle[z.kind](z) or z.kind == 2 and lease_extend(z) or 0
-      out[#out + 1] = pack(REPLY, done, 0, 0, -1)
+      out[#out + 1] = pack('>Bddd', done, 0, 0, -1)
     end
   else
     local at, admit = now, true
-    for _, z in ipairs(zs) do
+    for i = 1, nz do
+      local z = Z[i]
       decide[z.kind](z)
+      if nz > 1 and z.kind == 0 then save(z.sv) end
       z.ok = z.cost <= z.max and z.room - now <= (z.kind == 0 and wait or 0)
-      if z.ok then at = max(at, z.room) else admit = false end
+      if not z.ok then admit = false elseif z.room > at then at = z.room end
     end
-    out[#out + 1] = pack('>d', admit and at - now or 0)
-    for _, z in ipairs(zs) do
+    local recording = admit and op == 1
+    for i = 1, nz do
+      local z = Z[i]
       local token, flag = -1, z.ok and 1 or 0
-      if z.cost > z.max then flag = 2 end
-      if admit and op == 1 then token = record[z.kind](z, at) end
-      if not z.ok then z.reset = z.cost > z.max and 0 or z.room - now end
-      out[#out + 1] = pack(REPLY, flag, max(0, floor(z.max - z.held)), z.reset, token)
+      if z.cost > z.max then
+        flag, z.reset = 2, 0
+      elseif not z.ok then
+        z.reset = z.room - now
+      end
+      if recording then
+        if nz > 1 and z.kind == 0 then restore(z.sv) end
+        token = record[z.kind](z, at)
+      end
+      local rem = z.max - z.held
+      rem = rem > 0 and rem - rem % 1 or 0
+      if i == 1 then
+        out[#out + 1] = pack('>dBddd', admit and at - now or 0, flag, rem, z.reset, token)
+      else
+        out[#out + 1] = pack('>Bddd', flag, rem, z.reset, token)
+      end
     end
   end
 end

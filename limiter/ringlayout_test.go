@@ -11,12 +11,14 @@ import (
 )
 
 // The ring's layout, as limit.lua writes it: a header of version, cap, head
-// and count (u8, then u32 each), for version 2 the sequence number of the
-// head (double) and the sum before it (u48); then cap times of 6 bytes
-// (microseconds modulo 2^48); for version 2 then cap sums within their
-// bucket and the buckets' base sums, 6 bytes each.
+// and count (u8, then u32 each) and expiry (u40, milliseconds modulo 2^40);
+// for version 2 (units) then the
+// sequence number of the head (double), the sum before it and the sum up to
+// the newest (u48 each). Then cap entries: a time (6 bytes, microseconds
+// modulo 2^48) and, for version 2, its units (6 bytes); for version 2 then
+// the buckets' base sums (6 bytes each).
 const (
-	ringSmall  = 2048 // bytes read and written whole
+	ringSmall  = 512 // bytes read whole
 	ringBucket = 64
 	mod48      = 1 << 48
 )
@@ -52,50 +54,52 @@ func decodeTime(o, now int64) int64 {
 
 // readRing decodes the ring at key as the script would at now (microseconds),
 // failing the test when the value is not a well-formed ring: its length,
-// strictly increasing times, sums that never fall.
+// strictly increasing times, and for a units ring sums that add up: each
+// kept bucket's base and the newest sum agree with the units.
 func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringState {
 	tb.Helper()
 	v, err := client.Get(context.Background(), key).Bytes()
 	if err != nil {
 		tb.Fatalf("GET %s: %v", key, err)
 	}
-	if len(v) < 13 {
+	if len(v) < 18 {
 		tb.Fatalf("ring %s: %d bytes, shorter than a header", key, len(v))
 	}
 	r := ringState{version: int(v[0]), cap: int(binary.BigEndian.Uint32(v[1:])), head: int(binary.BigEndian.Uint32(v[5:])), bytes: len(v)}
 	n := int(binary.BigEndian.Uint32(v[9:]))
-	hdr, want := 13, 13+6*r.cap
-	var seq, floor int64
+	hdr, entry, want := 18, 6, 18+6*r.cap
+	B := r.cap/ringBucket + 2
 	if r.version == 2 {
-		hdr = 27
-		seq = int64(math.Float64frombits(binary.BigEndian.Uint64(v[13:])))
-		floor = readU48(v[21:])
-		want = hdr + 12*r.cap + 6*(r.cap/ringBucket+2)
+		hdr, entry, want = 38, 12, 38+12*r.cap+6*B
 	}
 	if r.version != 1 && r.version != 2 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
 		tb.Fatalf("ring %s: version %d, %d bytes (want %d), cap %d, head %d, count %d", key, r.version, len(v), want, r.cap, r.head, n)
 	}
-	B := r.cap/ringBucket + 2
-	sum := func(i int) int64 {
-		if i < 0 {
-			return 0
-		}
-		if r.version == 1 {
-			return int64(i + 1)
-		}
-		q := seq + int64(i)
-		base := readU48(v[hdr+12*r.cap+6*int((q/ringBucket)%int64(B)):])
-		rel := readU48(v[hdr+6*r.cap+6*((r.head+i)%r.cap):])
-		return ((base+rel-floor)%mod48 + mod48) % mod48
-	}
 	for i := range n {
-		r.times = append(r.times, decodeTime(readU48(v[hdr+6*((r.head+i)%r.cap):]), now))
-		r.units = append(r.units, sum(i)-sum(i-1))
+		e := v[hdr+entry*((r.head+i)%r.cap):]
+		r.times = append(r.times, decodeTime(readU48(e), now))
+		r.units = append(r.units, 1)
+		if r.version == 2 {
+			r.units[i] = readU48(e[6:])
+		}
 		if i > 0 && r.times[i] <= r.times[i-1] {
 			tb.Fatalf("ring %s: time %d (%d) not after time %d (%d)", key, i, r.times[i], i-1, r.times[i-1])
 		}
-		if r.units[i] < 0 {
-			tb.Fatalf("ring %s: admission %d holds %d units", key, i, r.units[i])
+	}
+	if r.version == 2 {
+		seq := int64(math.Float64frombits(binary.BigEndian.Uint64(v[18:])))
+		floor, total := readU48(v[26:]), readU48(v[32:])
+		sum := floor
+		for i, u := range r.units {
+			if q := seq + int64(i); q%ringBucket == 0 && i > 0 {
+				if base := readU48(v[hdr+entry*r.cap+6*int((q/ringBucket)%int64(B)):]); base != sum%mod48 {
+					tb.Fatalf("ring %s: base of bucket %d = %d, want %d", key, q/ringBucket, base, sum%mod48)
+				}
+			}
+			sum += u
+		}
+		if sum%mod48 != total {
+			tb.Fatalf("ring %s: units add up to %d, header says %d", key, sum%mod48, total)
 		}
 	}
 	return r
@@ -105,12 +109,12 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 // (oldest first, at most cap of them), head at slot 0, as limit.lua writes
 // it.
 func encodeRing(cap int, times []int64) []byte {
-	v := make([]byte, 13+6*cap)
+	v := make([]byte, 18+6*cap)
 	v[0] = 1
 	binary.BigEndian.PutUint32(v[1:], uint32(cap))
 	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
 	for i, t := range times {
-		putU48(v[13+6*i:], t)
+		putU48(v[18+6*i:], t)
 	}
 	return v
 }
