@@ -1,217 +1,159 @@
 -- Decides a batch of rate-limit requests in one call: TIME once, then each
 -- request's zones all or nothing, then one packed reply.
 --
--- Semantics. A log zone admits a request of cost c when the units admitted in
--- the last window, plus c, fit in max; for a count zone every cost is 1. With
--- n the newest admission kept and sum_i the units admitted up to admission i:
---   j       = the smallest kept admission with sum_j >= sum_n + c - max: the
---             newest one that must age out for c to fit (none: c fits now)
---   room    = t_j + window (none: now)
---   admit   when room - now <= wait (wait 0: room <= now); the request is
---           recorded at max(room, t_n + 1us): times strictly increase, even
---           for two requests in one microsecond or a clock that steps back
---   deny    otherwise, with reset = room - now; c > max is never admitted.
--- With several zones the admission time is the latest of their rooms, and
--- every zone records it then. A promised admission (room > now) is recorded
--- at its future time, so no later request takes its slot, and for any window
--- the units whose times lie in it never exceed max. Settling changes one
--- admission's units (and the sums after it); max may change between calls,
--- and each call is exact for its own max. A counter zone weighs units as it
--- weighs requests; a concurrency zone holds one lease per request in flight.
--- Counter and concurrency zones do not wait (the store refuses a wait there):
--- they admit now or deny, and a counter counts a request in the fixed window
--- of its decision even when its log zones delay it.
+-- A log zone admits a request of cost c (1 in a count zone) when the units
+-- in the last window, plus c, fit in max. With sum_i the units admitted up to
+-- admission i and n the newest kept, j = the smallest kept with sum_j >=
+-- sum_n + c - max must age out for c to fit: room = t_j + window (none:
+-- now). If room - now <= wait, the request goes on at room, recorded then or
+-- just after t_n (times strictly increase); else it is denied, reset = room -
+-- now; c > max never fits. With several zones it goes on at the latest room,
+-- recorded then in each. A promised admission is recorded at its future
+-- time, so no later one takes its slot: units with times in any window never
+-- exceed max, exact for each call's own max. Settling changes an admission's
+-- units (zero takes it back). A counter weighs units as it weighs requests;
+-- a concurrency zone holds one lease per request in flight, expiring window
+-- after it was taken or extended. Neither waits (the store refuses a wait).
 --
--- KEYS[i]   the state of the i-th zone of the batch, requests in order:
---             log:         a ring (string), below
---             counter:     hash {w = index of the current fixed window,
---                          c = its units, p = the units of the one before}
---             concurrency: sorted set, member = lease id, score = its expiry
--- ARGV[1]   the requests, packed big-endian, one after another:
---             op      uint8: 0 peek (write nothing), 1 allow (record in every
---                     zone if all admit), 2 settle, 3 extend
---             zones   uint8: how many KEYS this request takes, in order
---             wait    double: microseconds the request may wait for its slot
---             then per zone:
---               kind    uint8: 0 log, 1 counter, 2 concurrency
---               window  double: microseconds (the lease time)
---               max     double: units in any window (leases at once)
---               cost    double: units to reserve (allow, peek), or the real
---                       cost (settle)
---               token   double: settle: the log's admission time, the
---                       counter's window index
---               aux     8 bytes: the lease id; counter settle: the units
---                       reserved (double)
--- ARGV[2]   optional, for tests: the time in microseconds, in place of TIME;
---           keys then get no expiry, which runs on Redis's clock
+-- KEYS[i]  the i-th zone's state, requests in order: log, a ring (below);
+--          counter, hash {w = current fixed window's index, c = its units,
+--          p = the previous one's}; concurrency, zset of lease ids by expiry
+-- ARGV[1]  requests, big-endian: op u8 (0 peek, 1 allow, 2 settle, 3
+--          extend), zones u8 (KEYS it takes), wait double (µs); per zone:
+--          kind u8 (0 log, 1 counter, 2 concurrency), window double (µs; the
+--          lease time), max double, cost double (to reserve; settle: the
+--          real cost), token double (settle: the log's admission time, the
+--          counter's window index), aux 8 bytes (lease id; counter settle:
+--          the units reserved, double)
+-- ARGV[2]  optional, for tests: the time in µs in place of TIME; keys then
+--          get no expiry, which runs on Redis's clock
+-- Reply    per request: delay double (µs an admitted request waits; 0 when
+--          denied); per zone: flag u8 (0 denied, 1 admits (recorded if all
+--          do), 2 never: cost above max; settle, extend: 1 done), remaining
+--          double (units left, after this request if recorded), reset double
+--          (µs: denied, until room for this cost; else until units next
+--          leave the window), token double (log: admission time; counter:
+--          window index; -1: none)
 --
--- Reply: one string; per request a double, the delay in microseconds before
--- an admitted request goes on (0 when denied), then per zone, packed
--- big-endian:
---   flag       uint8: 0 denied, 1 admits (recorded only if every zone of the
---              request admits), 2 never (cost above max); settle and extend:
---              1 if done
---   remaining  double: units left now (after this one, when recorded)
---   reset      double: microseconds; denying zone: until it has room for this
---              cost; otherwise: until units next leave the window
---   token      double: the log's admission time, the counter's window index;
---              -1 when nothing was recorded
---
--- The ring of a log zone keeps the admissions that may still be in its
--- window, oldest first from slot h, in cap slots that wrap: a header, then
--- each admission's time (6 bytes: microseconds modulo 2^48, read back as the
--- one nearest now). Version 1, a count ring, holds costs of 1: sums are
--- indexes, nothing to store. Version 2, a units ring, adds each admission's
--- running sum within its bucket (rels, 6 bytes) and each bucket's base sum
--- (bases): sum_i = base[bucket(i)] + rel_i - floor, with buckets of S
--- consecutive admissions (by sequence number), so a settle rewrites at most
--- one bucket's rels and the later buckets' bases, never every later sum.
---   header  version u8, cap u32, h u32, n u32; version 2: seq (double, the
---           sequence number of slot h), floor u48 (the sum before it)
--- Admissions that aged out are dropped when the next one is recorded, so a
--- ring reuses their slots before it grows; one whose admissions all lie in
--- the window and that is full doubles. A value of at most SMALL bytes is read
--- and written whole (GET, SET); a larger one by ranges: the same decision,
--- read another way. Sums are kept modulo 2^48: the units a ring holds
--- saturate below that.
+-- A ring holds the admissions that may still be in the window, oldest first
+-- from slot h of cap, wrapping; what aged out goes at the next record, so a
+-- ring reuses those slots before it grows (doubling, in place when large).
+-- Header: version u8, cap, h, n u32, expiry (ms mod 2^40). Version 1, a count
+-- ring of at most SMALLCAP: entries are times (µs mod 2^48, 6 bytes, read as
+-- the nearest to now); sums are indexes. Version 3, a larger count ring, adds
+-- the newest time. Version 2, units, adds the sequence number of slot h
+-- (double), the sums before it and to the newest, and the newest time; an
+-- entry is a time and its units; then each bucket of S entries has its base
+-- sum, so a settle writes one entry and the later bases. Values of up to
+-- SMALL bytes are read whole, no large one is read or built whole (Redis's
+-- Lua hashes every string it makes). Sums are mod 2^48: a ring saturates.
 
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
-local call, pcall, min, max = redis.call, redis.pcall, math.min, math.max
+local call, pcall, min, max, fmt = redis.call, redis.pcall, math.min, math.max, string.format
+local M48, S, CHUNK, SMALL, SMALLCAP = 2 ^ 48, 64, 120, 512, 80
 
-local M48 = 2 ^ 48
-local S = 64
-local SMALL, SMALL_END = 512, '511'
-local CHUNK = 120
-
--- With the time given, expiry on Redis's own clock would not follow it:
--- keys are then kept.
-local now, expires = tonumber(ARGV[2]), not ARGV[2]
-if not now then
-  local t = call('TIME')
-  now = t[1] * 1000000 + t[2]
-end
--- A time kept modulo 2^48 is the one in (tbase, tbase + 2^48]: up to 6.7
--- years back and 2.2 ahead.
+-- With the time given, expiry on Redis's own clock would not follow it.
+local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
+if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
 local tbase, ms = now - 0.75 * M48, floor(now / 1000)
-local function fmt(x) return string.format('%.0f', x) end
-
 -- fresh returns reply, or nil after dropping key when it holds another kind's
--- state (the zone's algorithm changed), so the zone starts over rather than
--- failing until that state expires.
+-- state (the zone's algorithm changed), which then starts over.
 local function fresh(reply, key)
-  if type(reply) == 'table' and reply.err then
-    if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
-    call('DEL', key)
-    return nil
-  end
-  return reply
+  if type(reply) ~= 'table' or not reply.err then return reply end
+  if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
+  call('DEL', key)
 end
+-- The ring in hand: key; v, what was read from offset 0 (all of a small
+-- value), cache, chunks beyond; the header; H, E, BO: sizes of header and
+-- entry, the bases' offset. The zones of a request save and restore it.
+local key, v, vlen, cache, ver, cap, h, n, exp, seq, flo, total, last, H, E, B, BO
 
--- The ring in hand: its key; v, what was read of it from offset 0 (the whole
--- value when small), and cache, chunks read beyond; the header's fields;
--- E, the bytes of an entry, and BO, the offset of the bases. One ring is in
--- hand at a time; the zones of one request save it and take it back.
-local key, v, whole, cache
-local ver, cap, h, n, exp, seq, flo, total, H, E, B, BO
-
+local function size_of(version, size)
+  return version == 2 and 44 + 12 * size + 6 * (floor(size / S) + 2) or (version == 1 and 18 or 24) + 6 * size
+end
 local function shape(version, size)
-  ver, cap, B = version, size, floor(size / S) + 2
-  H, E = version == 1 and 18 or 38, version == 1 and 6 or 12
-  BO = H + E * cap
-  return version == 1 and BO or BO + 6 * B
+  ver, cap, B, E = version, size, floor(size / S) + 2, version == 2 and 12 or 6
+  H = version == 1 and 18 or version == 3 and 24 or 44
+  BO = H + E * size
+end
+local function header()
+  if ver == 1 then return pack('>BI4I4I4I5', 1, cap, h, n, exp % 2 ^ 40) end
+  if ver == 3 then return pack('>BI4I4I4I5I6', 3, cap, h, n, exp % 2 ^ 40, (last or 0) % M48) end
+  return pack('>BI4I4I4I5dI6I6I6', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % M48)
 end
 
--- load takes the ring at k in hand, reading it whole when it is expected
--- small; anything else (unknown, or cut short) starts over.
 local function load(k, small)
-  -- Numbers given to redis.call are formatted each time: these are not.
-  key, cache, v = k, false, pcall('GETRANGE', k, '0', small and SMALL_END or '37')
+  -- Numbers given to redis.call are formatted at each call: these are not.
+  key, cache, v = k, false, pcall('GETRANGE', k, '0', small and '511' or '43')
   if type(v) ~= 'string' then v = fresh(v, k) or '' end
-  local version, size = 0, nil
-  h, n, exp, seq, flo, total = 0, 0, ms, 0, 0, 0
-  if #v >= 18 then version, size, h, n, exp = unpack('>BI4I4I4I5', v) end
-  if version == 2 and #v >= 38 then seq, flo, total = unpack('>dI6I6', v, 19) end
-  size = (version == 1 or version == 2) and shape(version, size)
-  if not size or #v ~= size and #v < (small and SMALL or 38) or version == 2 and #v < 38 then
-    h, n, exp, seq, flo, total = 0, 0, ms, 0, 0, 0
-    size, v = shape(1, 0), ''
+  vlen = #v
+  local version, size = 0, 0
+  if vlen >= 18 then version, size, h, n, exp = unpack('>BI4I4I4I5', v) end
+  if version == 3 and vlen >= 24 then last = unpack('>I6', v, 19) end
+  if version == 2 and vlen >= 44 then seq, flo, total, last = unpack('>dI6I6I6', v, 19) end
+  if version >= 1 and version <= 3 and vlen >= (version == 1 and 18 or version == 3 and 24 or 44)
+    and (vlen == size_of(version, size) or vlen >= (small and SMALL or 44)) then
+    last = version ~= 1 and tbase + (last - tbase) % M48
+    return shape(version, size)
   end
-  whole = #v == size
+  -- Nothing, or nothing this version reads: the ring starts over.
+  h, n, exp, v, vlen = 0, 0, ms, '', 0
+  shape(1, 0)
 end
-
-local function save(sv)
+local function save(sv) -- the ring in hand, for a request of several zones
   sv[1], sv[2], sv[3], sv[4], sv[5], sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12] =
-    key, v, whole, cache, ver, cap, h, n, exp, seq, flo, total
+    key, v, cache, ver, cap, h, n, exp, seq, flo, total, last
 end
-
 local function restore(sv)
-  key, v, whole, cache, h, n, exp, seq, flo, total = sv[1], sv[2], sv[3], sv[4], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12]
-  shape(sv[5], sv[6])
+  key, v, vlen, cache, h, n, exp, seq, flo, total, last = sv[1], sv[2], #sv[2], sv[3], sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12]
+  shape(sv[4], sv[5])
 end
 
--- bytes returns len bytes at offset off.
+-- bytes returns len bytes at offset off, u6 the 6-byte number there (beyond
+-- what was read, a chunk at a time); put writes b there, keeping v in step.
 local function bytes(off, len)
-  if off + len <= #v then return sub(v, off + 1, off + len) end
+  if off + len <= vlen then return sub(v, off + 1, off + len) end
   return call('GETRANGE', key, off, off + len - 1)
 end
-
--- u6 returns the 6-byte number at offset off, reading a large value a chunk
--- at a time.
 local function u6(off)
-  if off + 6 <= #v then return (unpack('>I6', v, off + 1)) end
+  if off + 6 <= vlen then return (unpack('>I6', v, off + 1)) end
   local c0 = off - off % CHUNK
-  local c = cache and cache[c0]
-  if not c then
-    c = call('GETRANGE', key, c0, c0 + CHUNK + 5)
-    cache = cache or {}
-    cache[c0] = c
-  end
-  return (unpack('>I6', c, off - c0 + 1))
+  cache = cache or {}
+  cache[c0] = cache[c0] or call('GETRANGE', key, c0, c0 + CHUNK + 5)
+  return (unpack('>I6', cache[c0], off - c0 + 1))
 end
-
--- put writes b at offset off, keeping what was read in step.
 local function put(off, b)
   call('SETRANGE', key, off, b)
-  local lo, hi = max(off, 0), min(off + #b, #v)
-  if lo < hi then v = sub(v, 1, lo) .. sub(b, lo - off + 1, hi - off) .. sub(v, hi + 1) end
+  local hi = min(off + #b, vlen)
+  if off < hi then v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
   cache = false
 end
-
 local function u48(x) return pack('>I6', x % M48) end
 
--- at returns the offset of entry i (0 is the oldest kept).
-local function at(i) return H + E * ((h + i) % cap) end
-
--- t returns the time of entry i; u its units.
+-- t returns the time of entry i (0 is the oldest kept), u its units, s the
+-- units of the entries kept up to it (0 for i < 0): in a units ring, the
+-- base of i's bucket (the floor, in the oldest's) plus those from its start.
 local function t(i)
-  local off = H + E * ((h + i) % cap)
-  return tbase + ((off + 6 <= #v and unpack('>I6', v, off + 1) or u6(off)) - tbase) % M48
+  local o = H + E * ((h + i) % cap)
+  return tbase + ((o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)) - tbase) % M48
 end
-
 local function u(i)
-  if ver == 1 then return 1 end
-  local off = H + 12 * ((h + i) % cap) + 6
-  return off + 6 <= #v and unpack('>I6', v, off + 1) or u6(off)
+  if ver ~= 2 then return 1 end
+  local o = H + 12 * ((h + i) % cap) + 6
+  return o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)
 end
-
--- s returns the units of the entries kept up to i (0 for i < 0): in a units
--- ring, the base of i's bucket (or the floor, in the oldest's) plus the
--- units from its start.
 local function s(i)
-  if i < 0 then return 0 end
-  if ver == 1 then return i + 1 end
+  if i < 0 or ver ~= 2 then return max(i + 1, 0) end
   if i == n - 1 then return (total - flo) % M48 end
-  local q = seq + i
-  local j, sum = 0, 0
-  if floor(q / S) > floor(seq / S) then
-    j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % M48
-  end
+  local q, j, sum = seq + i, 0, 0
+  if floor(q / S) > floor(seq / S) then j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % M48 end
   for m = j, i do sum = sum + u(m) end
   return sum
 end
 
--- search returns the first i in [lo, hi) with get(i) > x, get increasing in
--- i; hi if none.
+-- search returns the first i in [lo, hi) with get(i) > x (get increasing
+-- in i), hi if none; gallop searches [lo, n) probing lo, lo+1, lo+3, ...
+-- first, as the answer is usually near lo, and returns it and get(it).
 local function search(get, x, lo, hi)
   while lo < hi do
     local m = floor((lo + hi) / 2)
@@ -219,9 +161,6 @@ local function search(get, x, lo, hi)
   end
   return lo
 end
-
--- gallop is search over [lo, n), probing lo, lo+1, lo+3, ... first, as the
--- answer is usually next to lo; it returns the answer and get(answer).
 local function gallop(get, x, lo)
   local hi, step, y = lo, 1, nil
   while hi < n do
@@ -230,8 +169,8 @@ local function gallop(get, x, lo)
     lo, hi, step = hi + 1, hi + step, step * 2
   end
   local i = search(get, x, lo, min(hi, n))
-  if i == hi and hi < n then return i, y end
-  return i, i < n and get(i) or nil
+  if i == n then return n, nil end
+  return i, i == hi and y or get(i)
 end
 
 -- range returns the entries [i, j), oldest first.
@@ -240,335 +179,269 @@ local function range(i, j)
   local p = (h + i) % cap
   local a = min(j - i, cap - p)
   local r = bytes(H + E * p, E * a)
-  if a < j - i then r = r .. bytes(H, E * (j - i - a)) end
-  return r
+  return a < j - i and r .. bytes(H, E * (j - i - a)) or r
 end
 
--- write writes the entries b from entry i on.
-local function write(i, b)
-  local p = (h + i) % cap
-  local a = min(#b, E * (cap - p))
-  put(H + E * p, sub(b, 1, a))
-  if a < #b then put(H, sub(b, a + 1)) end
-end
-
-local function header()
-  local hdr = pack('>BI4I4I4I5', ver, cap, h, n, exp % 2 ^ 40)
-  if ver == 2 then hdr = hdr .. pack('>dI6I6', seq, flo, total) end
-  return hdr
-end
-
-local function size_of(version, size) return version == 1 and 18 + 6 * size or 38 + 12 * size + 6 * (floor(size / S) + 2) end
-
--- reshape gives the ring size slots and the layout of version: grown,
--- shrunk, or a count ring made a units ring (each of its entries then holds
--- 1 unit). A large ring grows in place: the value is extended, and the
--- older or the newer part of its entries, the smaller, moves so that the
--- free slots lie between them; otherwise it is written anew from its
--- entries. Never is a large value read or written whole.
+-- reshape gives the ring size slots in the layout of version: grown, shrunk,
+-- or a count ring made a units ring (1 unit an entry). A large ring grows in
+-- place: the value is extended, and the smaller of the older and the newer
+-- part of its entries moves so that the free slots lie between them.
 local function reshape(size, version)
   local B0, bases = B, ver == 2 and version == 2 and bytes(BO, 6 * B)
   if ver == version and size > cap and size_of(version, size) > SMALL then
     call('SETRANGE', key, size_of(version, size) - 1, '\0')
-    if h > 0 and h <= cap - h then
-      put(H + E * cap, bytes(H, E * h))
-    elseif h > 0 then
+    if h > 0 and h <= cap - h then put(H + E * cap, bytes(H, E * h)) end
+    if h > cap - h then
       put(H + E * (h + size - cap), bytes(H + E * h, E * (cap - h)))
       h = h + size - cap
     end
-    shape(version, size)
   else
     local body = range(0, n)
-    if version == 2 and ver == 1 then
+    if version == 2 and ver ~= 2 then
       local parts, one = {}, u48(1)
       for i = 0, n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
       body, seq, flo, total = table.concat(parts), 0, 0, n
     end
     h = 0
     shape(version, size)
-    v = header() .. body
-    local len = size_of(version, size)
     call('DEL', key)
-    call('SETRANGE', key, len - 1, '\0')
-    call('SETRANGE', key, 0, v)
-    v, whole, cache, exp = len <= SMALL and v .. string.rep('\0', len - #v) or v, len <= SMALL, false, ms
+    call('SETRANGE', key, size_of(version, size) - 1, '\0')
+    v, cache, exp = header() .. body, false, ms
+    vlen = #v
+    call('SETRANGE', key, '0', v)
   end
-  if version == 2 then
-    -- Each kept bucket's base takes its place among the new number of
-    -- bases (a converted ring's start at 0, one unit an entry).
-    for q = seq - seq % S, seq + n - 1, S do
-      local k = floor(q / S)
-      put(BO + 6 * (k % B), bases and sub(bases, 6 * (k % B0) + 1, 6 * (k % B0) + 6) or u48(q))
-    end
+  shape(version, size)
+  -- The kept buckets' bases move to their places (a converted ring's count).
+  for q = version == 2 and seq - seq % S or 0, version == 2 and seq + n - 1 or -1, S do
+    local kb = floor(q / S) % B0
+    put(BO + 6 * (floor(q / S) % B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
   end
 end
 
 -- commit writes b at offset off and the header, and keeps the key until its
--- newest admission ages out (and an eighth of a window more, so that a key in
--- use is not given a new expiry at each admission); an empty ring is
--- deleted.
+-- newest admission ages out (an eighth of a window more, so that a key in use
+-- is not given a new expiry at each admission); an empty ring goes.
 local function commit(newest, window, off, b)
-  if n == 0 then
-    call('DEL', key)
-    return
-  end
-  -- exp is the key's expiry in milliseconds, modulo 2^40.
+  if n == 0 then return call('DEL', key) end
   if expires and newest + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
     exp = ceil((newest + window + window / 8) / 1000)
     call('PEXPIRE', key, max(1, exp - ms))
   end
   if off then call('SETRANGE', key, off, b) end
-  call('SETRANGE', key, '0', ver == 1 and pack('>BI4I4I4I5', 1, cap, h, n, exp % 2 ^ 40) or header())
+  last = newest
+  call('SETRANGE', key, '0', header())
 end
 
--- A log zone's decision, before any write: z.room, when its request fits;
--- z.held, the units in the window; z.f, the first entry in the window that
--- holds units, z.first its time, z.before the units before it; z.newest.
-local function log_decide(z)
-  load(z.key, 18 + 6 * z.max <= SMALL)
-  local W, c = z.window, z.cost
-  local f, first = 0, n > 0 and t(0)
-  if first and first <= now - W then f, first = gallop(t, now - W, 1) end
+-- A log zone's decision, before any write: when a request of cost c fits
+-- (room), the units in the window (held), until units leave it (reset); for
+-- the record: f, the first entry in the window holding units, its time, the
+-- units before it, the newest time.
+local function log_decide(k, W, mx, c)
+  load(k, 18 + 6 * mx <= SMALL)
+  local cut, first, f, newest = now - W, nil, 0, last
+  if n == cap and ver == 1 and h > 0 and h < cap - 1 and vlen == BO then
+    -- A full ring, as at a client's limit: the newest, the oldest and the
+    -- next lie side by side, and the window starts at one of the last two.
+    local a, b
+    newest, a, b = unpack('>I6I6I6', v, H + 6 * h - 5)
+    newest, first = tbase + (newest - tbase) % M48, tbase + (a - tbase) % M48
+    if first <= cut then
+      f, first = 1, tbase + (b - tbase) % M48
+      if first <= cut then f, first = gallop(t, cut, 2) end
+    end
+  elseif n > 0 then
+    first = t(0)
+    if first <= cut then f, first = gallop(t, cut, 1) end
+    if ver == 1 then newest = f == n - 1 and first or t(n - 1) end
+  end
   local before, all = f, n
   if ver == 2 then
-    before, all = s(f - 1), (total - flo) % M48
     -- Entries settled to zero hold nothing: the window starts after them.
     local g = f
+    before, all = s(f - 1), (total - flo) % M48
     while g < n and u(g) == 0 do g = g + 1 end
     if g ~= f then f, first = g, g < n and t(g) or nil end
   end
-  local room = now
-  z.held = all - before
-  if z.held + c > z.max and c <= z.max then
-    -- The newest admission that must age out for c to fit: the first j
-    -- with s(j) >= T; a units ring skips whole buckets by their bases.
-    local T, j = all + c - z.max, 0
-    if ver == 1 then
-      j = T - 1
-    else
-      local k0 = floor((seq + f) / S)
-      local k = search(function(k) return (u6(BO + 6 * (k % B)) - flo) % M48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
-      local sum
-      j, sum = f, before
-      if k > k0 then j, sum = k * S - seq, (u6(BO + 6 * (k % B)) - flo) % M48 end
+  local held, room = all - before, now
+  if held + c > mx and c <= mx then
+    local T, j = all + c - mx, f
+    if ver ~= 2 then j = T - 1 end
+    if ver == 2 then -- whole buckets by their bases, then entry by entry
+      local k0, sum = floor((seq + f) / S), before
+      local kb = search(function(q) return (u6(BO + 6 * (q % B)) - flo) % M48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
+      if kb > k0 then j, sum = kb * S - seq, (u6(BO + 6 * (kb % B)) - flo) % M48 end
       while sum + u(j) < T do sum, j = sum + u(j), j + 1 end
     end
     room = t(j) + W
   end
-  z.f, z.first, z.before, z.room = f, first or false, before, room
-  z.newest = n > 0 and (f == n - 1 and first or t(n - 1))
-  z.reset = first and first + W - now or 0
+  return room, held, first and first + W - now or 0, f, first, before, n > 0 and newest
 end
 
--- Records the admission of a log zone at time at (or just after its newest):
--- drops what aged out first, then grows, shrinks or makes a units ring if it
--- must.
-local function log_record(z, at)
-  if z.newest and z.newest >= at then at = z.newest + 1 end
-  local f, c = z.f, z.cost
+-- Records an admission of a log zone at time at (or just after the newest):
+-- drops what aged out, then grows, shrinks or makes a units ring as needed.
+local function log_record(k, W, mx, c, at, held, reset, f, first, before, newest)
+  if newest and newest >= at then at = newest + 1 end
   if f > 0 then
-    flo, h, n, seq = (flo + z.before) % M48, (h + f) % cap, n - f, seq + f
+    h, n = (h + f) % cap, n - f
+    if ver == 2 then flo, seq = (flo + before) % M48, seq + f end
   end
-  local size, version = cap, c == 1 and ver or 2
-  if n == cap then
-    size = max(4, 2 * cap)
-    if version == 1 and n < z.max then size = min(size, z.max) end
-  elseif cap > 64 and 4 * (n + 1) <= cap then
-    size = floor(cap / 2)
+  local size = cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap
+  if n == cap then size = c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap) end
+  if size ~= cap or c ~= 1 and ver ~= 2 then
+    reshape(size, (c ~= 1 or ver == 2) and 2 or size <= SMALLCAP and 1 or 3)
   end
-  if size ~= cap or version ~= ver then reshape(size, version) end
   local off, entry = H + E * ((h + n) % cap), pack('>I6', at % M48)
   if ver == 2 then
     if (seq + n) % S == 0 and n > 0 then put(BO + 6 * (floor((seq + n) / S) % B), u48(total)) end
-    entry, total = entry .. u48(c), (total + c) % M48
+    entry, total = pack('>I6I6', at % M48, c % M48), (total + c) % M48
   end
   n = n + 1
-  commit(at, z.window, off, entry)
-  z.held = z.held + c
-  if not z.first then z.reset = at + z.window - now end
-  return at
+  commit(at, W, off, entry)
+  return at, held + c, first and reset or at + W - now
 end
 
--- Settles the admission at time z.token to z.cost units. A count ring takes
--- a refunded entry out (the newer ones move back a slot); any other change
--- makes it a units ring, where the entry's units and the bases of the later
--- buckets change, and entries settled to zero are dropped once newest.
-local function log_settle(z)
-  load(z.key, false)
-  local e = search(t, z.token - 1, 0, n)
-  if e == n or t(e) ~= z.token then return 0 end
-  local old, c = u(e), z.cost
+-- Settles the admission at time token to c units. A count ring takes a
+-- refund out (the newer entries move back); any other change makes it a
+-- units ring; entries settled to zero go once newest.
+local function log_settle(k, W, c, token)
+  load(k, false)
+  local e = search(t, token - 1, 0, n)
+  if e == n or t(e) ~= token then return 0 end
+  local old = u(e)
   if c == old then return 1 end
-  if ver == 1 and c == 0 then
-    write(e, range(e + 1, n))
+  if ver ~= 2 and c == 0 then
+    local b, p = range(e + 1, n), (h + e) % cap
+    local a = min(#b, 6 * (cap - p))
+    put(H + 6 * p, sub(b, 1, a))
+    if a < #b then put(H, sub(b, a + 1)) end
     n = n - 1
   else
-    if ver == 1 then reshape(cap, 2) end
+    if ver ~= 2 then reshape(cap, 2) end
     c = min(c, M48 - 1 - (total - flo) % M48 + old)
-    local d = c - old
-    put(at(e) + 6, u48(c))
-    for k = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do
-      local o = BO + 6 * (k % B)
-      put(o, u48(u6(o) + d))
-    end
-    total = (total + d) % M48
+    put(H + 12 * ((h + e) % cap) + 6, u48(c))
+    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) + c - old)) end
+    total = (total + c - old) % M48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  commit(n > 0 and t(n - 1) or now, z.window)
+  commit(n > 0 and t(n - 1) or now, W)
   return 1
 end
+
 -- The sliding counter: the previous fixed window's units, weighted by how
 -- much of it the sliding window still covers, plus the current one's.
-local function counter_decide(z)
-  local W = z.window
-  z.idx = floor(now / W)
-  z.e = now - z.idx * W
-  local h = fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
-  local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
-  if w == nil or w < z.idx - 1 then
-    c, p = 0, 0
-  elseif w == z.idx - 1 then
-    c, p = 0, c
+local function counter_decide(k, W, mx, c)
+  local idx = floor(now / W)
+  local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
+  local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
+  if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
+  local held, room, reset, need = prev * (W - e) / W + cur, now, 0, mx - c
+  if held > need and need >= 0 then
+    -- The previous window's weight decays; if this one alone is too full,
+    -- wait for the next, where cur becomes prev.
+    room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
   end
-  z.c, z.p = c, p
-  z.held = p * (W - z.e) / W + c
-  z.room, z.reset = now, 0
-  local need = z.max - z.cost
-  if z.held > need and need >= 0 then
-    if c <= need and p > 0 then
-      -- Within this window the previous one's weight decays linearly.
-      z.room = now + ceil(W - (need - c) * W / p - z.e)
-    else
-      -- This window alone is too full: wait for the next, where c becomes p.
-      z.room = now + ceil((W - z.e) + W - need * W / c)
-    end
-  end
-  if p > 0 then
-    z.reset = min(ceil(W / p), W - z.e)
-  elseif c > 0 then
-    z.reset = ceil((W - z.e) + W / c)
-  end
+  if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
+  return room, held, reset, idx, e, cur, prev
 end
-
-local function counter_record(z)
-  local c = z.c + z.cost
-  call('HSET', z.key, 'w', z.idx, 'c', c, 'p', z.p)
+local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
+  call('HSET', k, 'w', idx, 'c', cur + c, 'p', prev)
   -- Kept while it can still weigh: to the end of the next window.
-  if expires then call('PEXPIRE', z.key, ceil((2 * z.window - z.e) / 1000)) end
-  z.held = z.held + z.cost
-  if z.p == 0 then z.reset = ceil((z.window - z.e) + z.window / c) end
-  return z.idx
+  if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
+  return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
+end
+local function counter_settle(k, W, c, token, aux)
+  local hm = fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
+  local field = tonumber(hm[1]) == token and 2 or tonumber(hm[1]) == token + 1 and 3
+  if field then call('HSET', k, field == 2 and 'c' or 'p', max(0, (tonumber(hm[field]) or 0) + c - unpack('>d', aux))) end
+  return field and 1 or 0
 end
 
-local function counter_settle(z)
-  local h = fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
-  local w, field = tonumber(h[1]), nil
-  if w == z.token then field = 2 elseif w == z.token + 1 then field = 3 else return 0 end
-  local d = z.cost - unpack('>d', z.aux)
-  call('HSET', z.key, field == 2 and 'c' or 'p', max(0, (tonumber(h[field]) or 0) + d))
-  return 1
+-- A concurrency zone: the leases whose expiry is after now. A lease key
+-- lives as long as its latest lease.
+local function lease_decide(k, W, mx)
+  local held, reset = fresh(pcall('ZCOUNT', k, '(' .. fmt('%d', now), '+inf'), k) or 0, 0
+  if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
+  return held + 1 > mx and now + reset or now, held, reset
 end
-
--- A concurrency zone: the leases whose expiry is after now.
-local function lease_decide(z)
-  z.held = fresh(pcall('ZCOUNT', z.key, '(' .. fmt(now), '+inf'), z.key) or 0
-  z.room, z.reset = now, 0
-  if z.held > 0 then
-    local first = call('ZRANGEBYSCORE', z.key, '(' .. fmt(now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')
-    z.reset = tonumber(first[2]) - now
-  end
-  if z.held + 1 > z.max then z.room = now + z.reset end
+local function keep_leases(k)
+  local latest = call('ZRANGE', k, -1, -1, 'WITHSCORES')[2]
+  if expires then call('PEXPIRE', k, max(1, ceil((latest - now) / 1000))) end
 end
-
--- expire keeps a lease key as long as its latest lease.
-local function expire_leases(key)
-  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if expires then call('PEXPIRE', key, max(1, ceil((tonumber(last[2]) - now) / 1000))) end
+local function lease_record(k, W, mx, c, at, held, reset, _, _, _, _, aux)
+  call('ZREMRANGEBYSCORE', k, '-inf', fmt('%d', now))
+  call('ZADD', k, fmt('%d', at + W), aux)
+  return keep_leases(k) or -1, held + 1, (reset == 0 or at + W - now < reset) and at + W - now or reset
 end
-
-local function lease_record(z, at)
-  call('ZREMRANGEBYSCORE', z.key, '-inf', fmt(now))
-  call('ZADD', z.key, fmt(at + z.window), z.aux)
-  expire_leases(z.key)
-  z.held = z.held + 1
-  if z.reset == 0 or at + z.window - now < z.reset then z.reset = at + z.window - now end
-  return -1
-end
-
-local function lease_extend(z)
-  local exp = tonumber(fresh(pcall('ZSCORE', z.key, z.aux), z.key))
-  if not exp or exp <= now then return 0 end
-  call('ZADD', z.key, 'XX', fmt(now + z.window), z.aux)
-  expire_leases(z.key)
-  return 1
+local function lease_extend(k, W, aux)
+  local lease = tonumber(fresh(pcall('ZSCORE', k, aux), k))
+  if not lease or lease <= now then return 0 end
+  call('ZADD', k, 'XX', fmt('%d', now + W), aux)
+  return keep_leases(k) or 1
 end
 
 local decide = {[0] = log_decide, counter_decide, lease_decide}
 local record = {[0] = log_record, counter_record, lease_record}
-local settle = {[0] = log_settle, counter_settle, function(z) return call('ZREM', z.key, z.aux) end}
+local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, aux) return call('ZREM', k, aux) end}
 
--- Z holds the zones of the request at hand, made once with all their fields
--- and reused.
-local Z = {}
-local function zone(i)
-  local z = Z[i]
-  if not z then
-    z = {key = false, kind = 0, window = 0, max = 0, cost = 0, token = 0, aux = false,
-      room = 0, held = 0, reset = 0, ok = false, f = 0, first = false, newest = false,
-      idx = 0, e = 0, c = 0, p = 0, before = 0, sv = {}}
-    Z[i] = z
-  end
-  return z
+-- verdict is a zone's flag (2 never, 1 admits within the wait, which only
+-- log zones take, 0 denied) and reset (a denied zone's: until it has room);
+-- reply packs a zone's answer, the first of a request after its delay.
+local function verdict(kind, c, mx, room, reset, wait)
+  if c > mx then return 2, 0 end
+  if room - now <= (kind == 0 and wait or 0) then return 1, reset end
+  return 0, room - now
+end
+local function reply(first, delay, flag, mx, held, reset, token)
+  local rem = mx - held > 0 and mx - held - (mx - held) % 1 or 0
+  if first then return pack('>dBddd', delay, flag, rem, reset, token) end
+  return pack('>Bddd', flag, rem, reset, token)
 end
 
-local out, args, pos, k = {}, ARGV[1], 1, 0
+-- Z holds the zones of a request of several; one zone needs no table.
+local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
+local KEY, KIND, WIN, MAX, COST, TOKEN, AUX, ROOM, HELD, RESET, FLAG, X = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 while pos <= #args do
-  local op, nz, wait, kind, window, mx, cost, token
+  local op, nz, wait, kind, window, mx, cost, token, aux
   op, nz, wait, kind, window, mx, cost, token, pos = unpack('>BBdBdddd', args, pos)
   for i = 1, nz do
     if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
-    local z = Z[i] or zone(i)
-    k = k + 1
-    z.key, z.kind, z.window, z.max, z.cost, z.token = KEYS[k], kind, window, mx, cost, token
-    if kind == 2 or op == 2 then z.aux = sub(args, pos, pos + 7) end
-    pos = pos + 8
+    aux, pos, k = (kind == 2 or op == 2) and sub(args, pos, pos + 7), pos + 8, k + 1
+    if nz > 1 or op > 1 then
+      local z = Z[i] or {sv = {}}
+      Z[i], z[KEY], z[KIND], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX] = z, KEYS[k], kind, window, mx, cost, token, aux
+    end
   end
-  if op >= 2 then
+  if nz == 1 and op < 2 then
+    local room, held, reset, a, b, c, d = decide[kind](KEYS[k], window, mx, cost)
+    local t, flag = -1, nil
+    flag, reset = verdict(kind, cost, mx, room, reset, wait)
+    if flag == 1 and op == 1 then t, held, reset = record[kind](KEYS[k], window, mx, cost, room, held, reset, a, b, c, d, aux) end
+    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, reset, t)
+  elseif op > 1 then
     out[#out + 1] = pack('>d', 0)
     for i = 1, nz do
       local z = Z[i]
-      local done = op == 2 and settle[z.kind](z) or z.kind == 2 and lease_extend(z) or 0
+      local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[COST], z[TOKEN], z[AUX])
+        or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
       out[#out + 1] = pack('>Bddd', done, 0, 0, -1)
     end
   else
+    -- All decide, then record at the latest room if every one admits.
     local at, admit = now, true
     for i = 1, nz do
       local z = Z[i]
-      decide[z.kind](z)
-      if nz > 1 and z.kind == 0 then save(z.sv) end
-      z.ok = z.cost <= z.max and z.room - now <= (z.kind == 0 and wait or 0)
-      if not z.ok then admit = false elseif z.room > at then at = z.room end
+      z[ROOM], z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3] = decide[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST])
+      if z[KIND] == 0 then save(z.sv) end
+      z[FLAG], z[RESET] = verdict(z[KIND], z[COST], z[MAX], z[ROOM], z[RESET], wait)
+      if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
     end
-    local recording = admit and op == 1
     for i = 1, nz do
-      local z = Z[i]
-      local token, flag = -1, z.ok and 1 or 0
-      if z.cost > z.max then
-        flag, z.reset = 2, 0
-      elseif not z.ok then
-        z.reset = z.room - now
+      local z, t = Z[i], -1
+      if admit and op == 1 then
+        if z[KIND] == 0 then restore(z.sv) end
+        t, z[HELD], z[RESET] = record[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], at, z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3], z[AUX])
       end
-      if recording then
-        if nz > 1 and z.kind == 0 then restore(z.sv) end
-        token = record[z.kind](z, at)
-      end
-      local rem = z.max - z.held
-      rem = rem > 0 and rem - rem % 1 or 0
-      if i == 1 then
-        out[#out + 1] = pack('>dBddd', admit and at - now or 0, flag, rem, z.reset, token)
-      else
-        out[#out + 1] = pack('>Bddd', flag, rem, z.reset, token)
-      end
+      out[#out + 1] = reply(i == 1, admit and at - now or 0, z[FLAG], z[MAX], z[HELD], z[RESET], t)
     end
   end
 end

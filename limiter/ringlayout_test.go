@@ -12,11 +12,12 @@ import (
 
 // The ring's layout, as limit.lua writes it: a header of version, cap, head
 // and count (u8, then u32 each) and expiry (u40, milliseconds modulo 2^40);
-// for version 2 (units) then the
-// sequence number of the head (double), the sum before it and the sum up to
-// the newest (u48 each). Then cap entries: a time (6 bytes, microseconds
-// modulo 2^48) and, for version 2, its units (6 bytes); for version 2 then
-// the buckets' base sums (6 bytes each).
+// for version 3 (a count ring of more than 80 entries) then the newest time;
+// for version 2 (units) the sequence number of the head (double), the sum
+// before it, the sum up to the newest and the newest time (u48 each). Then
+// cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version
+// 2, its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
+// each).
 const (
 	ringSmall  = 512 // bytes read whole
 	ringBucket = 64
@@ -69,10 +70,13 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	n := int(binary.BigEndian.Uint32(v[9:]))
 	hdr, entry, want := 18, 6, 18+6*r.cap
 	B := r.cap/ringBucket + 2
-	if r.version == 2 {
-		hdr, entry, want = 38, 12, 38+12*r.cap+6*B
+	switch r.version {
+	case 2:
+		hdr, entry, want = 44, 12, 44+12*r.cap+6*B
+	case 3:
+		hdr, want = 24, 24+6*r.cap
 	}
-	if r.version != 1 && r.version != 2 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
+	if r.version < 1 || r.version > 3 || r.version == 1 && r.cap > 80 || r.version == 3 && r.cap <= 80 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
 		tb.Fatalf("ring %s: version %d, %d bytes (want %d), cap %d, head %d, count %d", key, r.version, len(v), want, r.cap, r.head, n)
 	}
 	for i := range n {
@@ -84,6 +88,11 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 		}
 		if i > 0 && r.times[i] <= r.times[i-1] {
 			tb.Fatalf("ring %s: time %d (%d) not after time %d (%d)", key, i, r.times[i], i-1, r.times[i-1])
+		}
+	}
+	if r.version != 1 && n > 0 {
+		if newest := decodeTime(readU48(v[hdr-6:]), now); newest != r.times[n-1] {
+			tb.Fatalf("ring %s: the header's newest time %d, the newest entry's %d", key, newest, r.times[n-1])
 		}
 	}
 	if r.version == 2 {
@@ -105,16 +114,23 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	return r
 }
 
-// encodeRing returns the value of a full count ring of cap holding times
-// (oldest first, at most cap of them), head at slot 0, as limit.lua writes
-// it.
+// encodeRing returns the value of a count ring of cap holding times (oldest
+// first, at most cap of them), head at slot 0, as limit.lua writes it.
 func encodeRing(cap int, times []int64) []byte {
-	v := make([]byte, 18+6*cap)
+	hdr := 18
+	if cap > 80 {
+		hdr = 24
+	}
+	v := make([]byte, hdr+6*cap)
 	v[0] = 1
+	if hdr == 24 {
+		v[0] = 3
+		putU48(v[18:], times[len(times)-1])
+	}
 	binary.BigEndian.PutUint32(v[1:], uint32(cap))
 	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
 	for i, t := range times {
-		putU48(v[18+6*i:], t)
+		putU48(v[hdr+6*i:], t)
 	}
 	return v
 }
