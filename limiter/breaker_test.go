@@ -1032,3 +1032,43 @@ func ExampleBreaker() {
 	// true
 	// true 1
 }
+
+// leaseLostStore answers every Extend with a lost lease and counts its calls.
+type leaseLostStore struct {
+	breakerStore
+	extends, settles atomic.Int64
+}
+
+func (s *leaseLostStore) Extend(context.Context, []Check, []Decision) error {
+	s.extends.Add(1)
+	return fmt.Errorf("extending leases: %w", ErrLeaseLost)
+}
+
+func (s *leaseLostStore) Settle(context.Context, []Check, []Decision) error {
+	s.settles.Add(1)
+	return nil
+}
+
+// TestBreakerLeaseLostIsNoFailure: a lease that expired before Extend is the
+// store's answer, not its failure: the breaker stays closed. Every method
+// goes through the breaker: while it is open, Settle does not reach the
+// store either.
+func TestBreakerLeaseLostIsNoFailure(t *testing.T) {
+	store := &leaseLostStore{}
+	b := NewBreaker(BreakerOptions{Failures: 2})
+	g := b.Guard(store)
+	for range 5 {
+		if err := g.Extend(context.Background(), breakerTestCheck, make([]Decision, 1)); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Extend: %v, want ErrLeaseLost", err)
+		}
+	}
+	wantState(t, b, BreakerClosed)
+	store.fail(errBreakerTestStore)
+	for range 2 {
+		_ = g.Allow(context.Background(), breakerTestCheck, make([]Decision, 1))
+	}
+	wantState(t, b, BreakerOpen)
+	if err := g.Settle(context.Background(), breakerTestCheck, make([]Decision, 1)); !errors.Is(err, ErrBreakerOpen) || store.settles.Load() != 0 {
+		t.Errorf("Settle while open: %v, %d store calls; want ErrBreakerOpen and none", err, store.settles.Load())
+	}
+}

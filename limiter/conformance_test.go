@@ -68,7 +68,7 @@ var conformanceCases = []struct {
 	{"AllOrNothing", testAllOrNothing, true},
 	{"ZonesCountedApart", testZonesApart, true},
 	{"HostileKeys", testHostileKeys, true},
-	{"PeekAndReset", testInspector, true},
+	{"PeekAndReset", testPeekAndReset, true},
 	{"AlgorithmChange", testAlgorithmChange, false},
 }
 
@@ -801,9 +801,9 @@ func testHostileKeys(t *testing.T, s Store, algo Algorithm) {
 	}
 }
 
-// testInspector: Peek decides without recording, and Reset forgets one
+// testPeekAndReset: Peek decides without recording, and Reset forgets one
 // client in one zone.
-func testInspector(t *testing.T, s Store, algo Algorithm) {
+func testPeekAndReset(t *testing.T, s Store, algo Algorithm) {
 	insp := s
 	ctx := context.Background()
 	const w = time.Minute

@@ -66,7 +66,7 @@ end
 -- The ring in hand: key; v, what was read from offset 0 (all of a small
 -- value), cache, chunks beyond; the header; H, E, BO: sizes of header and
 -- entry, the bases' offset. The zones of a request save and restore it.
-local key, v, vlen, cache, ver, cap, h, n, exp, seq, flo, total, last, H, E, B, BO
+local key, v, vlen, whole, cache, ver, cap, h, n, exp, seq, flo, total, last, H, E, B, BO
 
 local function size_of(version, size)
   return version == 2 and 44 + 12 * size + 6 * (floor(size / S) + 2) or (version == 1 and 18 or 24) + 6 * size
@@ -77,14 +77,13 @@ local function shape(version, size)
   BO = H + E * size
 end
 local function header()
-  if ver == 1 then return pack('>BI4I4I4I5', 1, cap, h, n, exp % 2 ^ 40) end
-  if ver == 3 then return pack('>BI4I4I4I5I6', 3, cap, h, n, exp % 2 ^ 40, (last or 0) % M48) end
-  return pack('>BI4I4I4I5dI6I6I6', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % M48)
+  if ver == 2 then return pack('>BI4I4I4I5dI6I6I6', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % M48) end
+  return pack(ver == 1 and '>BI4I4I4I5' or '>BI4I4I4I5I6', ver, cap, h, n, exp % 2 ^ 40, (last or 0) % M48)
 end
 
 local function load(k, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
-  key, cache, v = k, false, pcall('GETRANGE', k, '0', small and '511' or '43')
+  key, cache, whole, v = k, false, false, pcall('GETRANGE', k, '0', small and '511' or '43')
   if type(v) ~= 'string' then v = fresh(v, k) or '' end
   vlen = #v
   local version, size = 0, 0
@@ -105,12 +104,14 @@ local function save(sv) -- the ring in hand, for a request of several zones
     key, v, cache, ver, cap, h, n, exp, seq, flo, total, last
 end
 local function restore(sv)
-  key, v, vlen, cache, h, n, exp, seq, flo, total, last = sv[1], sv[2], #sv[2], sv[3], sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12]
+  key, v, vlen, cache, whole = sv[1], sv[2], #sv[2], sv[3], false
+  h, n, exp, seq, flo, total, last = sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12]
   shape(sv[4], sv[5])
 end
 
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (beyond
--- what was read, a chunk at a time); put writes b there, keeping v in step.
+-- what was read, a chunk at a time); put writes b there, or into v when it
+-- is a whole value made anew (commit writes it), keeping v in step.
 local function bytes(off, len)
   if off + len <= vlen then return sub(v, off + 1, off + len) end
   return call('GETRANGE', key, off, off + len - 1)
@@ -123,7 +124,7 @@ local function u6(off)
   return (unpack('>I6', cache[c0], off - c0 + 1))
 end
 local function put(off, b)
-  call('SETRANGE', key, off, b)
+  if not whole then call('SETRANGE', key, off, b) end
   local hi = min(off + #b, vlen)
   if off < hi then v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
   cache = false
@@ -151,9 +152,9 @@ local function s(i)
   return sum
 end
 
--- search returns the first i in [lo, hi) with get(i) > x (get increasing
--- in i), hi if none; gallop searches [lo, n) probing lo, lo+1, lo+3, ...
--- first, as the answer is usually near lo, and returns it and get(it).
+-- search returns the first i in [lo, hi) with get(i) > x (get increasing in
+-- i), hi if none; gallop searches [lo, n) from lo by growing steps (the answer
+-- is usually near it), and returns it and get(it).
 local function search(get, x, lo, hi)
   while lo < hi do
     local m = floor((lo + hi) / 2)
@@ -204,11 +205,16 @@ local function reshape(size, version)
     end
     h = 0
     shape(version, size)
-    call('DEL', key)
-    call('SETRANGE', key, size_of(version, size) - 1, '\0')
-    v, cache, exp = header() .. body, false, ms
+    local len = size_of(version, size)
+    v, cache, exp, whole = header() .. body, false, ms, len <= SMALL
+    if whole then
+      v = v .. string.rep('\0', len - #v)
+    else
+      call('DEL', key)
+      call('SETRANGE', key, len - 1, '\0')
+      call('SETRANGE', key, '0', v)
+    end
     vlen = #v
-    call('SETRANGE', key, '0', v)
   end
   shape(version, size)
   -- The kept buckets' bases move to their places (a converted ring's count).
@@ -219,16 +225,22 @@ local function reshape(size, version)
 end
 
 -- commit writes b at offset off and the header, and keeps the key until its
--- newest admission ages out (an eighth of a window more, so that a key in use
--- is not given a new expiry at each admission); an empty ring goes.
+-- newest admission ages out, and an eighth of a window more (a key in use is
+-- then not given a new expiry at each admission); an empty ring goes.
 local function commit(newest, window, off, b)
   if n == 0 then return call('DEL', key) end
+  last = newest
+  if whole then
+    exp = ceil((newest + window + window / 8) / 1000)
+    if off then v = sub(v, 1, off) .. b .. sub(v, off + #b + 1) end
+    v = header() .. sub(v, H + 1)
+    return expires and call('SET', key, v, 'PX', max(1, exp - ms)) or call('SET', key, v)
+  end
   if expires and newest + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
     exp = ceil((newest + window + window / 8) / 1000)
     call('PEXPIRE', key, max(1, exp - ms))
   end
   if off then call('SETRANGE', key, off, b) end
-  last = newest
   call('SETRANGE', key, '0', header())
 end
 
@@ -240,8 +252,7 @@ local function log_decide(k, W, mx, c)
   load(k, 18 + 6 * mx <= SMALL)
   local cut, first, f, newest = now - W, nil, 0, last
   if n == cap and ver == 1 and h > 0 and h < cap - 1 and vlen == BO then
-    -- A full ring, as at a client's limit: the newest, the oldest and the
-    -- next lie side by side, and the window starts at one of the last two.
+    -- A full ring, as at a client's limit: newest, oldest and next lie side by side.
     local a, b
     newest, a, b = unpack('>I6I6I6', v, H + 6 * h - 5)
     newest, first = tbase + (newest - tbase) % M48, tbase + (a - tbase) % M48
@@ -255,8 +266,7 @@ local function log_decide(k, W, mx, c)
     if ver == 1 then newest = f == n - 1 and first or t(n - 1) end
   end
   local before, all = f, n
-  if ver == 2 then
-    -- Entries settled to zero hold nothing: the window starts after them.
+  if ver == 2 then -- entries settled to zero hold nothing: the window starts after them
     local g = f
     before, all = s(f - 1), (total - flo) % M48
     while g < n and u(g) == 0 do g = g + 1 end
@@ -277,8 +287,8 @@ local function log_decide(k, W, mx, c)
   return room, held, first and first + W - now or 0, f, first, before, n > 0 and newest
 end
 
--- Records an admission of a log zone at time at (or just after the newest):
--- drops what aged out, then grows, shrinks or makes a units ring as needed.
+-- Records an admission of a log zone at time at (or just after the newest),
+-- dropping what aged out, growing, shrinking or making a units ring.
 local function log_record(k, W, mx, c, at, held, reset, f, first, before, newest)
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
@@ -327,25 +337,22 @@ local function log_settle(k, W, c, token)
   return 1
 end
 
--- The sliding counter: the previous fixed window's units, weighted by how
--- much of it the sliding window still covers, plus the current one's.
+-- The sliding counter: the previous fixed window's units, weighted by how much
+-- of it the sliding window covers, plus the current one's.
 local function counter_decide(k, W, mx, c)
   local idx = floor(now / W)
   local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
   local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
   if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
   local held, room, reset, need = prev * (W - e) / W + cur, now, 0, mx - c
-  if held > need and need >= 0 then
-    -- The previous window's weight decays; if this one alone is too full,
-    -- wait for the next, where cur becomes prev.
+  if held > need and need >= 0 then -- the previous window's weight decays; else the next window
     room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
   end
   if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
   return room, held, reset, idx, e, cur, prev
 end
 local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
-  call('HSET', k, 'w', idx, 'c', cur + c, 'p', prev)
-  -- Kept while it can still weigh: to the end of the next window.
+  call('HSET', k, 'w', idx, 'c', cur + c, 'p', prev) -- kept while it weighs: to the next window's end
   if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
   return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
 end
@@ -356,8 +363,8 @@ local function counter_settle(k, W, c, token, aux)
   return field and 1 or 0
 end
 
--- A concurrency zone: the leases whose expiry is after now. A lease key
--- lives as long as its latest lease.
+-- A concurrency zone: the leases whose expiry is after now; its key lives as
+-- long as its latest lease.
 local function lease_decide(k, W, mx)
   local held, reset = fresh(pcall('ZCOUNT', k, '(' .. fmt('%d', now), '+inf'), k) or 0, 0
   if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
@@ -374,18 +381,15 @@ local function lease_record(k, W, mx, c, at, held, reset, _, _, _, _, aux)
 end
 local function lease_extend(k, W, aux)
   local lease = tonumber(fresh(pcall('ZSCORE', k, aux), k))
-  if not lease or lease <= now then return 0 end
-  call('ZADD', k, 'XX', fmt('%d', now + W), aux)
-  return keep_leases(k) or 1
+  if lease and lease > now then call('ZADD', k, 'XX', fmt('%d', now + W), aux) end
+  return lease and lease > now and (keep_leases(k) or 1) or 0
 end
 
 local decide = {[0] = log_decide, counter_decide, lease_decide}
 local record = {[0] = log_record, counter_record, lease_record}
 local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, aux) return call('ZREM', k, aux) end}
-
--- verdict is a zone's flag (2 never, 1 admits within the wait, which only
--- log zones take, 0 denied) and reset (a denied zone's: until it has room);
--- reply packs a zone's answer, the first of a request after its delay.
+-- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
+-- zones take, 0 denied) and reset; reply packs a zone's answer.
 local function verdict(kind, c, mx, room, reset, wait)
   if c > mx then return 2, 0 end
   if room - now <= (kind == 0 and wait or 0) then return 1, reset end
@@ -396,9 +400,7 @@ local function reply(first, delay, flag, mx, held, reset, token)
   if first then return pack('>dBddd', delay, flag, rem, reset, token) end
   return pack('>Bddd', flag, rem, reset, token)
 end
-
--- Z holds the zones of a request of several; one zone needs no table.
-local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
+local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0 -- Z: the zones of a request of several
 local KEY, KIND, WIN, MAX, COST, TOKEN, AUX, ROOM, HELD, RESET, FLAG, X = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 while pos <= #args do
   local op, nz, wait, kind, window, mx, cost, token, aux

@@ -107,8 +107,8 @@ func (a Algorithm) String() string {
 // (for Concurrency: at most Max leases at once, each expiring Window after it
 // was taken or last extended). Denied requests are not counted.
 type Limit struct {
-	// Window is the span limits are counted over, or the lease time: more
-	// than zero, at most two years.
+	// Window is the span limits are counted over, or the lease time: from a
+	// microsecond to two years.
 	Window time.Duration
 	// Max is the units admitted in any Window, or the leases at once: from 0
 	// (nothing is ever admitted) to 2^48-1.
@@ -226,7 +226,7 @@ const (
 )
 
 // checkInput reports the first check that no store can decide, naming it and
-// what is wrong. settle says the costs are real costs, not reservations.
+// what is wrong, or decisions of the wrong length.
 func checkInput(checks []Check, decisions []Decision) error {
 	if len(decisions) != len(checks) {
 		return fmt.Errorf("%d decisions for %d checks", len(decisions), len(checks))
@@ -237,8 +237,8 @@ func checkInput(checks []Check, decisions []Decision) error {
 		switch {
 		case l.Algorithm > Concurrency:
 			problem = fmt.Sprintf("unknown algorithm %d", l.Algorithm)
-		case l.Window <= 0:
-			problem = fmt.Sprintf("window %v is not positive", l.Window)
+		case l.Window < time.Microsecond:
+			problem = fmt.Sprintf("window %v is shorter than a microsecond", l.Window)
 		case l.Window > maxWindow:
 			problem = fmt.Sprintf("window %v is longer than %v", l.Window, maxWindow)
 		case l.Max < 0:
