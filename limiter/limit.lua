@@ -67,7 +67,6 @@ end
 -- value), cache, chunks beyond; the header; H, E, BO: sizes of header and
 -- entry, the bases' offset. The zones of a request save and restore it.
 local key, v, vlen, whole, cache, ver, cap, h, n, exp, seq, flo, total, last, H, E, B, BO
-
 local function size_of(version, size)
   return version == 2 and 44 + 12 * size + 6 * (floor(size / S) + 2) or (version == 1 and 18 or 24) + 6 * size
 end
@@ -80,7 +79,6 @@ local function header()
   if ver == 2 then return pack('>BI4I4I4I5dI6I6I6', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % M48) end
   return pack(ver == 1 and '>BI4I4I4I5' or '>BI4I4I4I5I6', ver, cap, h, n, exp % 2 ^ 40, (last or 0) % M48)
 end
-
 local function load(k, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
   key, cache, whole, v = k, false, false, pcall('GETRANGE', k, '0', small and '511' or '43')
@@ -99,14 +97,10 @@ local function load(k, small)
   h, n, exp, v, vlen = 0, 0, ms, '', 0
   shape(1, 0)
 end
-local function save(sv) -- the ring in hand, for a request of several zones
-  sv[1], sv[2], sv[3], sv[4], sv[5], sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12] =
-    key, v, cache, ver, cap, h, n, exp, seq, flo, total, last
-end
-local function restore(sv)
-  key, v, vlen, cache, whole = sv[1], sv[2], #sv[2], sv[3], false
-  h, n, exp, seq, flo, total, last = sv[6], sv[7], sv[8], sv[9], sv[10], sv[11], sv[12]
-  shape(sv[4], sv[5])
+local function save() return {key, v, cache, ver, cap, h, n, exp, seq, flo, total, last} end
+local function restore(r)
+  key, v, vlen, cache, whole, h, n, exp, seq, flo, total, last = r[1], r[2], #r[2], r[3], false, r[6], r[7], r[8], r[9], r[10], r[11], r[12]
+  shape(r[4], r[5])
 end
 
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (beyond
@@ -221,6 +215,11 @@ local function reshape(size, version)
   for q = version == 2 and seq - seq % S or 0, version == 2 and seq + n - 1 or -1, S do
     local kb = floor(q / S) % B0
     put(BO + 6 * (floor(q / S) % B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
+  end
+  if not whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
+    call('BITOP', 'OR', key .. '~', key) -- a copy, on every version of Redis
+    call('RENAME', key .. '~', key)
+    exp = ms
   end
 end
 
@@ -409,7 +408,7 @@ while pos <= #args do
     if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
     aux, pos, k = (kind == 2 or op == 2) and sub(args, pos, pos + 7), pos + 8, k + 1
     if nz > 1 or op > 1 then
-      local z = Z[i] or {sv = {}}
+      local z = Z[i] or {}
       Z[i], z[KEY], z[KIND], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX] = z, KEYS[k], kind, window, mx, cost, token, aux
     end
   end
@@ -433,7 +432,7 @@ while pos <= #args do
     for i = 1, nz do
       local z = Z[i]
       z[ROOM], z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3] = decide[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST])
-      if z[KIND] == 0 then save(z.sv) end
+      if z[KIND] == 0 then z.sv = save() end
       z[FLAG], z[RESET] = verdict(z[KIND], z[COST], z[MAX], z[ROOM], z[RESET], wait)
       if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
     end
