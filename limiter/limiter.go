@@ -112,7 +112,8 @@ type Limit struct {
 	Window time.Duration
 	// Max is the units admitted in any Window, or the leases at once: from 0
 	// (nothing is ever admitted) to 2^48-1.
-	Max       int64
+	Max int64
+	// Algorithm is how the zone counts; the zero value is SlidingLog.
 	Algorithm Algorithm
 }
 
@@ -121,7 +122,8 @@ type Check struct {
 	// Zone names the limit; the same client key in two zones is counted apart.
 	Zone string
 	// Key identifies the client. Callers bound its length (see BoundKey).
-	Key   string
+	Key string
+	// Limit is the zone's rule for this call; it may differ between calls.
 	Limit Limit
 	// Cost is what the request costs in the zone's units, from 0 to 2^53. In
 	// Allow and Peek 0 means 1; in Settle it is the real cost, and 0 means 0
@@ -129,7 +131,8 @@ type Check struct {
 	Cost int64
 	// Wait is the longest the caller will hold the request for its slot in a
 	// log zone; zero means no wait, and a Wait longer than Window counts as
-	// Window. Counter and concurrency zones take no wait.
+	// Window. A request waits at most the least Wait of its log checks.
+	// Counter and concurrency zones take no wait.
 	Wait time.Duration
 }
 
