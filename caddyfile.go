@@ -187,6 +187,9 @@ func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duratio
 		if err != nil {
 			return true, err
 		}
+		if err := checkKeyTemplate(arg); err != nil {
+			return true, d.Err(err.Error())
+		}
 		*key = arg
 	case "algorithm":
 		return true, oneOf(d, algorithmEnum, algorithm)

@@ -84,6 +84,10 @@ type Handler struct {
 	// address as Caddy's trusted_proxies setting resolves it. A key that
 	// expands to "" falls back to the client IP, so a client cannot escape its
 	// limit by leaving out a header. Keys longer than 64 bytes are hashed.
+	// Every '{' must be closed by a '}' before the next '{': a placeholder
+	// left open would make the key the same text for every client, one
+	// bucket for all, so it is a config error. A key without placeholders
+	// is a constant on purpose: one limit shared by every client.
 	Key string `json:"key,omitempty"`
 
 	// Algorithm is the default algorithm of the zones: "log" (default; exact
