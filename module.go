@@ -133,7 +133,8 @@ type Handler struct {
 	// options as go-redis's ParseURL reads them. Placeholders such as
 	// {env.REDIS_URL} are expanded once at provision. Empty (the default, or
 	// a placeholder that expands to ""): an in-process store, so the limit is
-	// per Caddy instance.
+	// per Caddy instance; a placeholder that expands to "" is warned about,
+	// since an unset variable is the likelier cause than a wish.
 	Redis string `json:"redis,omitempty"`
 
 	// RedisTopology says what Redis is: "standalone" (default, a single
