@@ -124,7 +124,9 @@ type Handler struct {
 	// FailMode says what happens when Redis does not answer within Timeout,
 	// answers with an error, or the circuit breaker is open after repeated
 	// failures: "open" (default) passes the request on unlimited, "closed"
-	// answers 503 Service Unavailable, "local" decides with the in-process
+	// answers 503 Service Unavailable with Retry-After: 1 (through
+	// handle_errors when the server has such routes, written directly
+	// otherwise, as a 429 is), "local" decides with the in-process
 	// store and the same limits, per instance, until Redis is back.
 	FailMode string `json:"fail_mode,omitempty"`
 
