@@ -71,6 +71,10 @@ type Handler struct {
 	// Window, with MaxRequests, defines the zone named "default": at most
 	// MaxRequests requests of one client in any span of Window, counted back
 	// from each request. Required unless Zones are given; greater than zero.
+	// Handlers of one config whose "default" zones have the same window and
+	// max_requests (and store) share one limit; since nobody chose that
+	// name, provisioning warns about it, naming the handlers. Name the zone
+	// (Zones) to share on purpose or to count apart.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window of
@@ -209,6 +213,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.backend = b
 	h.register() // admin API and resets from other instances: registry.go
+	h.warnImplicitSharing(ctx)
 	return nil
 }
 
