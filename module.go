@@ -136,7 +136,11 @@ type Handler struct {
 
 	// Redis is the URL of the Redis server that holds the limits:
 	// redis://[user:password@]host:port[/db], or rediss:// for TLS, with query
-	// options as go-redis's ParseURL reads them. Placeholders such as
+	// options as go-redis's ParseURL reads them. A rate limit script call is
+	// never retried, whatever the URL says: it records admissions, and one
+	// whose reply was lost may have recorded them, so a lost reply takes the
+	// fail mode; max_retries applies to the other commands (the start-up
+	// check, reset announcements). Placeholders such as
 	// {env.REDIS_URL} are expanded once at provision. Empty (the default, or
 	// a placeholder that expands to ""): an in-process store, so the limit is
 	// per Caddy instance; a placeholder that expands to "" is warned about,

@@ -40,7 +40,12 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 // breaker that guards every handler on it (clientbreaker.go) and the
 // subscriber to the resets that instances announce (resets.go).
 type redisClient struct {
+	// UniversalClient sends the commands that may be sent again as the
+	// URL's max_retries says: the start-up check and the reset bus.
 	redis.UniversalClient
+	// scripts is the stores' client: the same Redis and options, but a
+	// script call is sent once (see newRedisClients).
+	scripts redis.UniversalClient
 	breaker *limiter.Breaker
 	// label names the Redis in metrics and logs: host:port.
 	label  string
@@ -50,7 +55,7 @@ type redisClient struct {
 func (c redisClient) Destruct() error {
 	c.resets.stop()
 	limiterMetrics.circuitState.DeleteLabelValues(c.label)
-	return c.Close()
+	return errors.Join(c.scripts.Close(), c.Close())
 }
 
 // loadRedisClient returns the shared client for a topology and URL, and the
@@ -58,13 +63,14 @@ func (c redisClient) Destruct() error {
 func loadRedisClient(topology, rawURL string) (redisClient, func() error, error) {
 	poolKey := "redis " + topology + " " + rawURL
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		client, err := newRedisClient(topology, rawURL)
+		client, scripts, err := newRedisClients(topology, rawURL)
 		if err != nil {
 			return nil, err
 		}
 		label := redisLabel(topology, rawURL)
 		return redisClient{
 			UniversalClient: client,
+			scripts:         scripts,
 			breaker:         newClientBreaker(label),
 			label:           label,
 			resets:          newResetBus(client),
@@ -102,7 +108,7 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 		if err != nil {
 			return nil, err
 		}
-		return redisStore{limiter.NewRedisStore(client.UniversalClient, opts), release}, nil
+		return redisStore{limiter.NewRedisStore(client.scripts, opts), release}, nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -113,13 +119,20 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 	}, nil
 }
 
-// newRedisClient makes a go-redis client of the topology from its URL.
-func newRedisClient(topology, rawURL string) (redis.UniversalClient, error) {
+// newRedisClients makes the two go-redis clients of a topology and URL. A
+// script call records admissions, and one whose reply was lost (a connection
+// cut after Redis ran it) may have recorded them: sent again, it records
+// them twice, and its client pays for a request it was never answered. So
+// the stores' client, scripts, sends each call once, whatever the URL says
+// about retries, and a lost reply takes the fail mode; the other, client,
+// keeps the URL's max_retries for the commands that can be sent again: the
+// start-up check and the reset bus.
+func newRedisClients(topology, rawURL string) (client, scripts redis.UniversalClient, err error) {
 	newClient, err := parseTopologyURL(topology, rawURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return newClient(), nil
+	return newClient(false), newClient(true), nil
 }
 
 // checkRedisURL parses rawURL as the topology would, to report a bad URL at
@@ -130,21 +143,21 @@ func checkRedisURL(topology, rawURL string) error {
 }
 
 // parseTopologyURL parses rawURL with go-redis's parser for the topology and
-// returns the constructor of its client. Every client honours the context
-// deadline of each decision: without that, go-redis ignores it and a frozen
-// Redis holds each request for the read timeout. It fails fast: go-redis
-// dials in the background, detached from the decision's deadline, and by
-// default retries a refused dial five times 100ms apart while the decision
-// waits, so a dial is tried once; and a script is never retried, since a retry
-// cannot finish within a decision's deadline after the first attempt ate it,
-// and a script whose reply was lost may have recorded its admission. A URL
-// that sets max_retries keeps its value, and one that sets pool_size keeps
+// returns the constructor of its clients; sendOnce makes one that never sends
+// a command again (see newRedisClients and sendonce.go). Every client honours
+// the context deadline of each decision: without that, go-redis ignores it
+// and a frozen Redis holds each request for the read timeout. It fails fast:
+// go-redis dials in the background, detached from the decision's deadline,
+// and by default retries a refused dial five times 100ms apart while the
+// decision waits, so a dial is tried once; and no command is retried unless
+// the URL sets max_retries, since a retry cannot finish within a decision's
+// deadline after the first attempt ate it. A URL that sets pool_size keeps
 // its own (see outageProofPoolSize). A new connection
 // spends one round trip on its handshake, not three: no CLIENT SETINFO and no
 // maintenance notifications (a Redis Enterprise feature) follow HELLO. With
 // Redis 50ms away and a 100ms timeout, three would leave no time for the
 // first decision. Errors never quote the URL, which may hold a password.
-func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
+func parseTopologyURL(topology, rawURL string) (func(sendOnce bool) redis.UniversalClient, error) {
 	switch topology {
 	case "", topologyStandalone:
 		opts, err := redis.ParseURL(rawURL)
@@ -156,7 +169,13 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		gateDials(opts)
-		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
+		return func(sendOnce bool) redis.UniversalClient {
+			o := *opts
+			if sendOnce {
+				o.MaxRetries = -1
+			}
+			return redis.NewClient(&o)
+		}, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
@@ -167,7 +186,14 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		gateNodeDials(opts)
-		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
+		return func(sendOnce bool) redis.UniversalClient {
+			o := *opts
+			if !sendOnce {
+				return redis.NewClusterClient(&o)
+			}
+			o.MaxRetries = -1
+			return sendOnceOnCluster(&o)
+		}, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
@@ -177,7 +203,13 @@ func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, er
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity = true // it sends no maintenance notifications handshake
-		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
+		return func(sendOnce bool) redis.UniversalClient {
+			o := *opts
+			if sendOnce {
+				o.MaxRetries = -1
+			}
+			return redis.NewFailoverClient(&o)
+		}, nil
 	}
 	return nil, fmt.Errorf("unknown redis topology %q", topology)
 }

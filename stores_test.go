@@ -42,12 +42,9 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 			t.Fatal(err)
 		}
 	}
-	client, err := newRedisClient(topology, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := storesClient(t, topology, url)
 	ping := func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }
+	var err error
 	if cluster, ok := client.(*redis.ClusterClient); ok {
 		err = cluster.ForEachShard(ctx, ping)
 	} else {
@@ -73,9 +70,10 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 	}
 }
 
-// TestClientOptions: every topology's client fails fast, keeps a pool too
-// large for go-redis's failed-dial count to stall recovery, and skips the
-// handshake's extra round trips; what the URL sets itself is kept.
+// TestClientOptions: every topology's clients fail fast, keep a pool too
+// large for go-redis's failed-dial count to stall recovery, and skip the
+// handshake's extra round trips; what the URL sets itself is kept, but for
+// the stores' client, which never retries.
 func TestClientOptions(t *testing.T) {
 	type options struct{ poolSize, maxRetries, dialerRetries int }
 	// go-redis reads a MaxRetries of -1 as no retries; a single server's
@@ -106,11 +104,11 @@ func TestClientOptions(t *testing.T) {
 	} {
 		t.Run(tc.topology, func(t *testing.T) {
 			for _, c := range []struct {
-				query string
-				want  options
+				query         string
+				want, scripts options
 			}{
-				{"", options{outageProofPoolSize, noRetries, 1}},
-				{"pool_size=7&max_retries=2", options{7, 2, 1}},
+				{"", options{outageProofPoolSize, noRetries, 1}, options{outageProofPoolSize, noRetries, 1}},
+				{"pool_size=7&max_retries=2", options{7, 2, 1}, options{7, noRetries, 1}},
 			} {
 				url := tc.url
 				if c.query != "" {
@@ -120,7 +118,7 @@ func TestClientOptions(t *testing.T) {
 					}
 					url += sep + c.query
 				}
-				client, err := newRedisClient(tc.topology, url)
+				client, scripts, err := newRedisClients(tc.topology, url)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -128,6 +126,11 @@ func TestClientOptions(t *testing.T) {
 				client.Close()
 				if got != c.want || !noIdentity {
 					t.Errorf("%q: %+v, CLIENT SETINFO skipped %v; want %+v, skipped", c.query, got, noIdentity, c.want)
+				}
+				got, noIdentity = read(scripts)
+				scripts.Close()
+				if got != c.scripts || !noIdentity {
+					t.Errorf("%q, the stores' client: %+v, CLIENT SETINFO skipped %v; want %+v, skipped", c.query, got, noIdentity, c.scripts)
 				}
 			}
 		})
