@@ -170,6 +170,7 @@ func parseTopologyURL(topology, rawURL string) (func(sendOnce bool) redis.Univer
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		gateDials(opts)
 		return func(sendOnce bool) redis.UniversalClient {
+			// Both clients keep the one dial gate: it stands for the server.
 			o := *opts
 			if sendOnce {
 				o.MaxRetries = -1
