@@ -30,13 +30,15 @@ func (*dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // use, closed when the test ends.
 func storesClient(t *testing.T, topology, url string) redis.UniversalClient {
 	t.Helper()
-	client, scripts, err := newRedisClients(topology, url)
+	client, announcer, err := newRedisClients(topology, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client.Close()
-	t.Cleanup(func() { scripts.Close() })
-	return scripts
+	if announcer != client {
+		announcer.Close()
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
 }
 
 // TestDialGateSparesThePool: while the server refuses connections, the

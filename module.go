@@ -139,8 +139,8 @@ type Handler struct {
 	// options as go-redis's ParseURL reads them. A rate limit script call is
 	// never retried, whatever the URL says: it records admissions, and one
 	// whose reply was lost may have recorded them, so a lost reply takes the
-	// fail mode; max_retries applies to the other commands (the start-up
-	// check, reset announcements). Placeholders such as
+	// fail mode; max_retries applies only to announcing resets to other
+	// instances, which is harmless twice. Placeholders such as
 	// {env.REDIS_URL} are expanded once at provision. Empty (the default, or
 	// a placeholder that expands to ""): an in-process store, so the limit is
 	// per Caddy instance; a placeholder that expands to "" is warned about,

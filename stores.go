@@ -40,13 +40,14 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 // breaker that guards every handler on it (clientbreaker.go) and the
 // subscriber to the resets that instances announce (resets.go).
 type redisClient struct {
-	// UniversalClient sends the commands that may be sent again as the
-	// URL's max_retries says: the start-up check and the reset bus.
+	// UniversalClient sends every command once, whatever the URL says
+	// about retries (see newRedisClients): the stores' script calls, the
+	// start-up check, the reset subscriber.
 	redis.UniversalClient
-	// scripts is the stores' client: the same Redis and options, but a
-	// script call is sent once (see newRedisClients).
-	scripts redis.UniversalClient
-	breaker *limiter.Breaker
+	// announcer publishes resets: the same client, or, when the URL sets
+	// max_retries, one that retries as it says.
+	announcer redis.UniversalClient
+	breaker   *limiter.Breaker
 	// label names the Redis in metrics and logs: host:port.
 	label  string
 	resets *resetBus
@@ -55,7 +56,10 @@ type redisClient struct {
 func (c redisClient) Destruct() error {
 	c.resets.stop()
 	limiterMetrics.circuitState.DeleteLabelValues(c.label)
-	return errors.Join(c.scripts.Close(), c.Close())
+	if c.announcer != c.UniversalClient {
+		return errors.Join(c.announcer.Close(), c.Close())
+	}
+	return c.Close()
 }
 
 // loadRedisClient returns the shared client for a topology and URL, and the
@@ -63,17 +67,17 @@ func (c redisClient) Destruct() error {
 func loadRedisClient(topology, rawURL string) (redisClient, func() error, error) {
 	poolKey := "redis " + topology + " " + rawURL
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		client, scripts, err := newRedisClients(topology, rawURL)
+		client, announcer, err := newRedisClients(topology, rawURL)
 		if err != nil {
 			return nil, err
 		}
 		label := redisLabel(topology, rawURL)
 		return redisClient{
 			UniversalClient: client,
-			scripts:         scripts,
+			announcer:       announcer,
 			breaker:         newClientBreaker(label),
 			label:           label,
-			resets:          newResetBus(client),
+			resets:          newResetBus(client, announcer),
 		}, nil
 	})
 	if err != nil {
@@ -108,7 +112,7 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 		if err != nil {
 			return nil, err
 		}
-		return redisStore{limiter.NewRedisStore(client.scripts, opts), release}, nil
+		return redisStore{limiter.NewRedisStore(client.UniversalClient, opts), release}, nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -119,50 +123,55 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 	}, nil
 }
 
-// newRedisClients makes the two go-redis clients of a topology and URL. A
-// script call records admissions, and one whose reply was lost (a connection
-// cut after Redis ran it) may have recorded them: sent again, it records
-// them twice, and its client pays for a request it was never answered. So
-// the stores' client, scripts, sends each call once, whatever the URL says
-// about retries, and a lost reply takes the fail mode; the other, client,
-// keeps the URL's max_retries for the commands that can be sent again: the
-// start-up check and the reset bus.
-func newRedisClients(topology, rawURL string) (client, scripts redis.UniversalClient, err error) {
-	newClient, err := parseTopologyURL(topology, rawURL)
+// newRedisClients makes the go-redis clients of a topology and URL. A script
+// call records admissions, and one whose reply was lost (a connection cut
+// after Redis ran it) may have recorded them: sent again, it records them
+// twice, and its client pays for a request it was never answered. So client
+// sends every command once, whatever the URL says about retries, and a lost
+// reply takes the fail mode. Only reset announcements, which are harmless
+// twice (an instance forgets a key it has forgotten), are retried as the
+// URL's max_retries says: through announcer, a client of their own when the
+// URL sets it, client otherwise.
+func newRedisClients(topology, rawURL string) (client, announcer redis.UniversalClient, err error) {
+	newClient, retries, err := parseTopologyURL(topology, rawURL)
 	if err != nil {
 		return nil, nil, err
 	}
-	return newClient(false), newClient(true), nil
+	client = newClient(true)
+	if !retries {
+		return client, client, nil
+	}
+	return client, newClient(false), nil
 }
 
 // checkRedisURL parses rawURL as the topology would, to report a bad URL at
 // configuration time.
 func checkRedisURL(topology, rawURL string) error {
-	_, err := parseTopologyURL(topology, rawURL)
+	_, _, err := parseTopologyURL(topology, rawURL)
 	return err
 }
 
 // parseTopologyURL parses rawURL with go-redis's parser for the topology and
-// returns the constructor of its clients; sendOnce makes one that never sends
-// a command again (see newRedisClients and sendonce.go). Every client honours
-// the context deadline of each decision: without that, go-redis ignores it
-// and a frozen Redis holds each request for the read timeout. It fails fast:
-// go-redis dials in the background, detached from the decision's deadline,
-// and by default retries a refused dial five times 100ms apart while the
-// decision waits, so a dial is tried once; and no command is retried unless
-// the URL sets max_retries, since a retry cannot finish within a decision's
-// deadline after the first attempt ate it. A URL that sets pool_size keeps
-// its own (see outageProofPoolSize). A new connection
-// spends one round trip on its handshake, not three: no CLIENT SETINFO and no
-// maintenance notifications (a Redis Enterprise feature) follow HELLO. With
-// Redis 50ms away and a 100ms timeout, three would leave no time for the
-// first decision. Errors never quote the URL, which may hold a password.
-func parseTopologyURL(topology, rawURL string) (func(sendOnce bool) redis.UniversalClient, error) {
+// returns the constructor of its clients, and whether the URL asks for
+// command retries. With sendOnce the client never sends a command again (see
+// newRedisClients and sendonce.go); without, it retries only as the URL's
+// max_retries says. Every client honours the context deadline of each
+// decision: without that, go-redis ignores it and a frozen Redis holds each
+// request for the read timeout. It fails fast: go-redis dials in the
+// background, detached from the decision's deadline, and by default retries
+// a refused dial five times 100ms apart while the decision waits, so a dial
+// is tried once. A URL that sets pool_size keeps its own (see
+// outageProofPoolSize). A new connection spends one round trip on its
+// handshake, not three: no CLIENT SETINFO and no maintenance notifications (a
+// Redis Enterprise feature) follow HELLO. With Redis 50ms away and a 100ms
+// timeout, three would leave no time for the first decision. Errors never
+// quote the URL, which may hold a password.
+func parseTopologyURL(topology, rawURL string) (newClient func(sendOnce bool) redis.UniversalClient, retries bool, err error) {
 	switch topology {
 	case "", topologyStandalone:
 		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return nil, urlError(err, "redis://host:port or rediss://host:port")
+			return nil, false, urlError(err, "redis://host:port or rediss://host:port")
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
@@ -176,11 +185,11 @@ func parseTopologyURL(topology, rawURL string) (func(sendOnce bool) redis.Univer
 				o.MaxRetries = -1
 			}
 			return redis.NewClient(&o)
-		}, nil
+		}, opts.MaxRetries > 0, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
-			return nil, urlError(err, "redis://host:port?addr=host2:port2")
+			return nil, false, urlError(err, "redis://host:port?addr=host2:port2")
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
@@ -194,11 +203,11 @@ func parseTopologyURL(topology, rawURL string) (func(sendOnce bool) redis.Univer
 			}
 			o.MaxRetries = -1
 			return sendOnceOnCluster(&o)
-		}, nil
+		}, opts.MaxRetries > 0, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
-			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
+			return nil, false, urlError(err, "redis://sentinel:26379?master_name=mymaster")
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
@@ -210,9 +219,9 @@ func parseTopologyURL(topology, rawURL string) (func(sendOnce bool) redis.Univer
 				o.MaxRetries = -1
 			}
 			return redis.NewFailoverClient(&o)
-		}, nil
+		}, opts.MaxRetries > 0, nil
 	}
-	return nil, fmt.Errorf("unknown redis topology %q", topology)
+	return nil, false, fmt.Errorf("unknown redis topology %q", topology)
 }
 
 // noMaintNotifications is the go-redis setting that skips the maintenance
