@@ -41,7 +41,11 @@ func init() {
 // default ipv6_prefix. In a zone keyed by request values, a key that is not
 // an address is a value ("Bearer abc"); an address there means the client
 // address a key fell back to, and "=" before a value addresses a value that
-// looks like an address. A hashed key ("#...") is taken as it is.
+// looks like an address. A hashed key ("#...") is taken as it is. Every
+// key this API prints is text that JSON carries as it is, so it can be
+// passed back: a key that is not valid UTF-8 is stored, listed and answered
+// as its hash (see limiter.BoundKey), and its raw bytes, percent-encoded,
+// name it too.
 //
 // One zone may belong to several handlers (sites that share it, or the old
 // and the new config during a reload). GET answers from the newest; DELETE

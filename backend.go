@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -62,7 +63,14 @@ func newBackend(h *Handler) (*backend, error) {
 		memory, release := loadMemoryStore()
 		b.releases = append(b.releases, release)
 		if redisURL == "" {
-			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+			if h.Redis != "" {
+				// Placeholders only, all empty: an unset variable, most
+				// likely, not a wish to count per instance.
+				h.logger.Warn("redis expands to nothing: limits are kept in process, so each Caddy instance counts alone; set what the placeholder names, or remove the redis line to mean it",
+					zap.String("placeholder", h.Redis))
+			} else {
+				h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+			}
 			b.mode, b.store = inProcess, memory
 			b.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
 			return b, nil

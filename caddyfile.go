@@ -2,6 +2,7 @@ package slidingratelimit
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -164,10 +165,20 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "autopipeline":
 		return d.Errf("autopipeline was removed: the module's own batching decides each batch in one script call; delete the line")
 	default:
-		return d.Errf("unrecognized subdirective '%s'", name)
+		return d.Errf("unrecognized subdirective '%s'%s", name, didYouMean(name, handlerSubdirectives))
 	}
 	return nil
 }
+
+// The names each block takes, which a misspelt name is compared with: the
+// cases of UnmarshalCaddyfile, parseOption and parseLimitOption (the
+// handler's block), and of parseZone and parseLimitOption (a zone's).
+var (
+	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status"}
+	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
+		"redis", "key_prefix", "timeout"}, limitSubdirectives...)
+	zoneSubdirectives = append([]string{"match"}, limitSubdirectives...)
+)
 
 // parseLimitOption parses a subdirective that both the handler and a zone
 // take. It reports false for any other name.
@@ -186,6 +197,9 @@ func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duratio
 		arg, err := oneArg(d)
 		if err != nil {
 			return true, err
+		}
+		if err := checkKeyTemplate(arg); err != nil {
+			return true, d.Err(err.Error())
 		}
 		*key = arg
 	case "algorithm":
@@ -241,7 +255,11 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			return nil, err
 		}
 		if !handled {
-			return nil, d.Errf("zone %s: unrecognized subdirective '%s'", z.Name, name)
+			hint := didYouMean(name, zoneSubdirectives)
+			if hint == "" && slices.Contains(handlerSubdirectives, name) {
+				hint = " (it applies to the whole handler: put it outside the zone block)"
+			}
+			return nil, d.Errf("zone %s: unrecognized subdirective '%s'%s", z.Name, name, hint)
 		}
 	}
 	if !seen["window"] {

@@ -120,7 +120,8 @@ func (s source) denied() string {
 func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request, err error) error {
 	if h.FailMode == failClosed {
 		count(req.zones, resultFailedClosed)
-		return caddyhttp.Error(http.StatusServiceUnavailable, err)
+		w.Header().Set("Retry-After", failedClosedRetryAfter)
+		return refuse(w, r, http.StatusServiceUnavailable, err)
 	}
 	count(req.zones, resultFailedOpen)
 	return next.ServeHTTP(w, r)
@@ -146,14 +147,26 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		return next.ServeHTTP(w, r)
 	}
 	w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
+	return refuse(w, r, http.StatusTooManyRequests, errRateLimited)
+}
+
+// failedClosedRetryAfter is the Retry-After of a fail-closed 503: the
+// shortest wait the header can say. The breaker tries Redis again every 25
+// to 100ms, so an outage may be over by then; a client that honours it
+// waits instead of retrying at once.
+const failedClosedRetryAfter = "1"
+
+// refuse answers a denial (429) or a fail-closed request (503). When no
+// handle_errors route would see the error, it writes the status itself, as
+// Caddy's error path would, without that path's cost on every request of a
+// flood or an outage: an error ID, and for a 5xx an error-level log line
+// each. Otherwise it returns the error, for handle_errors to shape.
+func refuse(w http.ResponseWriter, r *http.Request, status int, err error) error {
 	if !hasErrorRoutes(r) {
-		// Nothing would see the error: answer as Caddy's error path would,
-		// without its cost (an error ID and a stack trace per call), which a
-		// flood pays on every request.
-		w.WriteHeader(http.StatusTooManyRequests)
+		w.WriteHeader(status)
 		return nil
 	}
-	return caddyhttp.Error(http.StatusTooManyRequests, errRateLimited)
+	return caddyhttp.Error(status, err)
 }
 
 // hasErrorRoutes reports whether the server has handle_errors routes, which

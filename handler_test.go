@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,6 +37,45 @@ func startCaddy(t *testing.T, sites string) *caddytest.Tester {
 		t.FailNow()
 	}
 	return tester
+}
+
+// startCaddyLogging is startCaddy with Caddy's log, at INFO and above, in a
+// file of the test's, whose path it returns.
+func startCaddyLogging(t *testing.T, sites string) string {
+	t.Helper()
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	options := strings.TrimSuffix(globalOptions, "}\n") + `	log {
+		output file ` + logFile + `
+		level INFO
+	}
+}
+`
+	tester := caddytest.NewTester(t)
+	tester.InitServer(options+sites, "caddyfile")
+	if t.Failed() {
+		t.FailNow()
+	}
+	return logFile
+}
+
+// logLines returns the lines of a log file that hold every one of parts.
+func logLines(t *testing.T, logFile string, parts ...string) []string {
+	t.Helper()
+	logs, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, line := range strings.Split(string(logs), "\n") {
+		matches := true
+		for _, p := range parts {
+			matches = matches && strings.Contains(line, p)
+		}
+		if matches && line != "" {
+			lines = append(lines, line)
+		}
+	}
+	return lines
 }
 
 // get sends a GET with the X-Client header set to client.
@@ -273,6 +313,41 @@ http://localhost:9080 {
 		if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != want {
 			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
 		}
+	}
+}
+
+// TestRedisPlaceholderThatExpandsToNothingWarns: `redis {env.NAME}` with the
+// variable unset or empty keeps the limits in process, one count per
+// instance: that is warned about, naming the placeholder, while a variable
+// that is set reaches its Redis without a word.
+func TestRedisPlaceholderThatExpandsToNothingWarns(t *testing.T) {
+	t.Setenv("SRL_TEST_REDIS_EMPTY", "")
+	t.Setenv("SRL_TEST_REDIS_SET", sharedRedis.URL())
+	logFile := startCaddyLogging(t, `
+:9080 {
+	handle /empty {
+		sliding_ratelimit {
+			zone empty 1m 2
+			redis {env.SRL_TEST_REDIS_EMPTY}
+		}
+		respond "ok"
+	}
+	handle /set {
+		sliding_ratelimit {
+			zone set 1m 2
+			redis {env.SRL_TEST_REDIS_SET}
+			key_prefix `+uniquePrefix(t)+`
+		}
+		respond "ok"
+	}
+}`)
+	client := clientAt(t, "127.0.0.2")
+	expect(t, "in process", client, site+"empty", nil, 200, 200, 429)
+	expect(t, "on redis", client, site+"set", nil, 200, 200, 429)
+
+	warnings := logLines(t, logFile, `"level":"warn"`, "redis expands to nothing")
+	if len(warnings) != 1 || !strings.Contains(warnings[0], `"placeholder":"{env.SRL_TEST_REDIS_EMPTY}"`) || !strings.Contains(warnings[0], "each Caddy instance counts alone") {
+		t.Errorf("want one warning naming {env.SRL_TEST_REDIS_EMPTY} and saying each instance counts alone, got %q", warnings)
 	}
 }
 

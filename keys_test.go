@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
@@ -338,4 +340,40 @@ func TestCounterWithSmallLimitWarns(t *testing.T) {
 	if strings.Contains(string(logs), `"zone":"large","max_requests":100`) {
 		t.Errorf("warned about the counter with max_requests 100; log:\n%s", logs)
 	}
+}
+
+// TestUnbalancedKeyFailsTheConfig: a key whose placeholder is left open is no
+// placeholder at all, so five clients with five API keys would share one
+// bucket; the config is refused, naming the key and the Caddyfile line (or,
+// in JSON, the zone). A constant key on purpose still loads: one limit for
+// every client.
+func TestUnbalancedKeyFailsTheConfig(t *testing.T) {
+	for _, key := range []string{"{http.request.header.X-Api-Key", "{client_ip", "}{client_ip}", "{{client_ip}}", "x{}"} {
+		caddyfile := `:0 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+		key ` + key + `
+		redis ` + sharedRedis.URL() + `
+	}
+	respond "ok"
+}`
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+		if err == nil || !strings.Contains(err.Error(), "key \"") || !strings.HasSuffix(err.Error(), "at Caddyfile:5") {
+			t.Errorf("Caddyfile key %s: error %v, want one naming the key and line 5", key, err)
+		}
+	}
+
+	config := `{"apps": {"http": {"servers": {"s": {"listen": [":0"], "routes": [{"handle": [
+		{"handler": "sliding_ratelimit", "redis": "` + sharedRedis.URL() + `", "zones": [
+			{"name": "api", "window": "1m", "max_requests": 5, "key": "{http.request.header.X-Api-Key"}]}]}]}}}}}`
+	err := caddy.Validate(mustConfig(t, []byte(config)))
+	if want := `zone api: key "{http.request.header.X-Api-Key": the placeholder "{http.request.header.X-Api-Key" has no closing '}'`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("JSON: error %v, want one containing %q", err, want)
+	}
+
+	startCaddy(t, limitedSite(t, "global"))
+	two, three := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.3")
+	expect(t, "first client, constant key", two, site, nil, 200, 200)
+	expect(t, "second client, constant key", three, site, nil, 429)
 }

@@ -71,6 +71,10 @@ type Handler struct {
 	// Window, with MaxRequests, defines the zone named "default": at most
 	// MaxRequests requests of one client in any span of Window, counted back
 	// from each request. Required unless Zones are given; greater than zero.
+	// Handlers of one config whose "default" zones have the same window and
+	// max_requests (and store) share one limit; since nobody chose that
+	// name, provisioning warns about it, naming the handlers. Name the zone
+	// (Zones) to share on purpose or to count apart.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window of
@@ -84,6 +88,10 @@ type Handler struct {
 	// address as Caddy's trusted_proxies setting resolves it. A key that
 	// expands to "" falls back to the client IP, so a client cannot escape its
 	// limit by leaving out a header. Keys longer than 64 bytes are hashed.
+	// Every '{' must be closed by a '}' before the next '{': a placeholder
+	// left open would make the key the same text for every client, one
+	// bucket for all, so it is a config error. A key without placeholders
+	// is a constant on purpose: one limit shared by every client.
 	Key string `json:"key,omitempty"`
 
 	// Algorithm is the default algorithm of the zones: "log" (default; exact
@@ -120,16 +128,23 @@ type Handler struct {
 	// FailMode says what happens when Redis does not answer within Timeout,
 	// answers with an error, or the circuit breaker is open after repeated
 	// failures: "open" (default) passes the request on unlimited, "closed"
-	// answers 503 Service Unavailable, "local" decides with the in-process
+	// answers 503 Service Unavailable with Retry-After: 1 (through
+	// handle_errors when the server has such routes, written directly
+	// otherwise, as a 429 is), "local" decides with the in-process
 	// store and the same limits, per instance, until Redis is back.
 	FailMode string `json:"fail_mode,omitempty"`
 
 	// Redis is the URL of the Redis server that holds the limits:
 	// redis://[user:password@]host:port[/db], or rediss:// for TLS, with query
-	// options as go-redis's ParseURL reads them. Placeholders such as
+	// options as go-redis's ParseURL reads them. A rate limit script call is
+	// never retried, whatever the URL says: it records admissions, and one
+	// whose reply was lost may have recorded them, so a lost reply takes the
+	// fail mode; max_retries applies only to announcing resets to other
+	// instances, which is harmless twice. Placeholders such as
 	// {env.REDIS_URL} are expanded once at provision. Empty (the default, or
 	// a placeholder that expands to ""): an in-process store, so the limit is
-	// per Caddy instance.
+	// per Caddy instance; a placeholder that expands to "" is warned about,
+	// since an unset variable is the likelier cause than a wish.
 	Redis string `json:"redis,omitempty"`
 
 	// RedisTopology says what Redis is: "standalone" (default, a single
@@ -202,6 +217,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.backend = b
 	h.register() // admin API and resets from other instances: registry.go
+	h.warnImplicitSharing(ctx)
 	return nil
 }
 

@@ -53,6 +53,16 @@ type redisStoreID struct {
 	prefix string
 }
 
+// stateID identifies the state that the backend's store keeps, with key
+// prefix prefix (see storeRef.id): handlers whose stores have the same one
+// share the state of zones of the same identity.
+func (b *backend) stateID(prefix string) any {
+	if b.redis != nil {
+		return redisStoreID{b.client.UniversalClient, prefix}
+	}
+	return b.store
+}
+
 // register adds the provisioned handler to the registry and, with Redis,
 // subscribes it to resets made on other instances through its client's reset
 // bus. Cleanup calls unregister.
@@ -60,11 +70,11 @@ func (h *Handler) register() {
 	b := h.backend
 	reg := &registration{h: h}
 	if b.redis != nil {
-		reg.stores = append(reg.stores, storeRef{id: redisStoreID{b.client.UniversalClient, h.KeyPrefix}, store: b.redis, redis: b.redis})
+		reg.stores = append(reg.stores, storeRef{id: b.stateID(h.KeyPrefix), store: b.redis, redis: b.redis})
 		reg.resets = b.client.resets
 		reg.listener = &resetListener{h: h, store: b.redis, keyStart: h.KeyPrefix + "{"}
 	} else {
-		reg.stores = append(reg.stores, storeRef{id: b.store, store: b.store})
+		reg.stores = append(reg.stores, storeRef{id: b.stateID(h.KeyPrefix), store: b.store})
 	}
 	if b.local != nil {
 		reg.stores = append(reg.stores, storeRef{id: b.local, store: b.local})

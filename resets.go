@@ -65,7 +65,8 @@ const resetStopTimeout = time.Second
 // resetBus is the reset subscriber of one pooled Redis client and the
 // handlers that listen to it. It is safe for concurrent use.
 type resetBus struct {
-	client redis.UniversalClient
+	// client subscribes; publisher announces (see redisClient.announcer).
+	client, publisher redis.UniversalClient
 	// ctx is cancelled by stop, to abort a first subscription in progress.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -83,12 +84,13 @@ type resetBus struct {
 	subscriptions int
 }
 
-// newResetBus returns the bus of client; the subscriber starts with the
-// first listener.
-func newResetBus(client redis.UniversalClient) *resetBus {
+// newResetBus returns the bus of client, which announces through
+// publisher; the subscriber starts with the first listener.
+func newResetBus(client, publisher redis.UniversalClient) *resetBus {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &resetBus{
 		client:    client,
+		publisher: publisher,
 		ctx:       ctx,
 		cancel:    cancel,
 		done:      make(chan struct{}),
@@ -219,7 +221,7 @@ func (b *resetBus) snapshot() []*resetListener {
 // announceRefund tells every instance that key (a full Redis key) was given
 // back a slot, without waiting for the echo.
 func (b *resetBus) announceRefund(ctx context.Context, key string) error {
-	return b.client.Publish(ctx, resetChannel, refundMark+" "+key).Err()
+	return b.publisher.Publish(ctx, resetChannel, refundMark+" "+key).Err()
 }
 
 // publish announces that key (a full Redis key) was reset, and waits until
@@ -237,7 +239,7 @@ func (b *resetBus) publish(ctx context.Context, key string) (echoed bool, err er
 		delete(b.echoes, nonce)
 		b.mu.Unlock()
 	}()
-	if err := b.client.Publish(ctx, resetChannel, nonce+" "+key).Err(); err != nil {
+	if err := b.publisher.Publish(ctx, resetChannel, nonce+" "+key).Err(); err != nil {
 		return false, fmt.Errorf("announcing the reset to other instances: %w", err)
 	}
 	timer := time.NewTimer(resetEchoTimeout)

@@ -75,6 +75,44 @@ func checkKeyPrefix(prefix string) error {
 	return nil
 }
 
+// checkKeyTemplate rejects a key whose braces do not pair up. A placeholder
+// left open, as in "{http.request.header.X-Api-Key", is no placeholder at
+// all: the key is then the same text for every request, one bucket for every
+// client, without a word. A key without braces is a constant on purpose (one
+// limit for everyone) and stays allowed.
+func checkKeyTemplate(key string) error {
+	open := -1 // where the placeholder being read starts
+	for i := 0; i < len(key); i++ {
+		switch key[i] {
+		case '{':
+			if open >= 0 {
+				return fmt.Errorf("key %q: '{' inside the placeholder %q, which is not closed: placeholders do not nest", key, key[open:i])
+			}
+			open = i
+		case '}':
+			if open < 0 {
+				return fmt.Errorf("key %q: '}' %s closes no '{'", key, after(key[:i]))
+			}
+			if i == open+1 {
+				return fmt.Errorf("key %q: empty placeholder '{}' %s", key, after(key[:open]))
+			}
+			open = -1
+		}
+	}
+	if open >= 0 {
+		return fmt.Errorf("key %q: the placeholder %q has no closing '}', so the key would be the same text for every client: one bucket for all", key, key[open:])
+	}
+	return nil
+}
+
+// after says where in a key something is: after the text before it.
+func after(before string) string {
+	if before == "" {
+		return "at the start"
+	}
+	return fmt.Sprintf("after %q", before)
+}
+
 // checkZoneName accepts names safe in a quoted header item, a metrics label,
 // a URL path segment and a Redis key.
 func checkZoneName(name string) error {
@@ -114,6 +152,7 @@ func (z *Zone) checkLimit() error {
 		checkZoneName(z.Name),
 		checkPositive("window", time.Duration(z.Window)),
 		checkMaxRequests(z.MaxRequests),
+		checkKeyTemplate(z.Key),
 		algorithmEnum.check(z.Algorithm),
 		checkCountStatus(z.CountStatus),
 	} {
@@ -143,6 +182,7 @@ func (h *Handler) Validate() error {
 		checkPositive("timeout", time.Duration(h.Timeout)),
 		checkPrefixBits("ipv4_prefix", h.IPv4Prefix, maxIPv4Prefix),
 		checkPrefixBits("ipv6_prefix", h.IPv6Prefix, maxIPv6Prefix),
+		checkKeyTemplate(h.Key),
 		checkKeyPrefix(h.KeyPrefix),
 		failModeEnum.check(h.FailMode),
 		headersEnum.check(h.Headers),

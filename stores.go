@@ -40,8 +40,14 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 // breaker that guards every handler on it (clientbreaker.go) and the
 // subscriber to the resets that instances announce (resets.go).
 type redisClient struct {
+	// UniversalClient sends every command once, whatever the URL says
+	// about retries (see newRedisClients): the stores' script calls, the
+	// start-up check, the reset subscriber.
 	redis.UniversalClient
-	breaker *limiter.Breaker
+	// announcer publishes resets: the same client, or, when the URL sets
+	// max_retries, one that retries as it says.
+	announcer redis.UniversalClient
+	breaker   *limiter.Breaker
 	// label names the Redis in metrics and logs: host:port.
 	label  string
 	resets *resetBus
@@ -50,6 +56,9 @@ type redisClient struct {
 func (c redisClient) Destruct() error {
 	c.resets.stop()
 	limiterMetrics.circuitState.DeleteLabelValues(c.label)
+	if c.announcer != c.UniversalClient {
+		return errors.Join(c.announcer.Close(), c.Close())
+	}
 	return c.Close()
 }
 
@@ -58,16 +67,17 @@ func (c redisClient) Destruct() error {
 func loadRedisClient(topology, rawURL string) (redisClient, func() error, error) {
 	poolKey := "redis " + topology + " " + rawURL
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		client, err := newRedisClient(topology, rawURL)
+		client, announcer, err := newRedisClients(topology, rawURL)
 		if err != nil {
 			return nil, err
 		}
 		label := redisLabel(topology, rawURL)
 		return redisClient{
 			UniversalClient: client,
+			announcer:       announcer,
 			breaker:         newClientBreaker(label),
 			label:           label,
-			resets:          newResetBus(client),
+			resets:          newResetBus(client, announcer),
 		}, nil
 	})
 	if err != nil {
@@ -113,73 +123,105 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 	}, nil
 }
 
-// newRedisClient makes a go-redis client of the topology from its URL.
-func newRedisClient(topology, rawURL string) (redis.UniversalClient, error) {
-	newClient, err := parseTopologyURL(topology, rawURL)
+// newRedisClients makes the go-redis clients of a topology and URL. A script
+// call records admissions, and one whose reply was lost (a connection cut
+// after Redis ran it) may have recorded them: sent again, it records them
+// twice, and its client pays for a request it was never answered. So client
+// sends every command once, whatever the URL says about retries, and a lost
+// reply takes the fail mode. Only reset announcements, which are harmless
+// twice (an instance forgets a key it has forgotten), are retried as the
+// URL's max_retries says: through announcer, a client of their own when the
+// URL sets it, client otherwise.
+func newRedisClients(topology, rawURL string) (client, announcer redis.UniversalClient, err error) {
+	newClient, retries, err := parseTopologyURL(topology, rawURL)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return newClient(), nil
+	client = newClient(true)
+	if !retries {
+		return client, client, nil
+	}
+	return client, newClient(false), nil
 }
 
 // checkRedisURL parses rawURL as the topology would, to report a bad URL at
 // configuration time.
 func checkRedisURL(topology, rawURL string) error {
-	_, err := parseTopologyURL(topology, rawURL)
+	_, _, err := parseTopologyURL(topology, rawURL)
 	return err
 }
 
 // parseTopologyURL parses rawURL with go-redis's parser for the topology and
-// returns the constructor of its client. Every client honours the context
-// deadline of each decision: without that, go-redis ignores it and a frozen
-// Redis holds each request for the read timeout. It fails fast: go-redis
-// dials in the background, detached from the decision's deadline, and by
-// default retries a refused dial five times 100ms apart while the decision
-// waits, so a dial is tried once; and a script is never retried, since a retry
-// cannot finish within a decision's deadline after the first attempt ate it,
-// and a script whose reply was lost may have recorded its admission. A URL
-// that sets max_retries keeps its value, and one that sets pool_size keeps
-// its own (see outageProofPoolSize). A new connection
-// spends one round trip on its handshake, not three: no CLIENT SETINFO and no
-// maintenance notifications (a Redis Enterprise feature) follow HELLO. With
-// Redis 50ms away and a 100ms timeout, three would leave no time for the
-// first decision. Errors never quote the URL, which may hold a password.
-func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
+// returns the constructor of its clients, and whether the URL asks for
+// command retries. With sendOnce the client never sends a command again (see
+// newRedisClients and sendonce.go); without, it retries only as the URL's
+// max_retries says. Every client honours the context deadline of each
+// decision: without that, go-redis ignores it and a frozen Redis holds each
+// request for the read timeout. It fails fast: go-redis dials in the
+// background, detached from the decision's deadline, and by default retries
+// a refused dial five times 100ms apart while the decision waits, so a dial
+// is tried once. A URL that sets pool_size keeps its own (see
+// outageProofPoolSize). A new connection spends one round trip on its
+// handshake, not three: no CLIENT SETINFO and no maintenance notifications (a
+// Redis Enterprise feature) follow HELLO. With Redis 50ms away and a 100ms
+// timeout, three would leave no time for the first decision. Errors never
+// quote the URL, which may hold a password.
+func parseTopologyURL(topology, rawURL string) (newClient func(sendOnce bool) redis.UniversalClient, retries bool, err error) {
 	switch topology {
 	case "", topologyStandalone:
 		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return nil, urlError(err, "redis://host:port or rediss://host:port")
+			return nil, false, urlError(err, "redis://host:port or rediss://host:port")
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		gateDials(opts)
-		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
+		return func(sendOnce bool) redis.UniversalClient {
+			// Both clients keep the one dial gate: it stands for the server.
+			o := *opts
+			if sendOnce {
+				o.MaxRetries = -1
+			}
+			return redis.NewClient(&o)
+		}, opts.MaxRetries > 0, nil
 	case topologyCluster:
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
-			return nil, urlError(err, "redis://host:port?addr=host2:port2")
+			return nil, false, urlError(err, "redis://host:port?addr=host2:port2")
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
 		gateNodeDials(opts)
-		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
+		return func(sendOnce bool) redis.UniversalClient {
+			o := *opts
+			if !sendOnce {
+				return redis.NewClusterClient(&o)
+			}
+			o.MaxRetries = -1
+			return sendOnceOnCluster(&o)
+		}, opts.MaxRetries > 0, nil
 	case topologySentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
-			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
+			return nil, false, urlError(err, "redis://sentinel:26379?master_name=mymaster")
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
 		opts.PoolSize = poolSize(opts.PoolSize)
 		opts.DisableIdentity = true // it sends no maintenance notifications handshake
-		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
+		return func(sendOnce bool) redis.UniversalClient {
+			o := *opts
+			if sendOnce {
+				o.MaxRetries = -1
+			}
+			return redis.NewFailoverClient(&o)
+		}, opts.MaxRetries > 0, nil
 	}
-	return nil, fmt.Errorf("unknown redis topology %q", topology)
+	return nil, false, fmt.Errorf("unknown redis topology %q", topology)
 }
 
 // noMaintNotifications is the go-redis setting that skips the maintenance

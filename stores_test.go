@@ -42,12 +42,9 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 			t.Fatal(err)
 		}
 	}
-	client, err := newRedisClient(topology, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := storesClient(t, topology, url)
 	ping := func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }
+	var err error
 	if cluster, ok := client.(*redis.ClusterClient); ok {
 		err = cluster.ForEachShard(ctx, ping)
 	} else {
@@ -73,9 +70,12 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 	}
 }
 
-// TestClientOptions: every topology's client fails fast, keeps a pool too
-// large for go-redis's failed-dial count to stall recovery, and skips the
-// handshake's extra round trips; what the URL sets itself is kept.
+// TestClientOptions: every topology's client fails fast, never retries a
+// command (a script call whose reply was lost may have recorded admissions),
+// keeps a pool too large for go-redis's failed-dial count to stall recovery,
+// and skips the handshake's extra round trips; what the URL sets itself is
+// kept, and its max_retries applies to a client of its own that only
+// announces resets.
 func TestClientOptions(t *testing.T) {
 	type options struct{ poolSize, maxRetries, dialerRetries int }
 	// go-redis reads a MaxRetries of -1 as no retries; a single server's
@@ -106,11 +106,11 @@ func TestClientOptions(t *testing.T) {
 	} {
 		t.Run(tc.topology, func(t *testing.T) {
 			for _, c := range []struct {
-				query string
-				want  options
+				query           string
+				want, announcer options
 			}{
-				{"", options{outageProofPoolSize, noRetries, 1}},
-				{"pool_size=7&max_retries=2", options{7, 2, 1}},
+				{"", options{outageProofPoolSize, noRetries, 1}, options{}},
+				{"pool_size=7&max_retries=2", options{7, noRetries, 1}, options{7, 2, 1}},
 			} {
 				url := tc.url
 				if c.query != "" {
@@ -120,7 +120,7 @@ func TestClientOptions(t *testing.T) {
 					}
 					url += sep + c.query
 				}
-				client, err := newRedisClient(tc.topology, url)
+				client, announcer, err := newRedisClients(tc.topology, url)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -128,6 +128,17 @@ func TestClientOptions(t *testing.T) {
 				client.Close()
 				if got != c.want || !noIdentity {
 					t.Errorf("%q: %+v, CLIENT SETINFO skipped %v; want %+v, skipped", c.query, got, noIdentity, c.want)
+				}
+				if announcer == client {
+					if c.announcer != (options{}) {
+						t.Errorf("%q: announcements share the client that never retries, want one that retries", c.query)
+					}
+					continue
+				}
+				got, _ = read(announcer)
+				announcer.Close()
+				if got != c.announcer {
+					t.Errorf("%q, the announcer: %+v, want %+v", c.query, got, c.announcer)
 				}
 			}
 		})
