@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -51,7 +52,7 @@ func init() {
 // and the new config during a reload). GET answers from the newest; DELETE
 // resets the key in every store those handlers use, drops it from their deny
 // caches, and announces it through Redis so that every other instance drops
-// it from theirs (see resets.go).
+// it from theirs (see internal/redisconn).
 //
 // The blocked list is what this instance's deny caches hold: the clients a
 // store denied whose wait has not ended, the longest wait first, at most
@@ -248,11 +249,11 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registr
 }
 
 // announcement is a reset to announce to the other instances: the full
-// Redis key, on the bus of the handler's Redis client.
+// Redis key, on the handler's connection.
 type announcement struct {
-	bus *resetBus
-	key string
-	h   *Handler
+	conn *redisconn.Conn
+	key  string
+	h    *Handler
 }
 
 // resetStores resets keys[i] of the zone's identity in each store of
@@ -280,8 +281,8 @@ func resetStores(ctx context.Context, regs []*registration, zone, identity strin
 				errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
 				continue
 			}
-			if s.redis != nil && reg.resets != nil {
-				announce = append(announce, announcement{reg.resets, s.redis.Key(identity, keys[i]), reg.h})
+			if s.redis != nil && reg.conn != nil {
+				announce = append(announce, announcement{reg.conn, s.redis.Key(identity, keys[i]), reg.h})
 			}
 		}
 	}
@@ -294,7 +295,7 @@ func (a *AdminAPI) announce(ctx context.Context, zone string, announce []announc
 	var errs []error
 	for _, an := range announce {
 		callCtx, cancel := context.WithTimeout(ctx, adminTimeout(an.h))
-		echoed, err := an.bus.publish(callCtx, an.key)
+		echoed, err := an.conn.AnnounceReset(callCtx, an.key)
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("zone %s: %w", zone, err))
@@ -302,7 +303,7 @@ func (a *AdminAPI) announce(ctx context.Context, zone string, announce []announc
 		}
 		if !echoed {
 			a.log().Warn("reset announced, but this instance's subscriber did not receive it in time: other instances may be disconnected from redis pub/sub too, and keep denying the client from their caches until its retry time",
-				zap.String("zone", zone), zap.Duration("waited", resetEchoTimeout))
+				zap.String("zone", zone), zap.Duration("waited", redisconn.EchoTimeout))
 		}
 	}
 	return errs

@@ -94,10 +94,7 @@ func waitSubscribed(t *testing.T, reg *registration) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		reg.resets.mu.Lock()
-		n := reg.resets.subscriptions
-		reg.resets.mu.Unlock()
-		if n > 0 {
+		if reg.conn.Subscriptions() > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -226,7 +223,7 @@ http://localhost:9080 {
 	// Back in before B's Cleanup (cleanups run last-in first-out), which
 	// unsubscribes it through its registration.
 	t.Cleanup(func() { handlerRegistry.add(regB) })
-	if regB.resets == registered(t, "adm_far").resets {
+	if regB.conn.Client() == registered(t, "adm_far").conn.Client() {
 		t.Fatal("A and B share a Redis client; the test needs two")
 	}
 	waitSubscribed(t, regB)
@@ -308,10 +305,7 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	reg.resets.mu.Lock()
-	n := reg.resets.subscriptions
-	reg.resets.mu.Unlock()
-	if n < 2 {
+	if n := reg.conn.Subscriptions(); n < 2 {
 		t.Errorf("%d subscriptions, want a resubscription", n)
 	}
 }

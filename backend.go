@@ -2,12 +2,14 @@ package slidingratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -34,7 +36,7 @@ const (
 //	deny cache -> MemoryStore                (no Redis)
 //	MemoryStore                              (fail_mode local, while Redis fails)
 //
-// The dial gate (dialgate.go) is inside the go-redis client.
+// The dial gate is inside the go-redis client (internal/redisconn).
 type backend struct {
 	mode storeMode
 	// cache answers repeated denials in process, in front of the store.
@@ -46,10 +48,10 @@ type backend struct {
 	}
 	// local decides while Redis fails, with mode redisWithLocal.
 	local *limiter.MemoryStore
-	// redis and client are set with Redis: the store (which knows the key
-	// layout) and its pooled client (breaker, reset bus).
+	// redis and conn are set with Redis: the store (which knows the key
+	// layout) and its connection (breaker, reset bus).
 	redis    *limiter.RedisStore
-	client   redisClient
+	conn     *redisconn.Conn
 	releases []func() error
 }
 
@@ -90,13 +92,16 @@ func (b *backend) connect(h *Handler, redisURL string) error {
 	if b.local != nil {
 		b.mode = redisWithLocal
 	}
-	client, release, err := loadRedisClient(h.RedisTopology, redisURL)
+	conn, err := redisconn.Open(h.RedisTopology, redisURL)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	b.releases = append(b.releases, release)
-	b.client = client
-	if err := h.checkRedis(client.UniversalClient); err != nil {
+	b.releases = append(b.releases, conn.Close)
+	b.conn = conn
+	if err := conn.Check(time.Duration(h.Timeout)); errors.Is(err, redisconn.ErrUnreachable) {
+		h.logger.Warn("redis not reachable at provision: applying the fail mode until it answers",
+			zap.String("fail_mode", h.FailMode), zap.Error(err))
+	} else if err != nil {
 		return err
 	}
 	store, release, err := loadRedisStore(h.RedisTopology, redisURL, limiter.RedisOptions{
@@ -108,7 +113,7 @@ func (b *backend) connect(h *Handler, redisURL string) error {
 	}
 	b.releases = append(b.releases, release)
 	b.redis, b.store = store, store
-	guarded := client.breaker.Guard(timedStore{store})
+	guarded := conn.Breaker().Guard(timedStore{store})
 	b.cache = limiter.NewDenyCache(guarded, limiter.DefaultDenyCacheEntries)
 	return nil
 }
@@ -149,8 +154,8 @@ func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions 
 	for i, c := range checks {
 		b.cache.Forget(c.Zone, c.Key)
 		lastSlot := decisions[i].Remaining == 0
-		if lastSlot && src == fromStore && b.redis != nil && b.client.resets != nil {
-			if err := b.client.resets.announceRefund(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
+		if lastSlot && src == fromStore && b.redis != nil {
+			if err := b.conn.AnnounceFreed(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
 				return err
 			}
 		}

@@ -576,25 +576,3 @@ func TestExampleCaddyfile(t *testing.T) {
 		}
 	}
 }
-
-func TestRedisURLErrorsHideThePassword(t *testing.T) {
-	for _, topology := range []string{topologyStandalone, topologyCluster, topologySentinel} {
-		for _, raw := range []string{
-			"redis://user:s3cret@[::1",
-			"redis://user:s3cret@host:6379/notadb",
-			"http://user:s3cret@host:6379",
-			"redis://user:s3cret@host:6379?pool_size=many",
-		} {
-			err := checkRedisURL(topology, raw)
-			if err == nil {
-				if topology == topologyStandalone {
-					t.Errorf("%s %s: parsed, want an error", topology, raw)
-				}
-				continue
-			}
-			if strings.Contains(err.Error(), "s3cret") {
-				t.Errorf("%s: error quotes the password: %v", topology, err)
-			}
-		}
-	}
-}

@@ -43,13 +43,6 @@ const (
 	headersOff    = "off"
 )
 
-// Redis topologies.
-const (
-	topologyStandalone = "standalone"
-	topologyCluster    = "cluster"
-	topologySentinel   = "sentinel"
-)
-
 // Modes.
 const (
 	modeEnforce = "enforce"

@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -27,9 +28,9 @@ type registry struct {
 type registration struct {
 	h      *Handler
 	stores []storeRef
-	// resets carries resets between instances, and listener applies them
+	// conn carries resets between instances, and listener applies them
 	// to h; both nil without Redis.
-	resets   *resetBus
+	conn     *redisconn.Conn
 	listener *resetListener
 }
 
@@ -47,7 +48,7 @@ type storeRef struct {
 }
 
 // redisStoreID identifies the state of a Redis store: handlers with the same
-// pooled client and key prefix read and write the same keys.
+// connection and key prefix read and write the same keys.
 type redisStoreID struct {
 	client redis.UniversalClient
 	prefix string
@@ -58,20 +59,20 @@ type redisStoreID struct {
 // share the state of zones of the same identity.
 func (b *backend) stateID(prefix string) any {
 	if b.redis != nil {
-		return redisStoreID{b.client.UniversalClient, prefix}
+		return redisStoreID{b.conn.Client(), prefix}
 	}
 	return b.store
 }
 
 // register adds the provisioned handler to the registry and, with Redis,
-// subscribes it to resets made on other instances through its client's reset
-// bus. Cleanup calls unregister.
+// subscribes it to resets made on other instances through its connection.
+// Cleanup calls unregister.
 func (h *Handler) register() {
 	b := h.backend
 	reg := &registration{h: h}
 	if b.redis != nil {
 		reg.stores = append(reg.stores, storeRef{id: b.stateID(h.KeyPrefix), store: b.redis, redis: b.redis})
-		reg.resets = b.client.resets
+		reg.conn = b.conn
 		reg.listener = &resetListener{h: h, store: b.redis, keyStart: h.KeyPrefix + "{"}
 	} else {
 		reg.stores = append(reg.stores, storeRef{id: b.stateID(h.KeyPrefix), store: b.store})
@@ -80,15 +81,15 @@ func (h *Handler) register() {
 		reg.stores = append(reg.stores, storeRef{id: b.local, store: b.local})
 	}
 	handlerRegistry.add(reg)
-	if reg.resets != nil {
-		reg.resets.listen(reg.listener)
+	if reg.conn != nil {
+		reg.conn.Listen(reg.listener)
 	}
 }
 
 // unregister undoes register; it is safe to call more than once.
 func (h *Handler) unregister() {
-	if reg := handlerRegistry.remove(h); reg != nil && reg.resets != nil {
-		reg.resets.unlisten(reg.listener)
+	if reg := handlerRegistry.remove(h); reg != nil && reg.conn != nil {
+		reg.conn.Unlisten(reg.listener)
 	}
 }
 

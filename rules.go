@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 )
 
 // This file holds every rule a configuration must follow, once: Validate
@@ -24,7 +26,7 @@ var (
 	failModeEnum  = enum{"fail_mode", []string{failOpen, failClosed, failLocal}}
 	headersEnum   = enum{"headers", []string{headersDraft, headersLegacy, headersOff}}
 	algorithmEnum = enum{"algorithm", []string{algorithmLog, algorithmCounter}}
-	topologyEnum  = enum{"redis_topology", []string{topologyStandalone, topologyCluster, topologySentinel}}
+	topologyEnum  = enum{"redis_topology", redisconn.Topologies}
 )
 
 // check accepts one of the values, or "" (the default).

@@ -233,10 +233,10 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				})
 				return true
 			})
-			if got := in.backend.client.breaker.State().String(); got != "open" {
+			if got := in.backend.conn.Breaker().State().String(); got != "open" {
 				t.Errorf("breaker %s while Redis is frozen, want open", got)
 			}
-			if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.client.label)); got != 1 {
+			if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.conn.Label())); got != 1 {
 				t.Errorf("circuit_state metric %v while open, want 1", got)
 			}
 			// Open: no Redis call, so an answer takes far less than the timeout.
@@ -256,9 +256,9 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				// decision carries the RateLimit header (fail open does not).
 				// Calls that timed out while Redis was frozen may still run
 				// when it resumes, so the count need not be fresh.
-				if in.backend.client.breaker.State().String() == "closed" && h.Get("RateLimit") != "" {
+				if in.backend.conn.Breaker().State().String() == "closed" && h.Get("RateLimit") != "" {
 					t.Logf("decisions by Redis %s after SIGCONT: %d %s", time.Since(thawed).Round(time.Millisecond), status, h.Get("RateLimit"))
-					if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.client.label)); got != 0 {
+					if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.conn.Label())); got != 0 {
 						t.Errorf("circuit_state metric %v after recovery, want 0", got)
 					}
 					break
