@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
@@ -88,13 +89,13 @@ func serveAdmin(method, target string) (int, string) {
 	return w.Code, w.Body.String()
 }
 
-// waitSubscribed waits until the reset subscriber of a registration has
-// subscribed once: its first subscription clears the deny caches.
-func waitSubscribed(t *testing.T, reg *registration) {
+// waitSubscribed waits until the reset subscriber of a handler's connection
+// has subscribed once: its first subscription clears the deny caches.
+func waitSubscribed(t *testing.T, h *Handler) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		if reg.conn.Subscriptions() > 0 {
+		if h.backend.conn.Subscriptions() > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -104,14 +105,26 @@ func waitSubscribed(t *testing.T, reg *registration) {
 	}
 }
 
-// registered returns the newest registration with the zone.
-func registered(t *testing.T, zone string) *registration {
+// registered returns the newest handler registered with the zone.
+func registered(t *testing.T, zone string) *Handler {
 	t.Helper()
-	regs, _ := handlerRegistry.withZone(zone)
-	if len(regs) == 0 {
+	hs, _ := withZone(zone)
+	if len(hs) == 0 {
 		t.Fatalf("no handler registered with zone %s", zone)
 	}
-	return regs[0]
+	return hs[0]
+}
+
+// cacheHits is how many denials the deny caches of the handlers with a zone
+// of that name have answered (its deny_cache_hits_total series).
+func cacheHits(zone string) float64 {
+	return testutil.ToFloat64(limiterMetrics.denyCacheHits.WithLabelValues(zone))
+}
+
+// cached is how many denials h's deny cache holds.
+func cached(h *Handler) int {
+	_, total := h.backend.blocked(0)
+	return total
 }
 
 func TestAdminGetCountsWithoutConsuming(t *testing.T) {
@@ -175,14 +188,14 @@ http://localhost:9080 {
 	}
 	respond "ok"
 }`)
-	reg := registered(t, "adm_del")
-	waitSubscribed(t, reg)
+	waitSubscribed(t, registered(t, "adm_del"))
+	hits := cacheHits("adm_del")
 	for i, want := range []int{200, 200, 429, 429} {
 		if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != want {
 			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
 		}
 	}
-	if reg.h.backend.cache.Stats().Hits == 0 {
+	if cacheHits("adm_del") == hits {
 		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
 	}
 	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
@@ -216,17 +229,13 @@ http://localhost:9080 {
 		"zones": [{"name": "adm_far", "window": "1m", "max_requests": 3}],
 		"redis": "`+sharedRedis.URL()+`?client_name=adm_far_b",
 		"key_prefix": "`+prefix+`"}`)
-	regB := handlerRegistry.remove(b.Handler)
-	if regB == nil {
+	if !handlers.remove(b.Handler) {
 		t.Fatal("instance B was not registered")
 	}
-	// Back in before B's Cleanup (cleanups run last-in first-out), which
-	// unsubscribes it through its registration.
-	t.Cleanup(func() { handlerRegistry.add(regB) })
-	if regB.conn.Client() == registered(t, "adm_far").conn.Client() {
+	if b.backend.conn.Client() == registered(t, "adm_far").backend.conn.Client() {
 		t.Fatal("A and B share a Redis client; the test needs two")
 	}
-	waitSubscribed(t, regB)
+	waitSubscribed(t, b.Handler)
 	waitSubscribed(t, registered(t, "adm_far"))
 
 	const ip = "203.0.113.9"
@@ -235,9 +244,10 @@ http://localhost:9080 {
 			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
 		}
 	}
-	hits := b.backend.cache.Stats().Hits
-	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || b.backend.cache.Stats().Hits != hits+1 {
-		t.Fatalf("B, request 5: status %d, cache hits %d -> %d; want a 429 from the deny cache", status, hits, b.backend.cache.Stats().Hits)
+	// Only B serves: the zone's hits are B's.
+	hits := cacheHits("adm_far")
+	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || cacheHits("adm_far") != hits+1 {
+		t.Fatalf("B, request 5: status %d, cache hits %v -> %v; want a 429 from the deny cache", status, hits, cacheHits("adm_far"))
 	}
 	if s := adminState(t, "adm_far", ip); s.Count != 3 {
 		t.Errorf("A sees count %d of B's admissions, want 3", s.Count)
@@ -257,7 +267,7 @@ http://localhost:9080 {
 		time.Sleep(100 * time.Microsecond)
 	}
 	if admitted.IsZero() {
-		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", b.backend.cache.Stats().Entries)
+		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", cached(b.Handler))
 	}
 	t.Logf("DELETE took %s; B admitted the key %s after it returned (request %d), %s after it was sent",
 		deleted.Sub(start), admitted.Sub(deleted), polls, admitted.Sub(start))
@@ -272,11 +282,10 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		"zones": [{"name": "adm_resub", "window": "1m", "max_requests": 1}],
 		"redis": "`+sharedRedis.URL()+`?client_name=`+name+`",
 		"key_prefix": "`+uniquePrefix(t)+`"}`)
-	reg := registered(t, "adm_resub")
-	waitSubscribed(t, reg)
+	waitSubscribed(t, b.Handler)
 	b.serve("192.0.2.1", nil)
-	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || b.backend.cache.Stats().Entries != 1 {
-		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, b.backend.cache.Stats().Entries)
+	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || cached(b.Handler) != 1 {
+		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, cached(b.Handler))
 	}
 
 	// Kill B's subscriber connection, as a network error would.
@@ -299,13 +308,13 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		t.Fatalf("found %d subscriber connections named %s, want 1:\n%s", killed, name, list)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for b.backend.cache.Stats().Entries != 0 {
+	for cached(b.Handler) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("deny cache still holds the denial 5s after the subscriber lost its connection")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if n := reg.conn.Subscriptions(); n < 2 {
+	if n := b.backend.conn.Subscriptions(); n < 2 {
 		t.Errorf("%d subscriptions, want a resubscription", n)
 	}
 }
@@ -505,9 +514,8 @@ func testResetAcrossInstances(t *testing.T, topology, urlWithQuery string) {
 	}
 	a := newInstance(t, config("adm_topo_a"))
 	b := newInstance(t, config("adm_topo_b"))
-	regB := handlerRegistry.remove(b.Handler)
-	t.Cleanup(func() { handlerRegistry.add(regB) })
-	waitSubscribed(t, regB)
+	handlers.remove(b.Handler)
+	waitSubscribed(t, b.Handler)
 	waitSubscribed(t, registered(t, "adm_topo"))
 
 	const ip = "192.0.2.44"
@@ -781,9 +789,9 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	client := clientAt(t, "127.0.0.2")
 	expect(t, "/a then /b", client, site+"a", nil, 200, 429)
 	expect(t, "/b, denied by Redis", client, site+"b", nil, 429)
-	regs, _ := handlerRegistry.withZone("blk_shared")
-	if len(regs) != 2 || regs[0].h.backend.cache.Stats().Entries != 1 || regs[1].h.backend.cache.Stats().Entries != 1 {
-		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(regs))
+	hs, _ := withZone("blk_shared")
+	if len(hs) != 2 || cached(hs[0]) != 1 || cached(hs[1]) != 1 {
+		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(hs))
 	}
 	answer := adminBlocked(t, "")
 	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared:1m:1" {

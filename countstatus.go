@@ -120,7 +120,5 @@ func (h *Handler) giveBack(ctx context.Context, req *request, src source, status
 	}
 	// The client may be gone; the slot is given back all the same.
 	ctx = context.WithoutCancel(ctx)
-	if err := h.backend.refund(ctx, checks, decisions, src); err != nil {
-		h.refundFailures.record(h.FailMode, err)
-	}
+	h.backend.refund(ctx, checks, decisions, src)
 }

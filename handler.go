@@ -29,17 +29,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(req.checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	source, err := h.backend.allow(r.Context(), req.checks, req.decisions)
+	source, err := h.backend.decide(r.Context(), req.checks, req.decisions)
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away: nothing failed, and no one waits.
 			return nil
 		}
-		h.failures.record(h.FailMode, err)
-		if !h.backend.allowLocally(r.Context(), req.checks, req.decisions) {
-			return h.failed(w, r, next, &req, err)
-		}
-		source = fromLocal
+		return h.failed(w, r, next, &req, err)
 	}
 	shown := mostRestrictive(req.decisions)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.decisions, shown)
@@ -90,29 +86,6 @@ func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, req *request
 		req.decisions = make([]limiter.Decision, len(req.checks))
 	}
 	return nil
-}
-
-// source says who decided a request.
-type source uint8
-
-const (
-	fromStore source = iota // the store (Redis or in-process)
-	fromCache               // the deny cache, without a store call
-	fromLocal               // the in-process fallback, for fail_mode local
-)
-
-func (s source) allowed() string {
-	if s == fromLocal {
-		return resultLocalAllowed
-	}
-	return resultAllowed
-}
-
-func (s source) denied() string {
-	if s == fromLocal {
-		return resultLocalDenied
-	}
-	return resultDenied
 }
 
 // failed applies fail_mode open or closed to a request the store could not

@@ -28,7 +28,7 @@ var implicitZones = struct {
 }{byConfig: make(map[any]map[implicitZoneState][]string)}
 
 // implicitZoneState is where an implicit zone's counts live: the store's
-// state (storeRef.id), the zone identity, and the namespace of its keys
+// state (backend.state), the zone identity, and the namespace of its keys
 // (address keys never meet value keys, so those zones share nothing).
 type implicitZoneState struct {
 	store    any
@@ -49,7 +49,7 @@ func (h *Handler) warnImplicitSharing(ctx caddy.Context) {
 		return
 	}
 	z := h.zones[0]
-	state := implicitZoneState{store: h.backend.stateID(h.KeyPrefix), identity: z.identity, address: z.key.address != ""}
+	state := implicitZoneState{store: h.backend.state(), identity: z.identity, address: z.key.address != ""}
 	name := handlerPlace(ctx)
 
 	implicitZones.mu.Lock()

@@ -29,13 +29,6 @@ const (
 	defaultIPv6Prefix = 64
 )
 
-// Fail modes: what a request gets when Redis cannot decide in time.
-const (
-	failOpen   = "open"
-	failClosed = "closed"
-	failLocal  = "local"
-)
-
 // Header modes.
 const (
 	headersDraft  = "draft"
@@ -168,11 +161,9 @@ type Handler struct {
 	LogKeys bool `json:"log_keys,omitempty"`
 
 	zones []*Zone
-	// backend is the store stack: deny cache, store, breaker, fallback.
-	backend  *backend
-	failures *failureLog
-	// refundFailures logs count_status refunds that failed.
-	refundFailures *failureLog
+	// backend is the door to the stores: deny cache, store, breaker,
+	// fallback.
+	backend *backend
 	// countStatus is set when a zone has count_status, so that admitted
 	// requests are followed to their response.
 	countStatus bool
@@ -197,21 +188,54 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.ctx = ctx
-	h.failures = newFailureLog(h.logger, "rate limit store unavailable; applying fail mode", time.Second)
-	h.refundFailures = newFailureLog(h.logger, "giving back count_status slots failed: they count until they age out", time.Second)
 	// Only a configured events app can have subscribers; without one there
 	// is no one to tell.
 	if events, err := ctx.AppIfConfigured("events"); err == nil {
 		h.events = events.(*caddyevents.App)
 	}
-	b, err := newBackend(h)
+	identities := make([]string, len(h.zones))
+	for i, z := range h.zones {
+		identities[i] = z.identity
+	}
+	b, err := newBackend(backendConfig{
+		redis:     h.redisURL(),
+		topology:  h.RedisTopology,
+		keyPrefix: h.KeyPrefix,
+		timeout:   time.Duration(h.Timeout),
+		failMode:  h.FailMode,
+		zones:     identities,
+		logger:    h.logger,
+	})
 	if err != nil {
 		return err
 	}
 	h.backend = b
-	h.register() // admin API and resets from other instances: registry.go
+	handlers.add(h)
 	h.warnImplicitSharing(ctx)
 	return nil
+}
+
+// handlers are the provisioned handlers of the process, for the admin API to
+// find a zone by name. Several may have a zone of the same name: one per
+// site, and the old and the new config during a reload.
+var handlers registry[*Handler]
+
+// redisURL is the Redis URL with its placeholders ({env.*}) expanded. ""
+// keeps the limits in process, which it logs: with placeholders that all
+// expand to nothing, as a warning.
+func (h *Handler) redisURL() string {
+	url := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
+	switch {
+	case url != "":
+	case h.Redis != "":
+		// An unset variable, most likely, not a wish to count per
+		// instance.
+		h.logger.Warn("redis expands to nothing: limits are kept in process, so each Caddy instance counts alone; set what the placeholder names, or remove the redis line to mean it",
+			zap.String("placeholder", h.Redis))
+	default:
+		h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+	}
+	return url
 }
 
 // setDefaults fills the optional fields left empty.
@@ -270,7 +294,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 // Cleanup releases the stores, closing the Redis client when no other
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
-	h.unregister() // before releasing the stores it names
+	handlers.remove(h)
 	if h.backend == nil {
 		return nil
 	}
