@@ -14,13 +14,6 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// Fail modes: what a request gets when Redis cannot decide in time.
-const (
-	failOpen   = "open"
-	failClosed = "closed"
-	failLocal  = "local"
-)
-
 // backendConfig is what a backend is built from.
 type backendConfig struct {
 	// redis is the Redis URL, placeholders expanded, and topology what it

@@ -310,6 +310,18 @@ func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error
 	return seen, nil
 }
 
+// parseStatus reads one count_status argument: "401" or "4xx".
+func parseStatus(arg string) (int, error) {
+	if len(arg) == 3 && arg[1:] == "xx" && arg[0] >= '1' && arg[0] <= '5' {
+		return int(arg[0] - '0'), nil
+	}
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 100 || n > 599 {
+		return 0, fmt.Errorf("count_status takes status codes (401) or classes (4xx), got %q", arg)
+	}
+	return n, nil
+}
+
 // oneArg returns the single argument of the current subdirective, or an
 // error that names the subdirective and its form.
 func oneArg(d *caddyfile.Dispenser) (string, error) {

@@ -1,7 +1,9 @@
 package slidingratelimit
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -65,4 +67,14 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 		_, err := stores.Delete(poolKey)
 		return err
 	}, nil
+}
+
+// timedStore observes how long each Redis decision takes, errors included.
+type timedStore struct{ *limiter.RedisStore }
+
+func (s timedStore) Allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) error {
+	start := time.Now()
+	err := s.RedisStore.Allow(ctx, checks, decisions)
+	limiterMetrics.redisDuration.Observe(time.Since(start).Seconds())
+	return err
 }

@@ -5,6 +5,7 @@
 package slidingratelimit
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,32 +21,12 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Defaults of optional fields.
+// Defaults of optional fields; the words of enum fields are in rules.go.
 const (
 	defaultKey        = "{http.vars.client_ip}"
-	defaultZone       = "default"
 	defaultTimeout    = 100 * time.Millisecond
 	defaultIPv4Prefix = 32
 	defaultIPv6Prefix = 64
-)
-
-// Header modes.
-const (
-	headersDraft  = "draft"
-	headersLegacy = "legacy"
-	headersOff    = "off"
-)
-
-// Modes.
-const (
-	modeEnforce = "enforce"
-	modeReport  = "report"
-)
-
-// Algorithms.
-const (
-	algorithmLog     = "log"
-	algorithmCounter = "counter"
 )
 
 // Handler limits each client to a number of admitted requests in any span of
@@ -184,6 +165,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.setDefaults()
+	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}
@@ -193,11 +177,26 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if events, err := ctx.AppIfConfigured("events"); err == nil {
 		h.events = events.(*caddyevents.App)
 	}
+	b, err := newBackend(h.backendConfig())
+	if err != nil {
+		return err
+	}
+	h.backend = b
+	handlers.add(h)
+	if h.Window != 0 {
+		// The zone of the three-line form, which nobody named.
+		warnImplicitSharing(ctx, h.logger, h.zones[0], b.state())
+	}
+	return nil
+}
+
+// backendConfig is what the backend needs to know of the configuration.
+func (h *Handler) backendConfig() backendConfig {
 	identities := make([]string, len(h.zones))
 	for i, z := range h.zones {
 		identities[i] = z.identity
 	}
-	b, err := newBackend(backendConfig{
+	return backendConfig{
 		redis:     h.redisURL(),
 		topology:  h.RedisTopology,
 		keyPrefix: h.KeyPrefix,
@@ -205,14 +204,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		failMode:  h.FailMode,
 		zones:     identities,
 		logger:    h.logger,
-	})
-	if err != nil {
-		return err
 	}
-	h.backend = b
-	handlers.add(h)
-	h.warnImplicitSharing(ctx)
-	return nil
 }
 
 // handlers are the provisioned handlers of the process, for the admin API to
@@ -270,23 +262,60 @@ func (h *Handler) setDefaults() {
 }
 
 // provisionZones builds the zone list: the "default" zone of the top-level
-// window and max_requests, then the named zones.
+// window and max_requests, then the named zones, each with its header parts
+// and metrics.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
-	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
 	h.zones = h.zones[:0]
 	if h.Window != 0 || h.MaxRequests != 0 {
 		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests, CountStatus: h.CountStatus})
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.countStatus = false
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus}
 	for _, z := range h.zones {
-		if err := z.provision(ctx, h.logger, h); err != nil {
+		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
 		}
-		h.countStatus = h.countStatus || len(z.CountStatus) > 0
+		z.prepareHeaders()
 		z.bindMetrics()
+		h.countStatus = h.countStatus || len(z.CountStatus) > 0
+	}
+	return nil
+}
+
+// Validate checks the configuration: every rule of rules.go, on the JSON
+// fields. Zero values of optional fields mean their defaults.
+func (h *Handler) Validate() error {
+	hasDefault := h.Window != 0 || h.MaxRequests != 0
+	if !hasDefault && len(h.Zones) == 0 {
+		return errors.New("no limit: set window and max_requests, or at least one zone")
+	}
+	var errs []error
+	if hasDefault {
+		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests))
+	}
+	// Provision has set the defaults of the optional fields.
+	errs = append(errs,
+		checkPositive("timeout", time.Duration(h.Timeout)),
+		checkPrefixBits("ipv4_prefix", h.IPv4Prefix, maxIPv4Prefix),
+		checkPrefixBits("ipv6_prefix", h.IPv6Prefix, maxIPv6Prefix),
+		checkKeyTemplate(h.Key),
+		checkKeyPrefix(h.KeyPrefix),
+		failModeEnum.check(h.FailMode),
+		headersEnum.check(h.Headers),
+		modeEnum.check(h.Mode),
+		algorithmEnum.check(h.Algorithm),
+		topologyEnum.check(h.RedisTopology),
+		checkZoneNames(hasDefault, h.Zones),
+		checkCountStatus(h.CountStatus),
+	)
+	for _, z := range h.Zones {
+		errs = append(errs, z.validate())
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
