@@ -80,37 +80,6 @@ const EchoTimeout = time.Second
 // subscriber to end; closing it can wait for a reconnection in progress.
 const resetStopTimeout = time.Second
 
-// Listen passes the announcements made on the connection to l from now on,
-// starting the subscriber if it is not running.
-func (c *Conn) Listen(l Listener) { c.s.resets.listen(l) }
-
-// Unlisten stops passing announcements to l.
-func (c *Conn) Unlisten(l Listener) { c.s.resets.unlisten(l) }
-
-// Subscriptions counts the subscriber's (re)subscriptions so far: 0 until
-// it has subscribed once.
-func (c *Conn) Subscriptions() int {
-	b := c.s.resets
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.subscriptions
-}
-
-// AnnounceReset tells every instance that key (a full Redis key) was reset,
-// and waits until this instance's subscriber has received the announcement,
-// which Redis delivers to every subscriber in the same PUBLISH, or until
-// EchoTimeout. echoed reports whether it came back in time: if not, other
-// instances may be disconnected from pub/sub too.
-func (c *Conn) AnnounceReset(ctx context.Context, key string) (echoed bool, err error) {
-	return c.s.resets.publish(ctx, key)
-}
-
-// AnnounceFreed tells every instance that key (a full Redis key) has room
-// again, without waiting for the echo.
-func (c *Conn) AnnounceFreed(ctx context.Context, key string) error {
-	return c.s.resets.publisher.Publish(ctx, resetChannel, freedMark+" "+key).Err()
-}
-
 // resetBus is the reset subscriber of one connection and its listeners. It
 // is safe for concurrent use.
 type resetBus struct {
