@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -20,27 +19,12 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// adminURL is the caddytest Caddy's admin endpoint (globalOptions).
-const adminURL = "http://localhost:2999"
-
-// adminDo sends a request to the admin API of the caddytest Caddy. path is
-// sent as it is, escapes included.
+// adminDo sends a request to the admin API of the test Caddy. path is sent
+// as it is, escapes included.
 func adminDo(t *testing.T, method, path string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, adminURL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.StatusCode, body
+	a := send(t, adminURL+path, withMethod(method))
+	return a.status, []byte(a.body)
 }
 
 // adminState GETs a client's state and fails the test unless it is a 200.
@@ -128,7 +112,7 @@ func cached(h *Handler) int {
 }
 
 func TestAdminGetCountsWithoutConsuming(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -147,8 +131,8 @@ http://localhost:9080 {
 	}
 
 	for i := 1; i <= 3; i++ {
-		if res, _ := get(t, tester, "http://localhost:9080/", "alice"); res.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: status %d", i, res.StatusCode)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", "alice")); res.status != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, res.status)
 		}
 	}
 	for i := 0; i < 2; i++ {
@@ -167,8 +151,8 @@ http://localhost:9080 {
 
 	// The GETs consumed nothing: exactly two more are admitted.
 	for i, want := range []int{200, 200, 429, 429} {
-		if res, _ := get(t, tester, "http://localhost:9080/", "alice"); res.StatusCode != want {
-			t.Fatalf("request %d after the GETs: status %d, want %d", i+4, res.StatusCode, want)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", "alice")); res.status != want {
+			t.Fatalf("request %d after the GETs: status %d, want %d", i+4, res.status, want)
 		}
 	}
 	s = adminState(t, "adm_get", "alice")
@@ -178,7 +162,7 @@ http://localhost:9080 {
 }
 
 func TestAdminDeleteUnblocksAtOnce(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -191,8 +175,8 @@ http://localhost:9080 {
 	waitSubscribed(t, registered(t, "adm_del"))
 	hits := cacheHits("adm_del")
 	for i, want := range []int{200, 200, 429, 429} {
-		if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != want {
-			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", "bob")); res.status != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, res.status, want)
 		}
 	}
 	if cacheHits("adm_del") == hits {
@@ -204,8 +188,8 @@ http://localhost:9080 {
 	if s := adminState(t, "adm_del", "bob"); s.Count != 0 || s.Remaining != 2 {
 		t.Errorf("after DELETE: count %d remaining %d, want 0 and 2", s.Count, s.Remaining)
 	}
-	if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != http.StatusOK {
-		t.Fatalf("right after DELETE: status %d, want 200", res.StatusCode)
+	if res := send(t, "http://localhost:9080/", withHeader("X-Client", "bob")); res.status != http.StatusOK {
+		t.Fatalf("right after DELETE: status %d, want 200", res.status)
 	}
 	// A key never seen resets fine too.
 	adminReset(t, "adm_del", "nobody")
@@ -240,13 +224,13 @@ http://localhost:9080 {
 
 	const ip = "203.0.113.9"
 	for i, want := range []int{200, 200, 200, 429} {
-		if status, _ := b.serve(ip, nil); status != want {
+		if status := send(t, "/", to(b), from(ip)).status; status != want {
 			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
 		}
 	}
 	// Only B serves: the zone's hits are B's.
 	hits := cacheHits("adm_far")
-	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || cacheHits("adm_far") != hits+1 {
+	if status := send(t, "/", to(b), from(ip)).status; status != http.StatusTooManyRequests || cacheHits("adm_far") != hits+1 {
 		t.Fatalf("B, request 5: status %d, cache hits %v -> %v; want a 429 from the deny cache", status, hits, cacheHits("adm_far"))
 	}
 	if s := adminState(t, "adm_far", ip); s.Count != 3 {
@@ -260,7 +244,7 @@ http://localhost:9080 {
 	polls := 0
 	for time.Since(deleted) < 100*time.Millisecond {
 		polls++
-		if status, _ := b.serve(ip, nil); status == http.StatusOK {
+		if status := send(t, "/", to(b), from(ip)).status; status == http.StatusOK {
 			admitted = time.Now()
 			break
 		}
@@ -283,8 +267,8 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		"redis": "`+sharedRedis.URL()+`?client_name=`+name+`",
 		"key_prefix": "`+uniquePrefix(t)+`"}`)
 	waitSubscribed(t, b.Handler)
-	b.serve("192.0.2.1", nil)
-	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || cached(b.Handler) != 1 {
+	send(t, "/", to(b), from("192.0.2.1"))
+	if status := send(t, "/", to(b), from("192.0.2.1")).status; status != http.StatusTooManyRequests || cached(b.Handler) != 1 {
 		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, cached(b.Handler))
 	}
 
@@ -320,7 +304,7 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 }
 
 func TestAdminInProcessStore(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
@@ -330,8 +314,8 @@ http://localhost:9080 {
 }`)
 	client := "mem-" + strings.TrimSuffix(uniquePrefix(t), ":")
 	for i, want := range []int{200, 200, 429, 429} {
-		if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != want {
-			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", client)); res.status != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, res.status, want)
 		}
 	}
 	if s := adminState(t, "adm_mem", client); s.Count != 2 || s.Remaining != 0 || s.RetryAfterSeconds <= 0 {
@@ -339,8 +323,8 @@ http://localhost:9080 {
 	}
 	adminReset(t, "adm_mem", client)
 	// No pub/sub here: the deny cache was cleared directly.
-	if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != http.StatusOK {
-		t.Fatalf("after DELETE: status %d, want 200", res.StatusCode)
+	if res := send(t, "http://localhost:9080/", withHeader("X-Client", client)); res.status != http.StatusOK {
+		t.Fatalf("after DELETE: status %d, want 200", res.status)
 	}
 	if s := adminState(t, "adm_mem", client); s.Count != 1 {
 		t.Errorf("after DELETE and one request: count %d, want 1", s.Count)
@@ -348,7 +332,7 @@ http://localhost:9080 {
 }
 
 func TestAdminKeysRoundTrip(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -381,8 +365,8 @@ http://localhost:9080 {
 		{"long key hashed", long, []string{long, url.PathEscape(hashedKey("=" + long))}, hashedKey("=" + long)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if res, _ := get(t, tester, "http://localhost:9080/", c.client); res.StatusCode != http.StatusOK {
-				t.Fatalf("request: status %d", res.StatusCode)
+			if res := send(t, "http://localhost:9080/", withHeader("X-Client", c.client)); res.status != http.StatusOK {
+				t.Fatalf("request: status %d", res.status)
 			}
 			for _, p := range c.paths {
 				s := adminState(t, "adm_keys", p)
@@ -520,11 +504,11 @@ func testResetAcrossInstances(t *testing.T, topology, urlWithQuery string) {
 
 	const ip = "192.0.2.44"
 	for i, want := range []int{200, 200, 429, 429} {
-		if status, _ := b.serve(ip, nil); status != want {
+		if status := send(t, "/", to(b), from(ip)).status; status != want {
 			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
 		}
 	}
-	if status, _ := a.serve(ip, nil); status != http.StatusTooManyRequests {
+	if status := send(t, "/", to(a), from(ip)).status; status != http.StatusTooManyRequests {
 		t.Fatalf("A: status %d, want 429 (shared limit)", status)
 	}
 	if status, body := serveAdmin(http.MethodDelete, "/sliding_ratelimit/zones/adm_topo/keys/"+ip); status != http.StatusOK {
@@ -532,7 +516,7 @@ func testResetAcrossInstances(t *testing.T, topology, urlWithQuery string) {
 	}
 	deleted := time.Now()
 	for {
-		if status, _ := b.serve(ip, nil); status == http.StatusOK {
+		if status := send(t, "/", to(b), from(ip)).status; status == http.StatusOK {
 			t.Logf("%s: B admitted the key %s after the DELETE returned", topology, time.Since(deleted))
 			break
 		}
@@ -657,19 +641,19 @@ func blockedSites(t *testing.T) string {
 
 // denyUntilBlocked sends requests until one is denied and returns its
 // Retry-After in seconds.
-func denyUntilBlocked(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) float64 {
+func denyUntilBlocked(t *testing.T, rawURL string, opts ...sendOption) float64 {
 	t.Helper()
 	for i := 0; i < 10; i++ {
-		status, h := sendFrom(t, client, rawURL, headers)
-		if status == http.StatusTooManyRequests {
-			retry, err := strconv.ParseFloat(h.Get("Retry-After"), 64)
+		a := send(t, rawURL, opts...)
+		if a.status == http.StatusTooManyRequests {
+			retry, err := strconv.ParseFloat(a.header.Get("Retry-After"), 64)
 			if err != nil {
-				t.Fatalf("%s: Retry-After %q: %v", rawURL, h.Get("Retry-After"), err)
+				t.Fatalf("%s: Retry-After %q: %v", rawURL, a.header.Get("Retry-After"), err)
 			}
 			return retry
 		}
-		if status != http.StatusOK {
-			t.Fatalf("%s: status %d", rawURL, status)
+		if a.status != http.StatusOK {
+			t.Fatalf("%s: status %d", rawURL, a.status)
 		}
 	}
 	t.Fatalf("%s: not denied after 10 requests", rawURL)
@@ -678,16 +662,16 @@ func denyUntilBlocked(t *testing.T, client *http.Client, rawURL string, headers 
 
 func TestAdminBlockedList(t *testing.T) {
 	startCaddy(t, blockedSites(t))
-	two, three := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.3")
+	two, three := from("127.0.0.2"), from("127.0.0.3")
 	long := strings.Repeat("L", 100)
 	told := map[string]float64{
-		"127.0.0.2":           denyUntilBlocked(t, two, site+"ip", nil),
-		"=abc":                denyUntilBlocked(t, three, site+"hdr", map[string][]string{"X-Client": {"abc"}}),
-		hashedKey("=" + long): denyUntilBlocked(t, three, site+"hdr", map[string][]string{"X-Client": {long}}),
+		"127.0.0.2":           denyUntilBlocked(t, site+"ip", two),
+		"=abc":                denyUntilBlocked(t, site+"hdr", three, withHeader("X-Client", "abc")),
+		hashedKey("=" + long): denyUntilBlocked(t, site+"hdr", three, withHeader("X-Client", long)),
 	}
 	// Admitted, never denied: not blocked.
-	expect(t, "127.0.0.3 on /ip", three, site+"ip", nil, 200)
-	expect(t, "X-Client fine on /hdr", three, site+"hdr", map[string][]string{"X-Client": {"fine"}}, 200)
+	expect(t, "127.0.0.3 on /ip", site+"ip", []int{200}, three)
+	expect(t, "X-Client fine on /hdr", site+"hdr", []int{200}, three, withHeader("X-Client", "fine"))
 
 	all := adminBlocked(t, "")
 	if all.Count != 3 || len(all.Blocked) != 3 {
@@ -744,7 +728,7 @@ func TestAdminBlockedEnds(t *testing.T) {
 	startCaddy(t, blockedSites(t))
 	client := "short-" + strings.TrimSuffix(uniquePrefix(t), ":")
 	headers := map[string][]string{"X-Client": {client}}
-	if retry := denyUntilBlocked(t, clientAt(t, "127.0.0.2"), site+"short", headers); retry != 1 {
+	if retry := denyUntilBlocked(t, site+"short", from("127.0.0.2"), withHeaders(headers)); retry != 1 {
 		t.Errorf("Retry-After %g, want 1 in a 1s window", retry)
 	}
 	got, ok := blockedEntry(adminBlocked(t, ""), "blk_short", "="+client)
@@ -765,7 +749,7 @@ func TestAdminBlockedEnds(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	expect(t, "after the block ended", clientAt(t, "127.0.0.2"), site+"short", headers, 200)
+	expect(t, "after the block ended", site+"short", []int{200}, from("127.0.0.2"), withHeaders(headers))
 }
 
 // TestAdminBlockedSharedZone: two handlers with the same zone both hold a
@@ -786,9 +770,9 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	handle /b {`+handler+`
 	}
 }`)
-	client := clientAt(t, "127.0.0.2")
-	expect(t, "/a then /b", client, site+"a", nil, 200, 429)
-	expect(t, "/b, denied by Redis", client, site+"b", nil, 429)
+	client := from("127.0.0.2")
+	expect(t, "/a then /b", site+"a", []int{200, 429}, client)
+	expect(t, "/b, denied by Redis", site+"b", []int{429}, client)
 	hs, _ := withZone("blk_shared")
 	if len(hs) != 2 || cached(hs[0]) != 1 || cached(hs[1]) != 1 {
 		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(hs))

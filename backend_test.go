@@ -19,7 +19,7 @@ func TestAnnouncedKeys(t *testing.T) {
 	// announcements below do.
 	waitSubscribed(t, in.Handler)
 	const ip = "192.0.2.61"
-	in.serve(ip, nil)
+	send(t, "/", to(in), from(ip))
 	for _, c := range []struct {
 		name, key string
 		forgets   bool
@@ -31,7 +31,7 @@ func TestAnnouncedKeys(t *testing.T) {
 		{"the client", prefix + "{" + ip + "}:ann:1m:1", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if status, _ := in.serve(ip, nil); status != http.StatusTooManyRequests || cached(in.Handler) != 1 {
+			if status := send(t, "/", to(in), from(ip)).status; status != http.StatusTooManyRequests || cached(in.Handler) != 1 {
 				t.Fatalf("status %d, %d cached; want 429 and 1", status, cached(in.Handler))
 			}
 			in.backend.Announced(c.key, redisconn.Reset)
