@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// TestPlansPerAPIKey is the README's recipe: a map names each key's plan, and
-// zone matchers give each plan its limit.
+// TestPlansPerAPIKey is the recipe of README.md and docs/zones.md, with
+// smaller limits: a map names each key's plan, and zone matchers give each
+// plan its limit.
 func TestPlansPerAPIKey(t *testing.T) {
 	startCaddy(t, `
 :9080 {

@@ -325,7 +325,7 @@ func TestRedisLosesState(t *testing.T) {
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	in.backend.cache.Clear() // an operator's flush is a reset: see the README
+	in.backend.cache.Clear() // an operator's flush is a reset: see docs/redis.md
 	expectFresh("after FLUSHALL")
 
 	use()
