@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -411,7 +412,9 @@ http://localhost:9080 {
 	}
 }
 
-// TestExampleCaddyfile runs Caddyfile.example as shipped, on the test ports.
+// TestExampleCaddyfile runs Caddyfile.example as shipped, on the test ports,
+// and checks that it stays a safe thing to run on a laptop: bound to this
+// machine, without debug logging.
 func TestExampleCaddyfile(t *testing.T) {
 	example, err := os.ReadFile("Caddyfile.example")
 	if err != nil {
@@ -423,6 +426,12 @@ func TestExampleCaddyfile(t *testing.T) {
 	globals, sites, ok := strings.Cut(string(example), "\n}\n")
 	if !ok || !strings.Contains(globals, "\n{\n") {
 		t.Fatal("Caddyfile.example does not start with a global options block")
+	}
+	if !strings.Contains(globals, "\n\tadmin localhost:2019\n") || regexp.MustCompile(`(?m)^\s*debug\s*$`).MatchString(globals) {
+		t.Errorf("global options %q: want the admin API on localhost and no debug", globals)
+	}
+	if !strings.Contains(sites, "\n\tbind 127.0.0.1\n") {
+		t.Error("the site does not bind 127.0.0.1: it would serve every interface")
 	}
 	sites = strings.Replace(sites, ":8080 {", "http://localhost:9080 {", 1)
 	sites = strings.Replace(sites, "key_prefix srl:", "key_prefix "+uniquePrefix(t), 1)
@@ -467,5 +476,14 @@ func TestExampleCaddyfile(t *testing.T) {
 		if status == http.StatusTooManyRequests && !strings.HasPrefix(h.Get("RateLimit"), `"login"`) {
 			t.Errorf("denied login: RateLimit %q, want the login zone", h.Get("RateLimit"))
 		}
+	}
+
+	// The admin API by the zone's identity, as docs/admin.md names it: its
+	// count_status is part of it.
+	if s := adminState(t, "login:10m:5:401,403", "127.0.0.2"); s.Zone != "login" || s.Count != 5 {
+		t.Errorf("GET by identity: %+v, want zone login, count 5", s)
+	}
+	if status, _ := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/login:10m:5/keys/127.0.0.2"); status != http.StatusNotFound {
+		t.Errorf("GET login:10m:5: status %d, want 404 (no zone has that identity)", status)
 	}
 }
