@@ -48,8 +48,8 @@ const (
 
 // backend is the store stack of one handler, built in one place (newBackend)
 // and the only door to its parts: the request path, the admin API and the
-// resets other instances announce all go through it, and no other code calls
-// a store.
+// resets other instances announce all go through it, and no code but the
+// stack's (this file and stores.go) calls a store.
 //
 //	deny cache -> connection's breaker -> timing -> RedisStore
 //	deny cache -> MemoryStore                (no Redis)
