@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 )
 
 func init() {
@@ -137,7 +139,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "redis":
 		args := d.RemainingArgs()
 		switch {
-		case len(args) == 2 && (args[0] == topologyCluster || args[0] == topologySentinel):
+		case len(args) == 2 && (args[0] == redisconn.Cluster || args[0] == redisconn.Sentinel):
 			h.RedisTopology = args[0]
 			h.Redis = args[1]
 		case len(args) == 1:
@@ -147,7 +149,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		}
 		// A URL with placeholders is checked once they are known.
 		if !strings.Contains(h.Redis, "{") {
-			if err := checkRedisURL(h.RedisTopology, h.Redis); err != nil {
+			if err := redisconn.CheckURL(h.RedisTopology, h.Redis); err != nil {
 				return d.Errf("redis: %v", err)
 			}
 		}
@@ -306,6 +308,18 @@ func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error
 		return nil, d.Errf("zone %s: want zone <name> [<window> <max_requests>] [{ ... }]", z.Name)
 	}
 	return seen, nil
+}
+
+// parseStatus reads one count_status argument: "401" or "4xx".
+func parseStatus(arg string) (int, error) {
+	if len(arg) == 3 && arg[1:] == "xx" && arg[0] >= '1' && arg[0] <= '5' {
+		return int(arg[0] - '0'), nil
+	}
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 100 || n > 599 {
+		return 0, fmt.Errorf("count_status takes status codes (401) or classes (4xx), got %q", arg)
+	}
+	return n, nil
 }
 
 // oneArg returns the single argument of the current subdirective, or an

@@ -1,7 +1,6 @@
 package slidingratelimit
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -27,32 +26,22 @@ func TestRunningCaddyRefusesConfigMistakes(t *testing.T) {
 }`
 	}
 	startCaddy(t, siteWith("\t\tkey {http.request.header.X-Api-Key}"))
-	client := clientAt(t, "127.0.0.2")
+	client := from("127.0.0.2")
 	alice := map[string][]string{"X-Api-Key": {"alice"}}
-	expect(t, "alice before the reloads", client, site, alice, 200)
+	expect(t, "alice before the reloads", site, []int{200}, client, withHeaders(alice))
 
 	for _, c := range []struct{ lines, want string }{
 		{"\t\tkey {http.request.header.X-Api-Key", `key \"{http.request.header.X-Api-Key\": the placeholder \"{http.request.header.X-Api-Key\" has no closing '}', so the key would be the same text for every client: one bucket for all, at Caddyfile:15`},
 		{"\t\tmax_request 10", `unrecognized subdirective 'max_request' (did you mean max_requests?), at Caddyfile:15`},
 		{"\t\tzone api 1m 5 {\n\t\t\tkye {http.request.header.X-Api-Key}\n\t\t}", `zone api: unrecognized subdirective 'kye' (did you mean key?), at Caddyfile:16`},
 	} {
-		req, err := http.NewRequest(http.MethodPost, adminURL+"/load", strings.NewReader(globalOptions+siteWith(c.lines)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Content-Type", "text/caddyfile")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), c.want) {
-			t.Errorf("loading %q: %d %s, want 400 with %s", c.lines, res.StatusCode, body, c.want)
+		res := send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("text/caddyfile", globalOptions+siteWith(c.lines)))
+		if res.status != http.StatusBadRequest || !strings.Contains(res.body, c.want) {
+			t.Errorf("loading %q: %d %s, want 400 with %s", c.lines, res.status, res.body, c.want)
 		}
 	}
 	// The running config still keys by the header: alice has one request
 	// left, bob his own two.
-	expect(t, "alice after the refused reloads", client, site, alice, 200, 429)
-	expect(t, "bob", client, site, map[string][]string{"X-Api-Key": {"bob"}}, 200, 200)
+	expect(t, "alice after the refused reloads", site, []int{200, 429}, client, withHeaders(alice))
+	expect(t, "bob", site, []int{200, 200}, client, withHeader("X-Api-Key", "bob"))
 }

@@ -28,7 +28,7 @@ var implicitZones = struct {
 }{byConfig: make(map[any]map[implicitZoneState][]string)}
 
 // implicitZoneState is where an implicit zone's counts live: the store's
-// state (storeRef.id), the zone identity, and the namespace of its keys
+// state (backend.state), the zone identity, and the namespace of its keys
 // (address keys never meet value keys, so those zones share nothing).
 type implicitZoneState struct {
 	store    any
@@ -36,20 +36,17 @@ type implicitZoneState struct {
 	address  bool
 }
 
-// warnImplicitSharing records h's implicit zone in its config and warns when
-// a handler of the same config already keeps its counts in the same state.
+// warnImplicitSharing records the implicit zone z of the handler being
+// provisioned, whose counts live in store (backend.state), and warns when a
+// handler of the same config already keeps its counts in the same state.
 // Handlers provisioned outside a config with an http app (no config to
 // share in) are not recorded.
-func (h *Handler) warnImplicitSharing(ctx caddy.Context) {
-	if h.Window == 0 || len(h.zones) == 0 || h.zones[0].Name != defaultZone {
-		return
-	}
+func warnImplicitSharing(ctx caddy.Context, logger *zap.Logger, z *Zone, store any) {
 	config, err := ctx.AppIfConfigured("http")
 	if err != nil {
 		return
 	}
-	z := h.zones[0]
-	state := implicitZoneState{store: h.backend.stateID(h.KeyPrefix), identity: z.identity, address: z.key.address != ""}
+	state := implicitZoneState{store: store, identity: z.identity, address: z.key.address != ""}
 	name := handlerPlace(ctx)
 
 	implicitZones.mu.Lock()
@@ -74,7 +71,7 @@ func (h *Handler) warnImplicitSharing(ctx caddy.Context) {
 	implicitZones.mu.Unlock()
 
 	if len(names) > 1 {
-		h.logger.Warn("these handlers share one limit that none of them names: each has window and max_requests at the top, "+
+		logger.Warn("these handlers share one limit that none of them names: each has window and max_requests at the top, "+
 			"which make a zone named \"default\" with the same limit, so a client's requests to any of them count together. "+
 			"To share it on purpose, give the zone the same name in each (zone <name> <window> <max_requests>); "+
 			"to count apart, give each zone a name of its own",

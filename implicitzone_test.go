@@ -30,7 +30,7 @@ func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
 		key_prefix ` + prefix + `
 	}
 	respond "ok"`
-	logFile := startCaddyLogging(t, `
+	logFile := startCaddy(t, `
 http://a.localhost:9080 {`+threeLines("1")+`
 }
 http://b.localhost:9080 {`+threeLines("1")+`

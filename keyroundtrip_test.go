@@ -23,11 +23,11 @@ func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
 	}
 	respond "ok"
 }`)
-	client := clientAt(t, "127.0.0.2")
-	fe := map[string][]string{"X-Client": {"\xff\xfe"}}
-	fd := map[string][]string{"X-Client": {"\xff\xfd"}}
-	expect(t, `\xff\xfe`, client, site, fe, 200, 429)
-	expect(t, `\xff\xfd`, client, site, fd, 200, 429)
+	client := from("127.0.0.2")
+	fe := withHeader("X-Client", "\xff\xfe")
+	fd := withHeader("X-Client", "\xff\xfd")
+	expect(t, `\xff\xfe`, site, []int{200, 429}, client, fe)
+	expect(t, `\xff\xfd`, site, []int{200, 429}, client, fd)
 
 	blocked := adminBlocked(t, "")
 	if blocked.Count != 2 || len(blocked.Blocked) != 2 || blocked.Blocked[0].Key == blocked.Blocked[1].Key {
@@ -56,8 +56,8 @@ func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
 	if r := adminReset(t, "raw_bytes", url.PathEscape(feKey)); r.Key != feKey {
 		t.Errorf("DELETE %s: %+v", feKey, r)
 	}
-	expect(t, `\xff\xfe after its reset`, client, site, fe, 200)
-	expect(t, `\xff\xfd after the other's reset`, client, site, fd, 429)
+	expect(t, `\xff\xfe after its reset`, site, []int{200}, client, fe)
+	expect(t, `\xff\xfd after the other's reset`, site, []int{429}, client, fd)
 
 	// The command: the listed key goes back to status and reset as printed,
 	// in its table and in its JSON.
@@ -78,9 +78,9 @@ func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
 	if r := commandJSON[resetAnswer](t, "reset", "--zone", "raw_bytes", "--key", fdKey); r.Key != fdKey || !r.Reset {
 		t.Errorf("command reset --key %s: %+v", fdKey, r)
 	}
-	expect(t, `\xff\xfd after its reset`, client, site, fd, 200)
-	if status, _ := sendFrom(t, client, site, fe); status != http.StatusTooManyRequests {
-		t.Errorf(`\xff\xfe, admitted once since its reset: status %d, want 429`, status)
+	expect(t, `\xff\xfd after its reset`, site, []int{200}, client, fd)
+	if got := send(t, site, client, fe).status; got != http.StatusTooManyRequests {
+		t.Errorf(`\xff\xfe, admitted once since its reset: status %d, want 429`, got)
 	}
 }
 

@@ -1,4 +1,4 @@
-package slidingratelimit
+package redisconn
 
 import (
 	"context"
@@ -26,11 +26,22 @@ func (*dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
+// newClients makes the clients of a connection to topology and url, as
+// Open would, outside the pool.
+func newClients(topology, url string) (client, announcer redis.UniversalClient, err error) {
+	o, err := parse(topology, url)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, announcer = o.clients()
+	return client, announcer, nil
+}
+
 // storesClient returns the client that the stores of a topology and URL
 // use, closed when the test ends.
 func storesClient(t *testing.T, topology, url string) redis.UniversalClient {
 	t.Helper()
-	client, announcer, err := newRedisClients(topology, url)
+	client, announcer, err := newClients(topology, url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +57,7 @@ func storesClient(t *testing.T, topology, url string) redis.UniversalClient {
 // the server is back succeeds.
 func TestDialGateSparesThePool(t *testing.T) {
 	srv := redistest.Start(t)
-	client := storesClient(t, topologyStandalone, srv.URL())
+	client := storesClient(t, Standalone, srv.URL())
 	counter := new(dialCounter)
 	client.AddHook(counter)
 	ctx := context.Background()
@@ -75,7 +86,7 @@ func TestDialGateSparesThePool(t *testing.T) {
 // dialGate).
 func TestDialGateOnEveryClusterNode(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	client := storesClient(t, topologyCluster, cluster.URL())
+	client := storesClient(t, Cluster, cluster.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var nodes atomic.Int64 // ForEachShard calls for all nodes at once
@@ -90,7 +101,7 @@ func TestDialGateOnEveryClusterNode(t *testing.T) {
 	if err != nil || nodes.Load() != 3 {
 		t.Fatalf("%d nodes, %v", nodes.Load(), err)
 	}
-	sentinel := storesClient(t, topologySentinel, "redis://127.0.0.1:26379?master_name=mymaster")
+	sentinel := storesClient(t, Sentinel, "redis://127.0.0.1:26379?master_name=mymaster")
 	if l := sentinel.(*redis.Client).Options().Limiter; l != nil {
 		t.Errorf("sentinel-managed client: limiter %#v, want none", l)
 	}

@@ -1,4 +1,4 @@
-package slidingratelimit
+package redisconn
 
 import (
 	"context"
@@ -16,17 +16,17 @@ import (
 // round trip for CLIENT SETINFO and one for maintenance notifications; Redis
 // before 7.2 answers both with an error, later ones count them.
 func TestNewConnectionHandshakeIsHelloAlone(t *testing.T) {
-	t.Run(topologyStandalone, func(t *testing.T) {
+	t.Run(Standalone, func(t *testing.T) {
 		srv := redistest.Start(t)
-		checkHelloAlone(t, topologyStandalone, srv.URL(), srv)
+		checkHelloAlone(t, Standalone, srv.URL(), srv)
 	})
-	t.Run(topologyCluster, func(t *testing.T) {
+	t.Run(Cluster, func(t *testing.T) {
 		cluster := redistest.StartCluster(t, 3)
 		var nodes []*redistest.Server
 		for _, addr := range cluster.Addrs() {
 			nodes = append(nodes, cluster.Node(addr))
 		}
-		checkHelloAlone(t, topologyCluster, cluster.URL(), nodes...)
+		checkHelloAlone(t, Cluster, cluster.URL(), nodes...)
 	})
 }
 
@@ -100,9 +100,9 @@ func TestClientOptions(t *testing.T) {
 		return options{}, false
 	}
 	for _, tc := range []struct{ topology, url string }{
-		{topologyStandalone, "redis://127.0.0.1:6379/0"},
-		{topologyCluster, "redis://127.0.0.1:7000?addr=127.0.0.1:7001"},
-		{topologySentinel, "redis://127.0.0.1:26379?master_name=mymaster"},
+		{Standalone, "redis://127.0.0.1:6379/0"},
+		{Cluster, "redis://127.0.0.1:7000?addr=127.0.0.1:7001"},
+		{Sentinel, "redis://127.0.0.1:26379?master_name=mymaster"},
 	} {
 		t.Run(tc.topology, func(t *testing.T) {
 			for _, c := range []struct {
@@ -120,7 +120,7 @@ func TestClientOptions(t *testing.T) {
 					}
 					url += sep + c.query
 				}
-				client, announcer, err := newRedisClients(tc.topology, url)
+				client, announcer, err := newClients(tc.topology, url)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -142,5 +142,27 @@ func TestClientOptions(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestRedisURLErrorsHideThePassword(t *testing.T) {
+	for _, topology := range []string{Standalone, Cluster, Sentinel} {
+		for _, raw := range []string{
+			"redis://user:s3cret@[::1",
+			"redis://user:s3cret@host:6379/notadb",
+			"http://user:s3cret@host:6379",
+			"redis://user:s3cret@host:6379?pool_size=many",
+		} {
+			err := CheckURL(topology, raw)
+			if err == nil {
+				if topology == Standalone {
+					t.Errorf("%s %s: parsed, want an error", topology, raw)
+				}
+				continue
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("%s: error quotes the password: %v", topology, err)
+			}
+		}
 	}
 }
