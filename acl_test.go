@@ -26,7 +26,7 @@ func TestRedisACLUser(t *testing.T) {
 	t.Setenv("SRL_TEST_REDIS_URL", "redis://limiter:s3cret-pw@"+srv.Addr()+"/0")
 	good := newInstance(t, `{"window": "1m", "max_requests": 2, "redis": "{env.SRL_TEST_REDIS_URL}", "fail_mode": "closed"}`)
 	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
-		if status, _ := good.serve("192.0.2.5", nil); status != want {
+		if status := send(t, "/", to(good), from("192.0.2.5")).status; status != want {
 			t.Fatalf("request %d as the ACL user: %d, want %d", i+1, status, want)
 		}
 	}

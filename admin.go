@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -41,13 +42,17 @@ func init() {
 // default ipv6_prefix. In a zone keyed by request values, a key that is not
 // an address is a value ("Bearer abc"); an address there means the client
 // address a key fell back to, and "=" before a value addresses a value that
-// looks like an address. A hashed key ("#...") is taken as it is.
+// looks like an address. A hashed key ("#...") is taken as it is. Every
+// key this API prints is text that JSON carries as it is, so it can be
+// passed back: a key that is not valid UTF-8 is stored, listed and answered
+// as its hash (see limiter.BoundKey), and its raw bytes, percent-encoded,
+// name it too.
 //
 // One zone may belong to several handlers (sites that share it, or the old
 // and the new config during a reload). GET answers from the newest; DELETE
 // resets the key in every store those handlers use, drops it from their deny
 // caches, and announces it through Redis so that every other instance drops
-// it from theirs (see resets.go).
+// it from theirs (see internal/redisconn).
 //
 // The blocked list is what this instance's deny caches hold: the clients a
 // store denied whose wait has not ended, the longest wait first, at most
@@ -81,10 +86,6 @@ const (
 // blockedDefaultLimit is how many entries the blocked list has without
 // ?limit: enough to see an attack, small enough to read.
 const blockedDefaultLimit = 100
-
-// adminMinTimeout is the least time an admin call gives a store: more than a
-// request's decision gets, since nobody waits behind it.
-const adminMinTimeout = time.Second
 
 // Routes returns the routes of the /sliding_ratelimit/ endpoint.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
@@ -135,8 +136,8 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 			Err:        fmt.Errorf("method %s not allowed: use GET or DELETE", r.Method),
 		}
 	}
-	regs, zones := handlerRegistry.withZone(zoneName)
-	if len(regs) == 0 {
+	hs, zones := withZone(zoneName)
+	if len(hs) == 0 {
 		return caddy.APIError{
 			HTTPStatus: http.StatusNotFound,
 			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name", zoneName),
@@ -150,9 +151,25 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if r.Method == http.MethodGet {
-		return a.peek(w, r, regs[0], zones[0], rawKey)
+		return a.peek(w, r, hs[0], zones[0], rawKey)
 	}
-	return a.reset(w, r, regs, zones, rawKey)
+	return a.reset(w, r, hs, zones, rawKey)
+}
+
+// withZone returns the handlers that have a zone of that name or identity,
+// newest first, with the zone of each.
+func withZone(name string) ([]*Handler, []*Zone) {
+	var hs []*Handler
+	var zones []*Zone
+	for _, h := range handlers.newestFirst() {
+		for _, z := range h.zones {
+			if z.Name == name || z.identity == name {
+				hs = append(hs, h)
+				zones = append(zones, z)
+			}
+		}
+	}
+	return hs, zones
 }
 
 // identities returns the distinct identities of zones, in order.
@@ -184,20 +201,15 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 }
 
 // peek answers GET from one handler's store, recording nothing.
-func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, reg *registration, z *Zone, rawKey string) error {
-	h := reg.h
+func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
 	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
-	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout(h))
-	defer cancel()
-	checks := []limiter.Check{{Zone: z.identity, Key: key, Limit: z.limit}}
-	decisions := make([]limiter.Decision, 1)
-	if err := h.backend.store.Peek(ctx, checks, decisions); err != nil {
+	d, err := h.backend.peek(r.Context(), limiter.Check{Zone: z.identity, Key: key, Limit: z.limit})
+	if err != nil {
 		return caddy.APIError{
 			HTTPStatus: http.StatusServiceUnavailable,
 			Err:        fmt.Errorf("zone %s: reading the client's state: %w", z.Name, err),
 		}
 	}
-	d := decisions[0]
 	return writeJSON(w, http.StatusOK, keyState{
 		Zone:              z.Name,
 		Identity:          z.identity,
@@ -218,87 +230,47 @@ func milliseconds(d time.Duration) float64 {
 	return float64(d.Round(time.Millisecond).Milliseconds()) / 1000
 }
 
-// reset answers DELETE: it resets the key in every distinct store of the
-// handlers with the zone, forgets it in their deny caches, then announces it
-// to the other instances.
-func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, regs []*registration, zones []*Zone, rawKey string) error {
+// reset answers DELETE: it resets the key through the backend of every
+// handler with the zone, each distinct store once, then announces it to the
+// other instances.
+func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, hs []*Handler, zones []*Zone, rawKey string) error {
 	zone, identity := zones[0].Name, zones[0].identity
-	keys := make([]string, len(regs))
-	for i, reg := range regs {
-		keys[i] = zones[i].key.storedKey(rawKey, reg.h.IPv4Prefix, reg.h.IPv6Prefix)
-	}
-	announce, errs := resetStores(r.Context(), regs, zone, identity, keys)
-	// Directly, not through pub/sub: this instance is exact as soon as the
-	// stores are, even while its subscriber is away. Also after an error:
-	// the store may have reset the key before failing, and forgetting costs
-	// one store call at most.
-	for i, reg := range regs {
-		reg.h.backend.cache.Forget(identity, keys[i])
+	var keys []string
+	var announce []*announcement
+	var errs []error
+	done := make(resetDone)
+	for i, h := range hs {
+		key := zones[i].key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+		keys = append(keys, key)
+		an, err := h.backend.reset(r.Context(), identity, key, done)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
+		}
+		if an != nil {
+			announce = append(announce, an)
+		}
 	}
 	errs = append(errs, a.announce(r.Context(), zone, announce)...)
 	if len(errs) > 0 {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.Join(errs...)}
 	}
-	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(regs)), zap.Int("announced", len(announce)))
+	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(hs)), zap.Int("announced", len(announce)))
 	return writeJSON(w, http.StatusOK, resetAnswer{Reset: true, Zone: zone, Key: keys[0]})
 }
 
-// announcement is a reset to announce to the other instances: the full
-// Redis key, on the bus of the handler's Redis client.
-type announcement struct {
-	bus *resetBus
-	key string
-	h   *Handler
-}
-
-// resetStores resets keys[i] of the zone's identity in each store of
-// regs[i], every distinct (store, key) once however many handlers share it,
-// and returns the resets of Redis keys to announce.
-func resetStores(ctx context.Context, regs []*registration, zone, identity string, keys []string) ([]announcement, []error) {
-	type target struct {
-		store any
-		key   string
-	}
-	done := make(map[target]bool)
-	var announce []announcement
-	var errs []error
-	for i, reg := range regs {
-		for _, s := range reg.stores {
-			t := target{s.id, keys[i]}
-			if done[t] {
-				continue
-			}
-			done[t] = true
-			callCtx, cancel := context.WithTimeout(ctx, adminTimeout(reg.h))
-			err := s.store.Reset(callCtx, identity, keys[i])
-			cancel()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("zone %s: resetting the client: %w", zone, err))
-				continue
-			}
-			if s.redis != nil && reg.resets != nil {
-				announce = append(announce, announcement{reg.resets, s.redis.Key(identity, keys[i]), reg.h})
-			}
-		}
-	}
-	return announce, errs
-}
-
-// announce publishes the resets to the other instances, warning when this
-// instance's own subscriber does not see one come back.
-func (a *AdminAPI) announce(ctx context.Context, zone string, announce []announcement) []error {
+// announce tells the other instances of the resets, warning when this
+// instance's own subscriber does not hear one.
+func (a *AdminAPI) announce(ctx context.Context, zone string, announce []*announcement) []error {
 	var errs []error
 	for _, an := range announce {
-		callCtx, cancel := context.WithTimeout(ctx, adminTimeout(an.h))
-		echoed, err := an.bus.publish(callCtx, an.key)
-		cancel()
+		echoed, err := an.send(ctx)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("zone %s: %w", zone, err))
 			continue
 		}
 		if !echoed {
 			a.log().Warn("reset announced, but this instance's subscriber did not receive it in time: other instances may be disconnected from redis pub/sub too, and keep denying the client from their caches until its retry time",
-				zap.String("zone", zone), zap.Duration("waited", resetEchoTimeout))
+				zap.String("zone", zone), zap.Duration("waited", redisconn.EchoTimeout))
 		}
 	}
 	return errs
@@ -345,7 +317,7 @@ func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
 		}
 		limit = n
 	}
-	return writeJSON(w, http.StatusOK, blockedClients(handlerRegistry.handlers(), limit))
+	return writeJSON(w, http.StatusOK, blockedClients(handlers.newestFirst(), limit))
 }
 
 // blockedClients lists the clients the handlers' deny caches hold, the
@@ -359,7 +331,7 @@ func blockedClients(handlers []*Handler, limit int) blockedAnswer {
 	type clientInZone struct{ identity, key string }
 	seen := make(map[clientInZone]int) // index in answer.Blocked
 	for _, h := range handlers {
-		denied, total := h.backend.cache.Denied(nil, limit)
+		denied, total := h.backend.blocked(limit)
 		answer.Count += total
 		for _, d := range denied {
 			id := clientInZone{d.Zone, d.Key}
@@ -370,8 +342,8 @@ func blockedClients(handlers []*Handler, limit int) blockedAnswer {
 				continue
 			}
 			name := d.Zone
-			if z := h.zoneByIdentity(d.Zone); z != nil {
-				name = z.Name
+			if i := slices.IndexFunc(h.zones, func(z *Zone) bool { return z.identity == d.Zone }); i >= 0 {
+				name = h.zones[i].Name
 			}
 			seen[id] = len(answer.Blocked)
 			answer.Blocked = append(answer.Blocked, blockedClient{Zone: name, Identity: d.Zone, Key: d.Key, RetryAfterSeconds: wait})
@@ -392,11 +364,6 @@ func (a *AdminAPI) log() *zap.Logger {
 		return caddy.Log().Named("admin.api.sliding_ratelimit")
 	}
 	return a.logger
-}
-
-// adminTimeout is the deadline of one store call of the admin API for h.
-func adminTimeout(h *Handler) time.Duration {
-	return max(time.Duration(h.Timeout), adminMinTimeout)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -14,32 +13,18 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// adminURL is the caddytest Caddy's admin endpoint (globalOptions).
-const adminURL = "http://localhost:2999"
-
-// adminDo sends a request to the admin API of the caddytest Caddy. path is
-// sent as it is, escapes included.
+// adminDo sends a request to the admin API of the test Caddy. path is sent
+// as it is, escapes included.
 func adminDo(t *testing.T, method, path string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, adminURL+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return res.StatusCode, body
+	a := send(t, adminURL+path, withMethod(method))
+	return a.status, []byte(a.body)
 }
 
 // adminState GETs a client's state and fails the test unless it is a 200.
@@ -88,16 +73,13 @@ func serveAdmin(method, target string) (int, string) {
 	return w.Code, w.Body.String()
 }
 
-// waitSubscribed waits until the reset subscriber of a registration has
-// subscribed once: its first subscription clears the deny caches.
-func waitSubscribed(t *testing.T, reg *registration) {
+// waitSubscribed waits until the reset subscriber of a handler's connection
+// has subscribed once: its first subscription clears the deny caches.
+func waitSubscribed(t *testing.T, h *Handler) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		reg.resets.mu.Lock()
-		n := reg.resets.subscriptions
-		reg.resets.mu.Unlock()
-		if n > 0 {
+		if h.backend.conn.Subscriptions() > 0 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -107,18 +89,30 @@ func waitSubscribed(t *testing.T, reg *registration) {
 	}
 }
 
-// registered returns the newest registration with the zone.
-func registered(t *testing.T, zone string) *registration {
+// registered returns the newest handler registered with the zone.
+func registered(t *testing.T, zone string) *Handler {
 	t.Helper()
-	regs, _ := handlerRegistry.withZone(zone)
-	if len(regs) == 0 {
+	hs, _ := withZone(zone)
+	if len(hs) == 0 {
 		t.Fatalf("no handler registered with zone %s", zone)
 	}
-	return regs[0]
+	return hs[0]
+}
+
+// cacheHits is how many denials the deny caches of the handlers with a zone
+// of that name have answered (its deny_cache_hits_total series).
+func cacheHits(zone string) float64 {
+	return testutil.ToFloat64(limiterMetrics.denyCacheHits.WithLabelValues(zone))
+}
+
+// cached is how many denials h's deny cache holds.
+func cached(h *Handler) int {
+	_, total := h.backend.blocked(0)
+	return total
 }
 
 func TestAdminGetCountsWithoutConsuming(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -137,8 +131,8 @@ http://localhost:9080 {
 	}
 
 	for i := 1; i <= 3; i++ {
-		if res, _ := get(t, tester, "http://localhost:9080/", "alice"); res.StatusCode != http.StatusOK {
-			t.Fatalf("request %d: status %d", i, res.StatusCode)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", "alice")); res.status != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, res.status)
 		}
 	}
 	for i := 0; i < 2; i++ {
@@ -157,8 +151,8 @@ http://localhost:9080 {
 
 	// The GETs consumed nothing: exactly two more are admitted.
 	for i, want := range []int{200, 200, 429, 429} {
-		if res, _ := get(t, tester, "http://localhost:9080/", "alice"); res.StatusCode != want {
-			t.Fatalf("request %d after the GETs: status %d, want %d", i+4, res.StatusCode, want)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", "alice")); res.status != want {
+			t.Fatalf("request %d after the GETs: status %d, want %d", i+4, res.status, want)
 		}
 	}
 	s = adminState(t, "adm_get", "alice")
@@ -168,7 +162,7 @@ http://localhost:9080 {
 }
 
 func TestAdminDeleteUnblocksAtOnce(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -178,14 +172,14 @@ http://localhost:9080 {
 	}
 	respond "ok"
 }`)
-	reg := registered(t, "adm_del")
-	waitSubscribed(t, reg)
+	waitSubscribed(t, registered(t, "adm_del"))
+	hits := cacheHits("adm_del")
 	for i, want := range []int{200, 200, 429, 429} {
-		if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != want {
-			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", "bob")); res.status != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, res.status, want)
 		}
 	}
-	if reg.h.backend.cache.Stats().Hits == 0 {
+	if cacheHits("adm_del") == hits {
 		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
 	}
 	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
@@ -194,8 +188,8 @@ http://localhost:9080 {
 	if s := adminState(t, "adm_del", "bob"); s.Count != 0 || s.Remaining != 2 {
 		t.Errorf("after DELETE: count %d remaining %d, want 0 and 2", s.Count, s.Remaining)
 	}
-	if res, _ := get(t, tester, "http://localhost:9080/", "bob"); res.StatusCode != http.StatusOK {
-		t.Fatalf("right after DELETE: status %d, want 200", res.StatusCode)
+	if res := send(t, "http://localhost:9080/", withHeader("X-Client", "bob")); res.status != http.StatusOK {
+		t.Fatalf("right after DELETE: status %d, want 200", res.status)
 	}
 	// A key never seen resets fine too.
 	adminReset(t, "adm_del", "nobody")
@@ -219,28 +213,25 @@ http://localhost:9080 {
 		"zones": [{"name": "adm_far", "window": "1m", "max_requests": 3}],
 		"redis": "`+sharedRedis.URL()+`?client_name=adm_far_b",
 		"key_prefix": "`+prefix+`"}`)
-	regB := handlerRegistry.remove(b.Handler)
-	if regB == nil {
+	if !handlers.remove(b.Handler) {
 		t.Fatal("instance B was not registered")
 	}
-	// Back in before B's Cleanup (cleanups run last-in first-out), which
-	// unsubscribes it through its registration.
-	t.Cleanup(func() { handlerRegistry.add(regB) })
-	if regB.resets == registered(t, "adm_far").resets {
+	if b.backend.conn.Client() == registered(t, "adm_far").backend.conn.Client() {
 		t.Fatal("A and B share a Redis client; the test needs two")
 	}
-	waitSubscribed(t, regB)
+	waitSubscribed(t, b.Handler)
 	waitSubscribed(t, registered(t, "adm_far"))
 
 	const ip = "203.0.113.9"
 	for i, want := range []int{200, 200, 200, 429} {
-		if status, _ := b.serve(ip, nil); status != want {
+		if status := send(t, "/", to(b), from(ip)).status; status != want {
 			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
 		}
 	}
-	hits := b.backend.cache.Stats().Hits
-	if status, _ := b.serve(ip, nil); status != http.StatusTooManyRequests || b.backend.cache.Stats().Hits != hits+1 {
-		t.Fatalf("B, request 5: status %d, cache hits %d -> %d; want a 429 from the deny cache", status, hits, b.backend.cache.Stats().Hits)
+	// Only B serves: the zone's hits are B's.
+	hits := cacheHits("adm_far")
+	if status := send(t, "/", to(b), from(ip)).status; status != http.StatusTooManyRequests || cacheHits("adm_far") != hits+1 {
+		t.Fatalf("B, request 5: status %d, cache hits %v -> %v; want a 429 from the deny cache", status, hits, cacheHits("adm_far"))
 	}
 	if s := adminState(t, "adm_far", ip); s.Count != 3 {
 		t.Errorf("A sees count %d of B's admissions, want 3", s.Count)
@@ -253,14 +244,14 @@ http://localhost:9080 {
 	polls := 0
 	for time.Since(deleted) < 100*time.Millisecond {
 		polls++
-		if status, _ := b.serve(ip, nil); status == http.StatusOK {
+		if status := send(t, "/", to(b), from(ip)).status; status == http.StatusOK {
 			admitted = time.Now()
 			break
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
 	if admitted.IsZero() {
-		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", b.backend.cache.Stats().Entries)
+		t.Fatalf("B still denies the key 100ms after the DELETE returned (cache entries %d)", cached(b.Handler))
 	}
 	t.Logf("DELETE took %s; B admitted the key %s after it returned (request %d), %s after it was sent",
 		deleted.Sub(start), admitted.Sub(deleted), polls, admitted.Sub(start))
@@ -275,11 +266,10 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		"zones": [{"name": "adm_resub", "window": "1m", "max_requests": 1}],
 		"redis": "`+sharedRedis.URL()+`?client_name=`+name+`",
 		"key_prefix": "`+uniquePrefix(t)+`"}`)
-	reg := registered(t, "adm_resub")
-	waitSubscribed(t, reg)
-	b.serve("192.0.2.1", nil)
-	if status, _ := b.serve("192.0.2.1", nil); status != http.StatusTooManyRequests || b.backend.cache.Stats().Entries != 1 {
-		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, b.backend.cache.Stats().Entries)
+	waitSubscribed(t, b.Handler)
+	send(t, "/", to(b), from("192.0.2.1"))
+	if status := send(t, "/", to(b), from("192.0.2.1")).status; status != http.StatusTooManyRequests || cached(b.Handler) != 1 {
+		t.Fatalf("status %d, cache entries %d; want 429 and 1", status, cached(b.Handler))
 	}
 
 	// Kill B's subscriber connection, as a network error would.
@@ -302,22 +292,19 @@ func TestAdminResubscribeClearsDenyCache(t *testing.T) {
 		t.Fatalf("found %d subscriber connections named %s, want 1:\n%s", killed, name, list)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for b.backend.cache.Stats().Entries != 0 {
+	for cached(b.Handler) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("deny cache still holds the denial 5s after the subscriber lost its connection")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	reg.resets.mu.Lock()
-	n := reg.resets.subscriptions
-	reg.resets.mu.Unlock()
-	if n < 2 {
+	if n := b.backend.conn.Subscriptions(); n < 2 {
 		t.Errorf("%d subscriptions, want a resubscription", n)
 	}
 }
 
 func TestAdminInProcessStore(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
@@ -327,8 +314,8 @@ http://localhost:9080 {
 }`)
 	client := "mem-" + strings.TrimSuffix(uniquePrefix(t), ":")
 	for i, want := range []int{200, 200, 429, 429} {
-		if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != want {
-			t.Fatalf("request %d: status %d, want %d", i+1, res.StatusCode, want)
+		if res := send(t, "http://localhost:9080/", withHeader("X-Client", client)); res.status != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, res.status, want)
 		}
 	}
 	if s := adminState(t, "adm_mem", client); s.Count != 2 || s.Remaining != 0 || s.RetryAfterSeconds <= 0 {
@@ -336,8 +323,8 @@ http://localhost:9080 {
 	}
 	adminReset(t, "adm_mem", client)
 	// No pub/sub here: the deny cache was cleared directly.
-	if res, _ := get(t, tester, "http://localhost:9080/", client); res.StatusCode != http.StatusOK {
-		t.Fatalf("after DELETE: status %d, want 200", res.StatusCode)
+	if res := send(t, "http://localhost:9080/", withHeader("X-Client", client)); res.status != http.StatusOK {
+		t.Fatalf("after DELETE: status %d, want 200", res.status)
 	}
 	if s := adminState(t, "adm_mem", client); s.Count != 1 {
 		t.Errorf("after DELETE and one request: count %d, want 1", s.Count)
@@ -345,7 +332,7 @@ http://localhost:9080 {
 }
 
 func TestAdminKeysRoundTrip(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -378,8 +365,8 @@ http://localhost:9080 {
 		{"long key hashed", long, []string{long, url.PathEscape(hashedKey("=" + long))}, hashedKey("=" + long)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if res, _ := get(t, tester, "http://localhost:9080/", c.client); res.StatusCode != http.StatusOK {
-				t.Fatalf("request: status %d", res.StatusCode)
+			if res := send(t, "http://localhost:9080/", withHeader("X-Client", c.client)); res.status != http.StatusOK {
+				t.Fatalf("request: status %d", res.status)
 			}
 			for _, p := range c.paths {
 				s := adminState(t, "adm_keys", p)
@@ -511,18 +498,17 @@ func testResetAcrossInstances(t *testing.T, topology, urlWithQuery string) {
 	}
 	a := newInstance(t, config("adm_topo_a"))
 	b := newInstance(t, config("adm_topo_b"))
-	regB := handlerRegistry.remove(b.Handler)
-	t.Cleanup(func() { handlerRegistry.add(regB) })
-	waitSubscribed(t, regB)
+	handlers.remove(b.Handler)
+	waitSubscribed(t, b.Handler)
 	waitSubscribed(t, registered(t, "adm_topo"))
 
 	const ip = "192.0.2.44"
 	for i, want := range []int{200, 200, 429, 429} {
-		if status, _ := b.serve(ip, nil); status != want {
+		if status := send(t, "/", to(b), from(ip)).status; status != want {
 			t.Fatalf("B, request %d: status %d, want %d", i+1, status, want)
 		}
 	}
-	if status, _ := a.serve(ip, nil); status != http.StatusTooManyRequests {
+	if status := send(t, "/", to(a), from(ip)).status; status != http.StatusTooManyRequests {
 		t.Fatalf("A: status %d, want 429 (shared limit)", status)
 	}
 	if status, body := serveAdmin(http.MethodDelete, "/sliding_ratelimit/zones/adm_topo/keys/"+ip); status != http.StatusOK {
@@ -530,7 +516,7 @@ func testResetAcrossInstances(t *testing.T, topology, urlWithQuery string) {
 	}
 	deleted := time.Now()
 	for {
-		if status, _ := b.serve(ip, nil); status == http.StatusOK {
+		if status := send(t, "/", to(b), from(ip)).status; status == http.StatusOK {
 			t.Logf("%s: B admitted the key %s after the DELETE returned", topology, time.Since(deleted))
 			break
 		}
@@ -655,19 +641,19 @@ func blockedSites(t *testing.T) string {
 
 // denyUntilBlocked sends requests until one is denied and returns its
 // Retry-After in seconds.
-func denyUntilBlocked(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) float64 {
+func denyUntilBlocked(t *testing.T, rawURL string, opts ...sendOption) float64 {
 	t.Helper()
 	for i := 0; i < 10; i++ {
-		status, h := sendFrom(t, client, rawURL, headers)
-		if status == http.StatusTooManyRequests {
-			retry, err := strconv.ParseFloat(h.Get("Retry-After"), 64)
+		a := send(t, rawURL, opts...)
+		if a.status == http.StatusTooManyRequests {
+			retry, err := strconv.ParseFloat(a.header.Get("Retry-After"), 64)
 			if err != nil {
-				t.Fatalf("%s: Retry-After %q: %v", rawURL, h.Get("Retry-After"), err)
+				t.Fatalf("%s: Retry-After %q: %v", rawURL, a.header.Get("Retry-After"), err)
 			}
 			return retry
 		}
-		if status != http.StatusOK {
-			t.Fatalf("%s: status %d", rawURL, status)
+		if a.status != http.StatusOK {
+			t.Fatalf("%s: status %d", rawURL, a.status)
 		}
 	}
 	t.Fatalf("%s: not denied after 10 requests", rawURL)
@@ -676,16 +662,16 @@ func denyUntilBlocked(t *testing.T, client *http.Client, rawURL string, headers 
 
 func TestAdminBlockedList(t *testing.T) {
 	startCaddy(t, blockedSites(t))
-	two, three := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.3")
+	two, three := from("127.0.0.2"), from("127.0.0.3")
 	long := strings.Repeat("L", 100)
 	told := map[string]float64{
-		"127.0.0.2":           denyUntilBlocked(t, two, site+"ip", nil),
-		"=abc":                denyUntilBlocked(t, three, site+"hdr", map[string][]string{"X-Client": {"abc"}}),
-		hashedKey("=" + long): denyUntilBlocked(t, three, site+"hdr", map[string][]string{"X-Client": {long}}),
+		"127.0.0.2":           denyUntilBlocked(t, site+"ip", two),
+		"=abc":                denyUntilBlocked(t, site+"hdr", three, withHeader("X-Client", "abc")),
+		hashedKey("=" + long): denyUntilBlocked(t, site+"hdr", three, withHeader("X-Client", long)),
 	}
 	// Admitted, never denied: not blocked.
-	expect(t, "127.0.0.3 on /ip", three, site+"ip", nil, 200)
-	expect(t, "X-Client fine on /hdr", three, site+"hdr", map[string][]string{"X-Client": {"fine"}}, 200)
+	expect(t, "127.0.0.3 on /ip", site+"ip", []int{200}, three)
+	expect(t, "X-Client fine on /hdr", site+"hdr", []int{200}, three, withHeader("X-Client", "fine"))
 
 	all := adminBlocked(t, "")
 	if all.Count != 3 || len(all.Blocked) != 3 {
@@ -742,7 +728,7 @@ func TestAdminBlockedEnds(t *testing.T) {
 	startCaddy(t, blockedSites(t))
 	client := "short-" + strings.TrimSuffix(uniquePrefix(t), ":")
 	headers := map[string][]string{"X-Client": {client}}
-	if retry := denyUntilBlocked(t, clientAt(t, "127.0.0.2"), site+"short", headers); retry != 1 {
+	if retry := denyUntilBlocked(t, site+"short", from("127.0.0.2"), withHeaders(headers)); retry != 1 {
 		t.Errorf("Retry-After %g, want 1 in a 1s window", retry)
 	}
 	got, ok := blockedEntry(adminBlocked(t, ""), "blk_short", "="+client)
@@ -763,7 +749,7 @@ func TestAdminBlockedEnds(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	expect(t, "after the block ended", clientAt(t, "127.0.0.2"), site+"short", headers, 200)
+	expect(t, "after the block ended", site+"short", []int{200}, from("127.0.0.2"), withHeaders(headers))
 }
 
 // TestAdminBlockedSharedZone: two handlers with the same zone both hold a
@@ -784,12 +770,12 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	handle /b {`+handler+`
 	}
 }`)
-	client := clientAt(t, "127.0.0.2")
-	expect(t, "/a then /b", client, site+"a", nil, 200, 429)
-	expect(t, "/b, denied by Redis", client, site+"b", nil, 429)
-	regs, _ := handlerRegistry.withZone("blk_shared")
-	if len(regs) != 2 || regs[0].h.backend.cache.Stats().Entries != 1 || regs[1].h.backend.cache.Stats().Entries != 1 {
-		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(regs))
+	client := from("127.0.0.2")
+	expect(t, "/a then /b", site+"a", []int{200, 429}, client)
+	expect(t, "/b, denied by Redis", site+"b", []int{429}, client)
+	hs, _ := withZone("blk_shared")
+	if len(hs) != 2 || cached(hs[0]) != 1 || cached(hs[1]) != 1 {
+		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(hs))
 	}
 	answer := adminBlocked(t, "")
 	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared:1m:1" {

@@ -2,15 +2,36 @@ package slidingratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// storeMode says where a handler's limits live.
+// backendConfig is what a backend is built from.
+type backendConfig struct {
+	// redis is the Redis URL, placeholders expanded, and topology what it
+	// names; without a URL the limits are kept in process.
+	redis, topology string
+	keyPrefix       string
+	// timeout bounds each decision by Redis.
+	timeout time.Duration
+	// failMode is the handler's fail_mode: with failLocal the backend
+	// decides in process while Redis fails; it names the mode in logs.
+	failMode string
+	// zones are the identities of the handler's zones: a reset that other
+	// instances announce for another zone is not its business.
+	zones  []string
+	logger *zap.Logger
+}
+
+// storeMode says where a backend's limits live.
 type storeMode uint8
 
 const (
@@ -26,14 +47,15 @@ const (
 )
 
 // backend is the store stack of one handler, built in one place (newBackend)
-// and owned here, so that the request path and the admin API talk to it and
-// never to its parts:
+// and the only door to its parts: the request path, the admin API and the
+// resets other instances announce all go through it, and no code but the
+// stack's (this file and stores.go) calls a store.
 //
-//	deny cache -> Redis client's breaker -> timing -> RedisStore
+//	deny cache -> connection's breaker -> timing -> RedisStore
 //	deny cache -> MemoryStore                (no Redis)
 //	MemoryStore                              (fail_mode local, while Redis fails)
 //
-// The dial gate (dialgate.go) is inside the go-redis client.
+// The dial gate is inside the go-redis client (internal/redisconn).
 type backend struct {
 	mode storeMode
 	// cache answers repeated denials in process, in front of the store.
@@ -42,31 +64,44 @@ type backend struct {
 	store limiter.Store
 	// local decides while Redis fails, with mode redisWithLocal.
 	local *limiter.MemoryStore
-	// redis and client are set with Redis: the store (which knows the key
-	// layout) and its pooled client (breaker, reset bus).
-	redis    *limiter.RedisStore
-	client   redisClient
-	releases []func() error
+	// redis, conn and keys are set with Redis: the store, its connection
+	// (breaker, reset bus) and how the store lays out its keys.
+	redis *limiter.RedisStore
+	conn  *redisconn.Conn
+	keys  keyLayout
+
+	keyPrefix string
+	timeout   time.Duration
+	failMode  string
+	zones     []string
+	// failures logs failed decisions, refundFailures failed refunds.
+	failures, refundFailures *failureLog
+	releases                 []func() error
 }
 
-// newBackend builds the stack for h's configuration; its pooled parts
-// (clients, stores) are shared with other handlers and configs and kept
+// newBackend builds the stack that cfg describes; its pooled parts
+// (connections, stores) are shared with other handlers and configs and kept
 // across reloads.
-func newBackend(h *Handler) (*backend, error) {
-	b := new(backend)
-	redisURL := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
-	if redisURL == "" || h.FailMode == failLocal {
+func newBackend(cfg backendConfig) (*backend, error) {
+	b := &backend{
+		keyPrefix:      cfg.keyPrefix,
+		timeout:        cfg.timeout,
+		failMode:       cfg.failMode,
+		zones:          cfg.zones,
+		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
+		refundFailures: newFailureLog(cfg.logger, "giving back count_status slots failed: they count until they age out", time.Second),
+	}
+	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
 		b.releases = append(b.releases, release)
-		if redisURL == "" {
-			h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+		if cfg.redis == "" {
 			b.mode, b.store = inProcess, memory
 			b.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
 			return b, nil
 		}
 		b.local = memory
 	}
-	if err := b.connect(h, redisURL); err != nil {
+	if err := b.connect(cfg); err != nil {
 		_ = b.close()
 		return nil, err
 	}
@@ -74,60 +109,101 @@ func newBackend(h *Handler) (*backend, error) {
 }
 
 // connect adds the Redis part of the stack.
-func (b *backend) connect(h *Handler, redisURL string) error {
+func (b *backend) connect(cfg backendConfig) error {
 	b.mode = redisShared
 	if b.local != nil {
 		b.mode = redisWithLocal
 	}
-	client, release, err := loadRedisClient(h.RedisTopology, redisURL)
+	conn, err := redisconn.Open(cfg.topology, cfg.redis)
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
-	b.releases = append(b.releases, release)
-	b.client = client
-	if err := h.checkRedis(client.UniversalClient); err != nil {
+	b.releases = append(b.releases, conn.Close)
+	b.conn = conn
+	if err := conn.Check(cfg.timeout); errors.Is(err, redisconn.ErrUnreachable) {
+		cfg.logger.Warn("redis not reachable at provision: applying the fail mode until it answers",
+			zap.String("fail_mode", cfg.failMode), zap.Error(err))
+	} else if err != nil {
 		return err
 	}
-	store, release, err := loadRedisStore(h.RedisTopology, redisURL, limiter.RedisOptions{
-		KeyPrefix: h.KeyPrefix,
-		Timeout:   time.Duration(h.Timeout),
+	store, release, err := loadRedisStore(cfg.topology, cfg.redis, limiter.RedisOptions{
+		KeyPrefix: cfg.keyPrefix,
+		Timeout:   cfg.timeout,
 	})
 	if err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
 	b.releases = append(b.releases, release)
 	b.redis, b.store = store, store
-	guarded := client.breaker.Guard(timedStore{store})
-	b.cache = limiter.NewDenyCache(guarded, limiter.DefaultDenyCacheEntries)
+	b.keys = learnKeyLayout(store)
+	b.cache = limiter.NewDenyCache(conn.Breaker().Guard(timedStore{store}), limiter.DefaultDenyCacheEntries)
+	// Last: an announcement may come at once, and finds the stack whole.
+	conn.Listen(b)
+	b.releases = append(b.releases, func() error { conn.Unlisten(b); return nil })
 	return nil
 }
 
-// allow decides checks: from the deny cache, or the store behind it. The
-// Redis store ends each call at its own timeout, so a request creates no
-// timer.
-func (b *backend) allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (source, error) {
-	hit, err := b.cache.AllowCached(ctx, checks, decisions)
-	if hit {
-		return fromCache, err
+// source says who decided a request.
+type source uint8
+
+const (
+	fromStore source = iota // the store (Redis or in-process)
+	fromCache               // the deny cache, without a store call
+	fromLocal               // the in-process fallback, for fail_mode local
+)
+
+// allowed and denied are the metrics results of an admission and a denial
+// by s.
+func (s source) allowed() string {
+	if s == fromLocal {
+		return resultLocalAllowed
 	}
-	return fromStore, err
+	return resultAllowed
 }
 
-// allowLocally decides checks with the in-process fallback, which never
-// fails; it reports false unless the mode has one.
-func (b *backend) allowLocally(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) bool {
-	if b.mode != redisWithLocal {
-		return false
+func (s source) denied() string {
+	if s == fromLocal {
+		return resultLocalDenied
 	}
+	return resultDenied
+}
+
+// decide decides checks: from the deny cache, or the store behind it. When
+// the store fails and the caller is still there, the failure is logged and,
+// with fail_mode local, the in-process store decides instead: then the
+// source says so and the error is nil. The Redis store ends each call at its
+// own timeout, so a request creates no timer.
+func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (source, error) {
+	hit, err := b.cache.AllowCached(ctx, checks, decisions)
+	src := fromStore
+	if hit {
+		src = fromCache
+	}
+	if err == nil || ctx.Err() != nil {
+		// A caller that went away: nothing failed, and no one waits.
+		return src, err
+	}
+	b.failures.record(b.failMode, err)
+	if b.mode != redisWithLocal {
+		return src, err
+	}
+	// The in-process store never fails.
 	_ = b.local.Allow(ctx, checks, decisions)
-	return true
+	return fromLocal, nil
 }
 
 // refund takes back admissions that src recorded and forgets the denials
 // they may have caused: here, and on every instance when an admission had
 // taken a client's last slot (only then can another instance have cached a
-// denial because of it).
-func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
+// denial because of it). A failure is logged: the admissions then count
+// until they age out.
+func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) {
+	if err := b.giveBack(ctx, checks, decisions, src); err != nil {
+		b.refundFailures.record(b.failMode, err)
+	}
+}
+
+func (b *backend) giveBack(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
 	var store limiter.Store = b.store
 	if src == fromLocal {
 		store = b.local
@@ -142,8 +218,8 @@ func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions 
 	for i, c := range checks {
 		b.cache.Forget(c.Zone, c.Key)
 		lastSlot := decisions[i].Remaining == 0
-		if lastSlot && src == fromStore && b.redis != nil && b.client.resets != nil {
-			if err := b.client.resets.announceRefund(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
+		if lastSlot && src == fromStore && b.redis != nil {
+			if err := b.conn.AnnounceFreed(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
 				return err
 			}
 		}
@@ -151,11 +227,187 @@ func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions 
 	return nil
 }
 
+// operatorMinTimeout is the least time an operator's call (the admin API)
+// gives a store: more than a request's decision gets, since nobody waits
+// behind it.
+const operatorMinTimeout = time.Second
+
+func (b *backend) operatorTimeout() time.Duration {
+	return max(b.timeout, operatorMinTimeout)
+}
+
+// peek reads a client's state in a zone from the store, recording nothing.
+func (b *backend) peek(ctx context.Context, check limiter.Check) (limiter.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.operatorTimeout())
+	defer cancel()
+	decisions := make([]limiter.Decision, 1)
+	err := b.store.Peek(ctx, []limiter.Check{check}, decisions)
+	return decisions[0], err
+}
+
+// resetDone records the stores that one reset has reached, so that handlers
+// that share a store reset each key in it once.
+type resetDone map[resetTarget]bool
+
+type resetTarget struct {
+	state any
+	key   string
+}
+
+// reset forgets a client's admissions in a zone: in each of the backend's
+// stores that done does not hold yet, and in the deny cache. It returns the
+// reset that the other instances must hear of, nil without Redis or when
+// another handler's reset of the same store announces it.
+func (b *backend) reset(ctx context.Context, zone, key string, done resetDone) (*announcement, error) {
+	// Directly, not through pub/sub: this instance is exact as soon as the
+	// stores are, even while its subscriber is away. Also after an error:
+	// the store may have reset the key before failing, and forgetting costs
+	// one store call at most.
+	defer b.cache.Forget(zone, key)
+	var announce *announcement
+	reset, err := b.resetOnce(ctx, b.state(), b.store, zone, key, done)
+	if reset && b.redis != nil {
+		announce = &announcement{conn: b.conn, key: b.redis.Key(zone, key), timeout: b.operatorTimeout()}
+	}
+	if b.local != nil {
+		_, localErr := b.resetOnce(ctx, b.local, b.local, zone, key, done)
+		err = errors.Join(err, localErr)
+	}
+	return announce, err
+}
+
+// resetOnce resets a client in the store whose state is state, unless done
+// says it is reset already, and reports whether it did.
+func (b *backend) resetOnce(ctx context.Context, state any, store limiter.Store, zone, key string, done resetDone) (bool, error) {
+	t := resetTarget{state, key}
+	if done[t] {
+		return false, nil
+	}
+	done[t] = true
+	ctx, cancel := context.WithTimeout(ctx, b.operatorTimeout())
+	defer cancel()
+	if err := store.Reset(ctx, zone, key); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// announcement is a reset for the other instances to hear of: the store's
+// key, on the backend's connection.
+type announcement struct {
+	conn    *redisconn.Conn
+	key     string
+	timeout time.Duration
+}
+
+// send announces the reset and reports whether this instance's own
+// subscriber heard it within redisconn.EchoTimeout: if not, other instances
+// may be disconnected from pub/sub too.
+func (a *announcement) send(ctx context.Context) (echoed bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	return a.conn.AnnounceReset(ctx, a.key)
+}
+
+// blocked lists the clients that the deny cache holds as denied, the
+// longest wait first, at most limit of them, and counts them all. It costs
+// no store call.
+func (b *backend) blocked(limit int) ([]limiter.DeniedKey, int) {
+	return b.cache.Denied(nil, limit)
+}
+
+// redisState identifies the state of a Redis store: handlers with the same
+// connection and key prefix read and write the same keys.
+type redisState struct {
+	client any
+	prefix string
+}
+
+// state identifies where the backend's store keeps its state: backends with
+// the same one share the state of zones of the same identity.
+func (b *backend) state() any {
+	if b.redis != nil {
+		return redisState{b.conn.Client(), b.keyPrefix}
+	}
+	return b.store
+}
+
+// Announced implements redisconn.Listener: it forgets key in the deny cache
+// and, for a reset, in the in-process fallback too, if key is one of the
+// backend's.
+func (b *backend) Announced(key string, what redisconn.Announcement) {
+	zone, client, ours, ok := b.keys.read(key)
+	switch {
+	case !ours:
+		// Another key prefix: another handler's keys.
+		return
+	case ok && !slices.Contains(b.zones, zone):
+		return
+	case !ok || b.redis.Key(zone, client) != key:
+		// A key of this prefix in a layout this version does not know,
+		// from another version during an upgrade: forgetting everything is
+		// exact, forgetting nothing may not be.
+		b.cache.Clear()
+		return
+	}
+	b.cache.Forget(zone, client)
+	if b.local != nil && what == redisconn.Reset {
+		// The in-process store never fails.
+		_ = b.local.Reset(context.Background(), zone, client)
+	}
+}
+
+// Subscribed implements redisconn.Listener: announcements may have been
+// missed, so the whole deny cache goes.
+func (b *backend) Subscribed() {
+	b.cache.Clear()
+}
+
+// keyLayout reads a Redis key back into its zone and client. It learns the
+// layout from the store, which builds a key from two markers, so that only
+// the store knows it.
+type keyLayout struct {
+	// before, between and after are the text around the client and the
+	// zone in the store's keys (client first), with the key prefix in
+	// before.
+	before, between, after string
+}
+
+// learnKeyLayout asks store how it lays out its keys.
+func learnKeyLayout(store *limiter.RedisStore) keyLayout {
+	const zone, client = "\x00zone\x00", "\x00client\x00"
+	key := store.Key(zone, client)
+	c, z := strings.Index(key, client), strings.Index(key, zone)
+	if c < 0 || z < c+len(client) {
+		// A layout this code cannot read: every announcement clears the
+		// deny cache (see Announced), which is exact.
+		return keyLayout{between: client}
+	}
+	return keyLayout{before: key[:c], between: key[c+len(client) : z], after: key[z+len(zone):]}
+}
+
+// read returns the zone and client of key. ours reports whether key has the
+// layout's prefix at all; ok whether it could be read.
+func (l keyLayout) read(key string) (zone, client string, ours, ok bool) {
+	rest, ours := strings.CutPrefix(key, l.before)
+	if !ours {
+		return "", "", false, false
+	}
+	rest, ok = strings.CutSuffix(rest, l.after)
+	if !ok {
+		return "", "", true, false
+	}
+	// Client keys never hold the text between (limiter.BoundKey hashes
+	// keys that hold '{' or '}'), so its first occurrence ends the client.
+	client, zone, ok = strings.Cut(rest, l.between)
+	return zone, client, true, ok
+}
+
 // close releases this use of the pooled parts.
 func (b *backend) close() error {
 	var first error
-	for _, release := range b.releases {
-		if err := release(); err != nil && first == nil {
+	for i := len(b.releases) - 1; i >= 0; i-- {
+		if err := b.releases[i](); err != nil && first == nil {
 			first = err
 		}
 	}

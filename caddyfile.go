@@ -2,6 +2,7 @@ package slidingratelimit
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -9,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 )
 
 func init() {
@@ -136,7 +139,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "redis":
 		args := d.RemainingArgs()
 		switch {
-		case len(args) == 2 && (args[0] == topologyCluster || args[0] == topologySentinel):
+		case len(args) == 2 && (args[0] == redisconn.Cluster || args[0] == redisconn.Sentinel):
 			h.RedisTopology = args[0]
 			h.Redis = args[1]
 		case len(args) == 1:
@@ -146,7 +149,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		}
 		// A URL with placeholders is checked once they are known.
 		if !strings.Contains(h.Redis, "{") {
-			if err := checkRedisURL(h.RedisTopology, h.Redis); err != nil {
+			if err := redisconn.CheckURL(h.RedisTopology, h.Redis); err != nil {
 				return d.Errf("redis: %v", err)
 			}
 		}
@@ -164,10 +167,20 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 	case "autopipeline":
 		return d.Errf("autopipeline was removed: the module's own batching decides each batch in one script call; delete the line")
 	default:
-		return d.Errf("unrecognized subdirective '%s'", name)
+		return d.Errf("unrecognized subdirective '%s'%s", name, didYouMean(name, handlerSubdirectives))
 	}
 	return nil
 }
+
+// The names each block takes, which a misspelt name is compared with: the
+// cases of UnmarshalCaddyfile, parseOption and parseLimitOption (the
+// handler's block), and of parseZone and parseLimitOption (a zone's).
+var (
+	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status"}
+	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
+		"redis", "key_prefix", "timeout"}, limitSubdirectives...)
+	zoneSubdirectives = append([]string{"match"}, limitSubdirectives...)
+)
 
 // parseLimitOption parses a subdirective that both the handler and a zone
 // take. It reports false for any other name.
@@ -186,6 +199,9 @@ func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duratio
 		arg, err := oneArg(d)
 		if err != nil {
 			return true, err
+		}
+		if err := checkKeyTemplate(arg); err != nil {
+			return true, d.Err(err.Error())
 		}
 		*key = arg
 	case "algorithm":
@@ -241,7 +257,11 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			return nil, err
 		}
 		if !handled {
-			return nil, d.Errf("zone %s: unrecognized subdirective '%s'", z.Name, name)
+			hint := didYouMean(name, zoneSubdirectives)
+			if hint == "" && slices.Contains(handlerSubdirectives, name) {
+				hint = " (it applies to the whole handler: put it outside the zone block)"
+			}
+			return nil, d.Errf("zone %s: unrecognized subdirective '%s'%s", z.Name, name, hint)
 		}
 	}
 	if !seen["window"] {
@@ -288,6 +308,18 @@ func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error
 		return nil, d.Errf("zone %s: want zone <name> [<window> <max_requests>] [{ ... }]", z.Name)
 	}
 	return seen, nil
+}
+
+// parseStatus reads one count_status argument: "401" or "4xx".
+func parseStatus(arg string) (int, error) {
+	if len(arg) == 3 && arg[1:] == "xx" && arg[0] >= '1' && arg[0] <= '5' {
+		return int(arg[0] - '0'), nil
+	}
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 100 || n > 599 {
+		return 0, fmt.Errorf("count_status takes status codes (401) or classes (4xx), got %q", arg)
+	}
+	return n, nil
 }
 
 // oneArg returns the single argument of the current subdirective, or an

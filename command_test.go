@@ -105,9 +105,9 @@ func commandSite(t *testing.T) string {
 
 func TestCommandSubcommands(t *testing.T) {
 	startCaddy(t, commandSite(t))
-	client := clientAt(t, "127.0.0.2")
+	client := from("127.0.0.2")
 	alice := map[string][]string{"X-Client": {"alice"}}
-	expect(t, "alice", client, site, alice, 200)
+	expect(t, "alice", site, []int{200}, client, withHeaders(alice))
 
 	s := commandJSON[keyState](t, "status", "--zone", "cmd_zone", "--key", "alice")
 	if s.Key != "=alice" || s.Count != 1 || s.Remaining != 1 || s.Identity != "cmd_zone:1m:2" {
@@ -124,7 +124,7 @@ func TestCommandSubcommands(t *testing.T) {
 		t.Errorf("status printed:\n%s", out)
 	}
 
-	retry := denyUntilBlocked(t, client, site, alice)
+	retry := denyUntilBlocked(t, site, client, withHeaders(alice))
 	b := commandJSON[blockedAnswer](t, "blocked")
 	if b.Count != 1 || len(b.Blocked) != 1 || b.Blocked[0].Key != "=alice" || b.Blocked[0].Zone != "cmd_zone" ||
 		b.Blocked[0].RetryAfterSeconds > retry || b.Blocked[0].RetryAfterSeconds < retry-10 {
@@ -155,7 +155,7 @@ func TestCommandSubcommands(t *testing.T) {
 	if got := strings.Join(strings.Fields(out), " "); got != "ZONE KEY RESET cmd_zone =alice true" {
 		t.Errorf("reset printed:\n%s", out)
 	}
-	expect(t, "alice after the reset", client, site, alice, 200)
+	expect(t, "alice after the reset", site, []int{200}, client, withHeaders(alice))
 	if out, err := runCommand(t, "blocked", "--address", "localhost:2999"); err != nil || out != "no client is blocked on this instance\n" {
 		t.Errorf("blocked after the reset: %q, %v", out, err)
 	}
@@ -168,9 +168,9 @@ func TestCommandSubcommands(t *testing.T) {
 // admin API as they are.
 func TestCommandEscapesKeys(t *testing.T) {
 	startCaddy(t, commandSite(t))
-	client := clientAt(t, "127.0.0.2")
+	client := from("127.0.0.2")
 	for _, key := range []string{"team/a/b", "a//b", "..", ".", "x/../y", "a b%c?d#e", "ключ", "x/keys/y", strings.Repeat("k", 100)} {
-		expect(t, key, client, site, map[string][]string{"X-Client": {key}}, 200)
+		expect(t, key, site, []int{200}, client, withHeader("X-Client", key))
 		s := commandJSON[keyState](t, "status", "--zone", "cmd_zone", "--key", key)
 		want := hashedKey("=" + key) // unchanged unless long or holding '#'
 		if s.Key != want || s.Count != 1 {

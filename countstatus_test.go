@@ -57,28 +57,28 @@ func TestCountStatusBehindBasicAuth(t *testing.T) {
 }`)
 	other := newInstance(t, `{"zones": [{"name": "login", "window": "10m", "max_requests": 3, "count_status": [401]}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
-	client := clientAt(t, "127.0.0.2")
+	client := from("127.0.0.2")
 	good, bad := basicAuth("right"), basicAuth("wrong")
 
 	for i := 0; i < 12; i++ {
-		expect(t, "good login on the Caddy", client, site, good, 200)
-		if status := other.serveWith("127.0.0.2", good, loginHandler); status != 200 {
+		expect(t, "good login on the Caddy", site, []int{200}, client, withHeaders(good))
+		if status := send(t, "/login", to(other), from("127.0.0.2"), withHeaders(good), withNext(loginHandler)).status; status != 200 {
 			t.Fatalf("good login %d on the other instance: %d", i+1, status)
 		}
 	}
 	if n := kept(t, prefix, "127.0.0.2", "login:10m:3:401"); n != 0 {
 		t.Fatalf("24 good logins left %d counted, want 0", n)
 	}
-	expect(t, "bad login 1 on the Caddy", client, site, bad, 401)
-	if status := other.serveWith("127.0.0.2", bad, loginHandler); status != 401 {
+	expect(t, "bad login 1 on the Caddy", site, []int{401}, client, withHeaders(bad))
+	if status := send(t, "/login", to(other), from("127.0.0.2"), withHeaders(bad), withNext(loginHandler)).status; status != 401 {
 		t.Fatalf("bad login 2 on the other instance: %d, want 401", status)
 	}
-	expect(t, "bad login 3 on the Caddy", client, site, bad, 401)
-	expect(t, "the right password after three failures", client, site, good, 429)
-	if status := other.serveWith("127.0.0.2", good, loginHandler); status != 429 {
+	expect(t, "bad login 3 on the Caddy", site, []int{401}, client, withHeaders(bad))
+	expect(t, "the right password after three failures", site, []int{429}, client, withHeaders(good))
+	if status := send(t, "/login", to(other), from("127.0.0.2"), withHeaders(good), withNext(loginHandler)).status; status != 429 {
 		t.Errorf("the right password on the other instance: %d, want 429", status)
 	}
-	expect(t, "another client", clientAt(t, "127.0.0.3"), site, good, 200)
+	expect(t, "another client", site, []int{200}, from("127.0.0.3"), withHeaders(good))
 	if n := kept(t, prefix, "127.0.0.2", "login:10m:3:401"); n != 3 {
 		t.Errorf("%d counted, want the 3 failures", n)
 	}
@@ -128,7 +128,7 @@ func TestCountStatusConcurrent(t *testing.T) {
 			if i%3 == 0 {
 				header.Set("X-Fail", "1")
 			}
-			if status := in.serveWith("192.0.2.30", header, slow); status == http.StatusForbidden {
+			if status := send(t, "/login", to(in), from("192.0.2.30"), withHeaders(header), withNext(slow)).status; status == http.StatusForbidden {
 				counted.Add(1)
 			}
 		}(i)
@@ -150,18 +150,20 @@ func TestCountStatusConcurrent(t *testing.T) {
 	var inFlight sync.WaitGroup
 	for range 3 {
 		inFlight.Add(1)
-		go func() { defer inFlight.Done(); b.serveWith("192.0.2.31", nil, held) }()
+		go func() { defer inFlight.Done(); send(t, "/login", to(b), from("192.0.2.31"), withNext(held)) }()
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for kept(t, prefix, "192.0.2.31", "c:10m:3:4xx") < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Only a decides meanwhile: the zone's cache hits are a's.
+	hits := cacheHits("c")
 	for i := 0; i < 2; i++ {
-		if status := a.serveWith("192.0.2.31", nil, okHandler); status != http.StatusTooManyRequests {
+		if status := send(t, "/login", to(a), from("192.0.2.31")).status; status != http.StatusTooManyRequests {
 			t.Fatalf("with three requests in flight, request %d: %d, want 429", i+1, status)
 		}
 	}
-	if a.backend.cache.Stats().Hits == 0 {
+	if cacheHits("c") == hits {
 		t.Fatal("the second denial did not come from a's deny cache; the test would not cross it")
 	}
 	close(release)
@@ -169,7 +171,7 @@ func TestCountStatusConcurrent(t *testing.T) {
 	deadline = time.Now().Add(2 * time.Second)
 	status := 0
 	for time.Now().Before(deadline) {
-		if status = a.serveWith("192.0.2.31", nil, okHandler); status == http.StatusOK {
+		if status = send(t, "/login", to(a), from("192.0.2.31")).status; status == http.StatusOK {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -200,12 +202,12 @@ func TestCountStatusForms(t *testing.T) {
 	respond /forbidden* 403
 	respond /ok* 200
 }`)
-			client := clientAt(t, "127.0.0."+map[string]string{"redis": "4", "in-process": "5"}[store.name])
-			expect(t, "ok", client, site+"ok", nil, 200, 200)
-			expect(t, "404 and 403, counted by both zones", client, site+"missing", nil, 404)
-			expect(t, "403", client, site+"forbidden", nil, 403)
+			client := from("127.0.0." + map[string]string{"redis": "4", "in-process": "5"}[store.name])
+			expect(t, "ok", site+"ok", []int{200, 200}, client)
+			expect(t, "404 and 403, counted by both zones", site+"missing", []int{404}, client)
+			expect(t, "403", site+"forbidden", []int{403}, client)
 			// errors is full (2 of 2); all holds 4 of 5.
-			expect(t, "ok with the errors zone full", client, site+"ok", nil, 429)
+			expect(t, "ok with the errors zone full", site+"ok", []int{429}, client)
 		})
 	}
 }
@@ -221,12 +223,12 @@ func TestCountStatusOnCluster(t *testing.T) {
 	good.Set("X-User", "u1")
 	bad.Set("X-User", "u1")
 	for i := 0; i < 10; i++ {
-		if status := in.serveWith("192.0.2.40", good, loginHandler); status != 200 {
+		if status := send(t, "/login", to(in), from("192.0.2.40"), withHeaders(good), withNext(loginHandler)).status; status != 200 {
 			t.Fatalf("good login %d: %d", i+1, status)
 		}
 	}
 	for i, want := range []int{401, 401, 429} {
-		if status := in.serveWith("192.0.2.40", bad, loginHandler); status != want {
+		if status := send(t, "/login", to(in), from("192.0.2.40"), withHeaders(bad), withNext(loginHandler)).status; status != want {
 			t.Errorf("bad login %d: %d, want %d", i+1, status, want)
 		}
 	}

@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddytest"
-
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
@@ -37,9 +35,8 @@ func faultRedis(t *testing.T) (*redistest.Server, *redistest.FaultProxy) {
 }
 
 // faultSite is one site on port 9080 (any host), limited through redisURL.
-func faultSite(t *testing.T, redisURL, failMode string, maxRequests int) *caddytest.Tester {
-	t.Helper()
-	return startCaddy(t, fmt.Sprintf(`
+func faultSite(t *testing.T, redisURL, failMode string, maxRequests int) string {
+	return fmt.Sprintf(`
 http://:9080 {
 	sliding_ratelimit {
 		window 1m
@@ -50,7 +47,7 @@ http://:9080 {
 		fail_mode %s
 	}
 	respond "ok"
-}`, maxRequests, redisURL, uniquePrefix(t), faultTimeout, failMode))
+}`, maxRequests, redisURL, uniquePrefix(t), faultTimeout, failMode)
 }
 
 // faultClient sends requests to the test Caddy from one loopback address, so
@@ -151,7 +148,7 @@ func TestFaultLatencyAboveTimeout(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			_, proxy := faultRedis(t)
 			const maxRequests = 20
-			faultSite(t, proxy.URL(), mode, maxRequests)
+			startCaddy(t, faultSite(t, proxy.URL(), mode, maxRequests))
 			client := newFaultClient(t, 2)
 			if a := client.get(""); !a.decided() || a.status != http.StatusOK {
 				t.Fatalf("before the fault: %+v", a)
@@ -213,7 +210,7 @@ func TestFaultLatencyBelowTimeout(t *testing.T) {
 		t.Run(latency.String(), func(t *testing.T) {
 			_, proxy := faultRedis(t)
 			const maxRequests = 8
-			faultSite(t, proxy.URL(), failClosed, maxRequests)
+			startCaddy(t, faultSite(t, proxy.URL(), failClosed, maxRequests))
 			// Before the latency: load the script and open the
 			// pipelines' connections, as a running server has. A new
 			// connection pays a round trip more for its handshake, which
@@ -344,7 +341,7 @@ func TestFaultBrokenReplies(t *testing.T) {
 				clients     = 6
 				rounds      = 4
 			)
-			faultSite(t, proxy.URL(), failClosed, maxRequests)
+			startCaddy(t, faultSite(t, proxy.URL(), failClosed, maxRequests))
 			goroutinesBefore := runtime.NumGoroutine()
 			f := fault.add(t, proxy)
 
@@ -450,7 +447,7 @@ func TestFaultRecovery(t *testing.T) {
 	} {
 		t.Run(fault.name, func(t *testing.T) {
 			_, proxy := faultRedis(t)
-			faultSite(t, proxy.URL(), failClosed, 1_000_000)
+			startCaddy(t, faultSite(t, proxy.URL(), failClosed, 1_000_000))
 			warmUp(t)
 			client := newFaultClient(t, 2)
 			remove := fault.add(t, proxy)
@@ -538,7 +535,7 @@ func TestFaultManyOutages(t *testing.T) {
 	const bound = 600 * time.Millisecond    // the target is 200ms
 	outages := 10*runtime.GOMAXPROCS(0) + 5 // more than go-redis's default pool size
 	_, proxy := faultRedis(t)
-	faultSite(t, proxy.URL(), failClosed, 1_000_000)
+	startCaddy(t, faultSite(t, proxy.URL(), failClosed, 1_000_000))
 	warmUp(t)
 	client := newFaultClient(t, 2)
 	var took []time.Duration
@@ -576,7 +573,7 @@ func TestFaultRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	faultSite(t, "redis://127.0.0.1:"+strconv.Itoa(port)+"/0", failClosed, 10)
+	startCaddy(t, faultSite(t, "redis://127.0.0.1:"+strconv.Itoa(port)+"/0", failClosed, 10))
 	client := newFaultClient(t, 2)
 	var took []time.Duration
 	for i := range 8 {
@@ -598,7 +595,6 @@ func TestFaultRefused(t *testing.T) {
 // and closing are logged once each.
 func TestFaultThreeSitesOneBreaker(t *testing.T) {
 	_, proxy := faultRedis(t)
-	logFile := t.TempDir() + "/caddy.log"
 	var sites string
 	for _, host := range []string{"a.test", "b.test", "c.test"} {
 		sites += fmt.Sprintf(`
@@ -616,23 +612,7 @@ http://%s:9080 {
 	respond "ok"
 }`, host, host[:1], proxy.URL(), uniquePrefix(t)+host[:1], faultTimeout)
 	}
-	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-	https_port 9443
-	grace_period 1ns
-	log {
-		output file `+logFile+`
-		format json
-		level INFO
-	}
-}
-`+sites, "caddyfile")
-	if t.Failed() {
-		t.FailNow()
-	}
+	logFile := startCaddy(t, sites)
 	hosts := []string{"a.test", "b.test", "c.test"}
 	client := newFaultClient(t, 2)
 	for _, host := range hosts {
@@ -731,7 +711,7 @@ func TestFaultDeadRedisLoad(t *testing.T) {
 		clients = 8
 	)
 	srv, proxy := faultRedis(t)
-	faultSite(t, proxy.URL(), failClosed, 1_000_000)
+	startCaddy(t, faultSite(t, proxy.URL(), failClosed, 1_000_000))
 	warmUp(t)
 	rdb := srv.Client(t)
 	// Commands processed, less this INFO itself.

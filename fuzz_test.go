@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -32,8 +33,8 @@ func FuzzCaddyfile(f *testing.F) {
 	})
 }
 
-// FuzzClientKey: whatever a client sends, the key is 1 to 64 bytes without
-// hash-tag braces; no value can make an address key (the key another client,
+// FuzzClientKey: whatever a client sends, the key is 1 to 64 bytes of UTF-8
+// (which the admin API can print) without hash-tag braces; no value can make an address key (the key another client,
 // or the same client without the header, gets); two different first values
 // never share a key, unless both are addresses in one prefix; and a repeated
 // header adds nothing to the first.
@@ -41,7 +42,7 @@ func FuzzClientKey(f *testing.F) {
 	for _, seed := range [][2]string{
 		{"", ""}, {"192.0.2.1", "x"}, {"2001:db8::1", "2001:db8::2"}, {"::ffff:192.0.2.1", ""},
 		{"fe80::1%eth0", "a"}, {strings.Repeat("k", 100), "b"}, {"a{b}c", "a"}, {"#x", "=x"},
-		{"\r\n\x00", ":"}, {"ключ", "@127.0.0.1"}, {"=192.0.2.1", "192.0.2.1"}, {"a:b", "a%3Ab"},
+		{"\r\n\x00", ":"}, {"ключ", "@127.0.0.1"}, {"=192.0.2.1", "192.0.2.1"}, {"a:b", "a%3Ab"}, {"\xff\xfe", "\xff\xfd"},
 	} {
 		f.Add(seed[0], seed[1])
 	}
@@ -64,8 +65,8 @@ func FuzzClientKey(f *testing.F) {
 		for _, tmpl := range templates {
 			for _, bits := range [][2]int{{32, 64}, {24, 48}, {1, 1}} {
 				key, fellBack := tmpl.key(request(a), repl, bits[0], bits[1])
-				if key == "" || len(key) > 64 || strings.ContainsAny(key, "{}") {
-					t.Fatalf("%s: key %q from %q: want 1 to 64 bytes without braces", tmpl.raw, key, a)
+				if key == "" || len(key) > 64 || strings.ContainsAny(key, "{}") || !utf8.ValidString(key) {
+					t.Fatalf("%s: key %q from %q: want 1 to 64 bytes of UTF-8 without braces", tmpl.raw, key, a)
 				}
 				if fellBack != (a == "") {
 					t.Fatalf("%s: value %q: fell back %v", tmpl.raw, a, fellBack)

@@ -23,23 +23,19 @@ const exceededEvent = "sliding_ratelimit.exceeded"
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	var req request
-	if err := h.applicable(r, repl, &req); err != nil {
+	if err := req.collect(h.zones, r, repl, h.IPv4Prefix, h.IPv6Prefix); err != nil {
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	if len(req.checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	source, err := h.backend.allow(r.Context(), req.checks, req.decisions)
+	source, err := h.backend.decide(r.Context(), req.checks, req.decisions)
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away: nothing failed, and no one waits.
 			return nil
 		}
-		h.failures.record(h.FailMode, err)
-		if !h.backend.allowLocally(r.Context(), req.checks, req.decisions) {
-			return h.failed(w, r, next, &req, err)
-		}
-		source = fromLocal
+		return h.failed(w, r, next, &req, err)
 	}
 	shown := mostRestrictive(req.decisions)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.decisions, shown)
@@ -47,72 +43,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if limiter.Admitted(req.decisions) {
 		count(req.zones, source.allowed())
 		if h.countStatus {
-			return h.serveCounted(w, r, next, &req, source)
+			return serveCounted(w, r, next, h.backend, &req, source)
 		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.deny(w, r, next, &req, shown, source)
-}
-
-// maxInlineZones is how many applicable zones a request can have before its
-// buffers spill to the heap.
-const maxInlineZones = 4
-
-// request is one request's zones, checks and decisions, index by index; its
-// buffers keep the common case off the heap.
-type request struct {
-	zones     []*Zone
-	checks    []limiter.Check
-	decisions []limiter.Decision
-
-	zonesBuf     [maxInlineZones]*Zone
-	checksBuf    [maxInlineZones]limiter.Check
-	decisionsBuf [maxInlineZones]limiter.Decision
-}
-
-// applicable fills req with the zones that apply to r and their checks.
-func (h *Handler) applicable(r *http.Request, repl *caddy.Replacer, req *request) error {
-	req.zones, req.checks = req.zonesBuf[:0], req.checksBuf[:0]
-	for _, z := range h.zones {
-		applies, err := z.applies(r)
-		if err != nil {
-			return err
-		}
-		if !applies {
-			continue
-		}
-		req.checks = append(req.checks, limiter.Check{Zone: z.identity, Key: h.keyFor(r, repl, z, req.zones, req.checks), Limit: z.limit})
-		req.zones = append(req.zones, z)
-	}
-	if len(req.checks) <= maxInlineZones {
-		req.decisions = req.decisionsBuf[:len(req.checks)]
-	} else {
-		req.decisions = make([]limiter.Decision, len(req.checks))
-	}
-	return nil
-}
-
-// source says who decided a request.
-type source uint8
-
-const (
-	fromStore source = iota // the store (Redis or in-process)
-	fromCache               // the deny cache, without a store call
-	fromLocal               // the in-process fallback, for fail_mode local
-)
-
-func (s source) allowed() string {
-	if s == fromLocal {
-		return resultLocalAllowed
-	}
-	return resultAllowed
-}
-
-func (s source) denied() string {
-	if s == fromLocal {
-		return resultLocalDenied
-	}
-	return resultDenied
 }
 
 // failed applies fail_mode open or closed to a request the store could not
@@ -120,7 +55,8 @@ func (s source) denied() string {
 func (h *Handler) failed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req *request, err error) error {
 	if h.FailMode == failClosed {
 		count(req.zones, resultFailedClosed)
-		return caddyhttp.Error(http.StatusServiceUnavailable, err)
+		w.Header().Set("Retry-After", failedClosedRetryAfter)
+		return refuse(w, r, http.StatusServiceUnavailable, err)
 	}
 	count(req.zones, resultFailedOpen)
 	return next.ServeHTTP(w, r)
@@ -146,14 +82,26 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		return next.ServeHTTP(w, r)
 	}
 	w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
+	return refuse(w, r, http.StatusTooManyRequests, errRateLimited)
+}
+
+// failedClosedRetryAfter is the Retry-After of a fail-closed 503: the
+// shortest wait the header can say. The breaker tries Redis again every 25
+// to 100ms, so an outage may be over by then; a client that honours it
+// waits instead of retrying at once.
+const failedClosedRetryAfter = "1"
+
+// refuse answers a denial (429) or a fail-closed request (503). When no
+// handle_errors route would see the error, it writes the status itself, as
+// Caddy's error path would, without that path's cost on every request of a
+// flood or an outage: an error ID, and for a 5xx an error-level log line
+// each. Otherwise it returns the error, for handle_errors to shape.
+func refuse(w http.ResponseWriter, r *http.Request, status int, err error) error {
 	if !hasErrorRoutes(r) {
-		// Nothing would see the error: answer as Caddy's error path would,
-		// without its cost (an error ID and a stack trace per call), which a
-		// flood pays on every request.
-		w.WriteHeader(http.StatusTooManyRequests)
+		w.WriteHeader(status)
 		return nil
 	}
-	return caddyhttp.Error(http.StatusTooManyRequests, errRateLimited)
+	return caddyhttp.Error(status, err)
 }
 
 // hasErrorRoutes reports whether the server has handle_errors routes, which
@@ -185,21 +133,6 @@ func count(zones []*Zone, result string) {
 	for _, z := range zones {
 		z.decisions[result].Inc()
 	}
-}
-
-// keyFor returns the client key of zone z, reusing the key already built for
-// an earlier zone with the same template.
-func (h *Handler) keyFor(r *http.Request, repl *caddy.Replacer, z *Zone, zones []*Zone, checks []limiter.Check) string {
-	for i, other := range zones {
-		if other.Key == z.Key {
-			return checks[i].Key
-		}
-	}
-	key, fellBack := z.key.key(r, repl, h.IPv4Prefix, h.IPv6Prefix)
-	if fellBack {
-		z.fallbacks.record(z.Key)
-	}
-	return key
 }
 
 // mostRestrictive picks the decision the headers report: among denying zones

@@ -6,9 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -64,65 +61,6 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter
 	values[4] = formatSeconds(d.Reset)
 	h["Ratelimit-Policy"], h["Ratelimit"] = values[0:1:1], values[1:2:2]
 	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = values[2:3:3], values[3:4:4], values[4:5:5]
-}
-
-// setPlaceholders exposes a decision as {http.sliding_ratelimit.*}, for
-// handle_errors and logs. The values are formatted only if a placeholder is
-// used; a later decision on the same request (a second handler) replaces
-// the earlier one. The request's provider is found through its vars, a map
-// lookup, rather than through the replacer, which asks every provider.
-func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, d limiter.Decision) {
-	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
-	if vars == nil {
-		// Not a request Caddy's server prepared; keep the provider in the
-		// replacer itself.
-		if v, ok := repl.Get(placeholdersVar); ok {
-			vars = v.(map[string]any)
-		} else {
-			vars = make(map[string]any, 1)
-			repl.Set(placeholdersVar, vars)
-		}
-	}
-	if p, ok := vars[placeholdersVar].(*decisionPlaceholders); ok {
-		p.zone, p.decision = z, d
-		return
-	}
-	p := &decisionPlaceholders{zone: z, decision: d}
-	vars[placeholdersVar] = p
-	repl.Map(p.replace)
-}
-
-// placeholdersVar holds a request's decisionPlaceholders in its vars.
-const placeholdersVar = "sliding_ratelimit.decision"
-
-type decisionPlaceholders struct {
-	zone     *Zone
-	decision limiter.Decision
-}
-
-// String keeps the decision readable where vars are printed.
-func (p *decisionPlaceholders) String() string {
-	return p.zone.Name + " remaining " + strconv.FormatInt(p.decision.Remaining, 10)
-}
-
-func (p *decisionPlaceholders) replace(key string) (any, bool) {
-	name, ok := strings.CutPrefix(key, "http.sliding_ratelimit.")
-	if !ok {
-		return nil, false
-	}
-	switch name {
-	case "zone":
-		return p.zone.Name, true
-	case "limit":
-		return p.zone.maxText, true
-	case "remaining":
-		return p.decision.Remaining, true
-	case "retry_after":
-		return ceilSeconds(p.decision.RetryAfter), true
-	case "reset":
-		return ceilSeconds(p.decision.Reset), true
-	}
-	return nil, false
 }
 
 // ceilSeconds rounds d up to whole seconds: a client that waits the rounded

@@ -98,3 +98,32 @@ func TestPlaceholdersShowTheLastDecision(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceholdersInHeaderNeedDefer: Caddy runs `header` before the limiter,
+// so its placeholders are text there unless the header is deferred, as
+// docs/responses.md says.
+func TestPlaceholdersInHeaderNeedDefer(t *testing.T) {
+	startCaddy(t, `
+:9080 {
+	header X-Plain {http.sliding_ratelimit.remaining}
+	header {
+		defer
+		X-Deferred {http.sliding_ratelimit.remaining}
+	}
+	header >X-Arrow {http.sliding_ratelimit.remaining}
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+	}
+	respond "ok"
+}`)
+	h := send(t, site, from("127.0.0.6")).header
+	if got, want := h.Get("X-Plain"), "{http.sliding_ratelimit.remaining}"; got != want {
+		t.Errorf("header without defer: %q, want %q", got, want)
+	}
+	for _, name := range []string{"X-Deferred", "X-Arrow"} {
+		if got := h.Get(name); got != "4" {
+			t.Errorf("%s: %q, want 4", name, got)
+		}
+	}
+}

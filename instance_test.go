@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -65,36 +66,30 @@ var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Reques
 	return nil
 })
 
-// serve runs one request from clientIP through the handler and returns the
-// status Caddy would send (the handler's error status for a 429 or 503).
-func (in *instance) serve(clientIP string, header http.Header) (int, http.Header) {
-	return in.serveTo("/", clientIP, header, okHandler)
-}
-
-// serveWith is serve with next as the next handler, on /login.
-func (in *instance) serveWith(clientIP string, header http.Header, next caddyhttp.Handler) int {
-	status, _ := in.serveTo("/login", clientIP, header, next)
-	return status
-}
-
-// serveTo runs one request for path from clientIP through the handler and
-// next.
-func (in *instance) serveTo(path, clientIP string, header http.Header, next caddyhttp.Handler) (int, http.Header) {
-	r := httptest.NewRequest(http.MethodGet, "http://example.test"+path, nil)
-	for k, v := range header {
-		r.Header[k] = v
+// serve runs one request through the handler and o's next handler, as
+// Caddy's server would, and returns what Caddy would send: for an error, its
+// status (a 429 or 503 that handle_errors would shape).
+func (in *instance) serve(target string, o outgoing) answer {
+	if strings.HasPrefix(target, "/") {
+		target = "http://example.test" + target
 	}
-	r.RemoteAddr = net.JoinHostPort(clientIP, "40000")
+	r := httptest.NewRequest(o.method, target, o.body)
+	r.Header = o.header
+	if o.host != "" {
+		r.Host = o.host
+	}
+	r.RemoteAddr = net.JoinHostPort(o.from, "40000")
 	w := httptest.NewRecorder()
 	// As Caddy's server does: the replacer with the http.* placeholders,
 	// and the client IP.
 	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, nil)
-	err := in.ServeHTTP(w, r, next)
+	err := in.ServeHTTP(w, r, o.next)
+	a := answer{status: w.Code, header: w.Header(), body: w.Body.String()}
 	if err != nil {
+		a.status = http.StatusInternalServerError
 		if herr, ok := err.(caddyhttp.HandlerError); ok {
-			return herr.StatusCode, w.Header()
+			a.status = herr.StatusCode
 		}
-		return http.StatusInternalServerError, w.Header()
 	}
-	return w.Code, w.Header()
+	return a
 }

@@ -1,9 +1,7 @@
 package slidingratelimit
 
 import (
-	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,41 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 )
-
-// clientAt returns an HTTP client whose connections come from ip, a real
-// second (third, ...) client on the loopback network, not a header that
-// pretends to be one.
-func clientAt(t *testing.T, ip string) *http.Client {
-	t.Helper()
-	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: 5 * time.Second}
-	transport := &http.Transport{DialContext: dialer.DialContext}
-	t.Cleanup(transport.CloseIdleConnections)
-	return &http.Client{Transport: transport, Timeout: 10 * time.Second}
-}
-
-// sendFrom sends one GET with headers, each value a separate header line, and
-// returns the status and response headers.
-func sendFrom(t *testing.T, client *http.Client, rawURL string, headers map[string][]string) (int, http.Header) {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, rawURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, vs := range headers {
-		for _, v := range vs {
-			req.Header.Add(k, v)
-		}
-	}
-	res, err := client.Do(req)
-	if err != nil {
-		t.Fatalf("GET %s: %v", rawURL, err)
-	}
-	_, _ = io.Copy(io.Discard, res.Body)
-	res.Body.Close()
-	return res.StatusCode, res.Header
-}
 
 // limitedSite is a site on :9080 limited by key, max_requests 2 a minute.
 func limitedSite(t *testing.T, key string) string {
@@ -64,30 +30,18 @@ func limitedSite(t *testing.T, key string) string {
 }`
 }
 
-// expect sends one request per status in want and checks each answer.
-func expect(t *testing.T, what string, client *http.Client, rawURL string, headers map[string][]string, want ...int) {
-	t.Helper()
-	for i, w := range want {
-		if got, _ := sendFrom(t, client, rawURL, headers); got != w {
-			t.Errorf("%s, request %d: status %d, want %d", what, i+1, got, w)
-		}
-	}
-}
-
-const site = "http://127.0.0.1:9080/"
-
 // TestForgedKeyCannotSpendAnotherClientsQuota: a header that holds another
 // client's address lands in the value namespace, never on the key that
 // client falls back to.
 func TestForgedKeyCannotSpendAnotherClientsQuota(t *testing.T) {
 	startCaddy(t, limitedSite(t, "{http.request.header.Authorization}"))
-	attacker, victim := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.1")
-	forged := map[string][]string{"Authorization": {"127.0.0.1"}}
-	expect(t, "127.0.0.2 sending Authorization: 127.0.0.1", attacker, site, forged, 200, 200, 429)
-	expect(t, "127.0.0.1 without the header", victim, site, nil, 200, 200, 429)
+	attacker, victim := from("127.0.0.2"), from("127.0.0.1")
+	forged := withHeader("Authorization", "127.0.0.1")
+	expect(t, "127.0.0.2 sending Authorization: 127.0.0.1", site, []int{200, 200, 429}, attacker, forged)
+	expect(t, "127.0.0.1 without the header", site, []int{200, 200, 429}, victim)
 	// And the other way round: the victim's fallback key spends nothing of
 	// the value the attacker used up.
-	expect(t, "127.0.0.3 sending Authorization: 127.0.0.1", clientAt(t, "127.0.0.3"), site, forged, 429)
+	expect(t, "127.0.0.3 sending Authorization: 127.0.0.1", site, []int{429}, from("127.0.0.3"), forged)
 }
 
 // TestRepeatedValuesDoNotDodgeTheLimit: the key is the first value, the one
@@ -119,14 +73,14 @@ func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			startCaddy(t, limitedSite(t, c.key))
-			client := clientAt(t, "127.0.0.2")
+			client := from("127.0.0.2")
 			url, headers := c.first()
-			expect(t, "first value alone", client, url, headers, 200, 200)
+			expect(t, "first value alone", url, []int{200, 200}, client, withHeaders(headers))
 			url, headers = c.repeated()
-			expect(t, "first value repeated with others", client, url, headers, 429)
+			expect(t, "first value repeated with others", url, []int{429}, client, withHeaders(headers))
 			// Another value is another client.
-			expect(t, "another first value", client, site+"?apikey=other", map[string][]string{
-				"Authorization": {"Bearer other"}, "Cookie": {"session=other"}}, 200)
+			expect(t, "another first value", site+"?apikey=other", []int{200}, client, withHeaders(map[string][]string{
+				"Authorization": {"Bearer other"}, "Cookie": {"session=other"}}))
 		})
 	}
 }
@@ -136,24 +90,24 @@ func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
 // address within the others; moving text between parts makes another key.
 func TestCompositeKeys(t *testing.T) {
 	startCaddy(t, limitedSite(t, "{http.request.header.X-Org}:{http.request.header.X-User}"))
-	two, three := clientAt(t, "127.0.0.2"), clientAt(t, "127.0.0.3")
+	two, three := from("127.0.0.2"), from("127.0.0.3")
 
-	expect(t, "127.0.0.2, no headers", two, site, nil, 200, 200, 429)
-	expect(t, "127.0.0.3, no headers", three, site, nil, 200)
+	expect(t, "127.0.0.2, no headers", site, []int{200, 200, 429}, two)
+	expect(t, "127.0.0.3, no headers", site, []int{200}, three)
 
-	orgOnly := map[string][]string{"X-Org": {"acme"}}
-	expect(t, "127.0.0.2, X-Org only", two, site, orgOnly, 200, 200, 429)
-	expect(t, "127.0.0.3, X-Org only", three, site, orgOnly, 200)
+	orgOnly := withHeader("X-Org", "acme")
+	expect(t, "127.0.0.2, X-Org only", site, []int{200, 200, 429}, two, orgOnly)
+	expect(t, "127.0.0.3, X-Org only", site, []int{200}, three, orgOnly)
 
 	full := map[string][]string{"X-Org": {"acme"}, "X-User": {"u1"}}
-	expect(t, "127.0.0.2, org and user", two, site, full, 200, 200, 429)
-	expect(t, "127.0.0.3, the same org and user", three, site, full, 429)
-	shifted := map[string][]string{"X-Org": {"acme:u1"}}
-	expect(t, "127.0.0.3, org 'acme:u1' and no user", three, site, shifted, 200)
-	shifted = map[string][]string{"X-Org": {"acme"}, "X-User": {":u1"}}
-	expect(t, "127.0.0.3, org 'acme' and user ':u1'", three, site, shifted, 200)
+	expect(t, "127.0.0.2, org and user", site, []int{200, 200, 429}, two, withHeaders(full))
+	expect(t, "127.0.0.3, the same org and user", site, []int{429}, three, withHeaders(full))
+	shifted := withHeader("X-Org", "acme:u1")
+	expect(t, "127.0.0.3, org 'acme:u1' and no user", site, []int{200}, three, shifted)
+	shifted = withHeaders(map[string][]string{"X-Org": {"acme"}, "X-User": {":u1"}})
+	expect(t, "127.0.0.3, org 'acme' and user ':u1'", site, []int{200}, three, shifted)
 	fakeMissing := map[string][]string{"X-Org": {"acme"}, "X-User": {"@127.0.0.2"}}
-	expect(t, "127.0.0.3, user '@127.0.0.2' (the stand-in of a missing user)", three, site, fakeMissing, 200)
+	expect(t, "127.0.0.3, user '@127.0.0.2' (the stand-in of a missing user)", site, []int{200}, three, withHeaders(fakeMissing))
 }
 
 // TestSitesWithDifferentLimitsDoNotShare: two sites with the three-line form
@@ -188,11 +142,11 @@ func TestSitesWithDifferentLimitsDoNotShare(t *testing.T) {
 	}
 	respond "ok"
 }`)
-	client := clientAt(t, "127.0.0.2")
-	expect(t, "100/h site", client, site+"b", nil, 200, 200, 200, 200, 200)
-	expect(t, "3/min site after five on the other", client, site+"a", nil, 200, 200, 200, 429)
-	expect(t, "zone shared on one handler", client, site+"s1", nil, 200)
-	expect(t, "zone shared on the other", client, site+"s2", nil, 200, 429)
+	client := from("127.0.0.2")
+	expect(t, "100/h site", site+"b", []int{200, 200, 200, 200, 200}, client)
+	expect(t, "3/min site after five on the other", site+"a", []int{200, 200, 200, 429}, client)
+	expect(t, "zone shared on one handler", site+"s1", []int{200}, client)
+	expect(t, "zone shared on the other", site+"s2", []int{200, 429}, client)
 
 	status, raw := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/default/keys/127.0.0.2")
 	body := string(raw)
@@ -219,11 +173,12 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 	}
 	respond "ok"
 }`)
-	client := clientAt(t, "127.0.0.2")
-	expect(t, "first", client, site, nil, 200)
-	reg := registered(t, "daily")
+	client := from("127.0.0.2")
+	expect(t, "first", site, []int{200}, client)
+	hits := cacheHits("daily")
 	for i := 0; i < 3; i++ {
-		status, h := sendFrom(t, client, site, nil)
+		res := send(t, site, client)
+		status, h := res.status, res.header
 		if status != http.StatusTooManyRequests {
 			t.Fatalf("denial %d: status %d", i+1, status)
 		}
@@ -240,7 +195,7 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	if reg.h.backend.cache.Stats().Hits == 0 {
+	if cacheHits("daily") == hits {
 		t.Fatal("no denial came from the deny cache; the test would not cross it")
 	}
 	// The admin API's seconds are rounded to the millisecond.
@@ -256,21 +211,7 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 // about at provision; keys that fall back to the client address are counted
 // and logged at most once a minute.
 func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
-	logFile := filepath.Join(t.TempDir(), "caddy.log")
-	tester := caddytest.NewTester(t)
-	tester.InitServer(`{
-	skip_install_trust
-	admin localhost:2999
-	http_port 9080
-	grace_period 1ns
-	log {
-		output file `+logFile+`
-		level INFO
-	}
-	servers {
-		metrics
-	}
-}
+	logFile := startCaddy(t, `
 :9080 {
 	sliding_ratelimit {
 		zone typo 1m 100 {
@@ -283,10 +224,13 @@ func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
 		key_prefix `+uniquePrefix(t)+`
 	}
 	respond "ok"
-}`, "caddyfile")
+}`, withGlobals(`
+servers {
+	metrics
+}`))
 	before := scrape(t, `caddy_sliding_ratelimit_key_fallbacks_total{zone="header"}`)
-	client := clientAt(t, "127.0.0.2")
-	expect(t, "without X-Api-Key", client, site, nil, 200, 200, 200)
+	client := from("127.0.0.2")
+	expect(t, "without X-Api-Key", site, []int{200, 200, 200}, client)
 	if got := scrape(t, `caddy_sliding_ratelimit_key_fallbacks_total{zone="header"}`) - before; got != 3 {
 		t.Errorf("key_fallbacks_total of zone header rose by %v, want 3", got)
 	}
@@ -338,4 +282,40 @@ func TestCounterWithSmallLimitWarns(t *testing.T) {
 	if strings.Contains(string(logs), `"zone":"large","max_requests":100`) {
 		t.Errorf("warned about the counter with max_requests 100; log:\n%s", logs)
 	}
+}
+
+// TestUnbalancedKeyFailsTheConfig: a key whose placeholder is left open is no
+// placeholder at all, so five clients with five API keys would share one
+// bucket; the config is refused, naming the key and the Caddyfile line (or,
+// in JSON, the zone). A constant key on purpose still loads: one limit for
+// every client.
+func TestUnbalancedKeyFailsTheConfig(t *testing.T) {
+	for _, key := range []string{"{http.request.header.X-Api-Key", "{client_ip", "}{client_ip}", "{{client_ip}}", "x{}"} {
+		caddyfile := `:0 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+		key ` + key + `
+		redis ` + sharedRedis.URL() + `
+	}
+	respond "ok"
+}`
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+		if err == nil || !strings.Contains(err.Error(), "key \"") || !strings.HasSuffix(err.Error(), "at Caddyfile:5") {
+			t.Errorf("Caddyfile key %s: error %v, want one naming the key and line 5", key, err)
+		}
+	}
+
+	config := `{"apps": {"http": {"servers": {"s": {"listen": [":0"], "routes": [{"handle": [
+		{"handler": "sliding_ratelimit", "redis": "` + sharedRedis.URL() + `", "zones": [
+			{"name": "api", "window": "1m", "max_requests": 5, "key": "{http.request.header.X-Api-Key"}]}]}]}}}}}`
+	err := caddy.Validate(mustConfig(t, []byte(config)))
+	if want := `zone api: key "{http.request.header.X-Api-Key": the placeholder "{http.request.header.X-Api-Key" has no closing '}'`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("JSON: error %v, want one containing %q", err, want)
+	}
+
+	startCaddy(t, limitedSite(t, "global"))
+	two, three := from("127.0.0.2"), from("127.0.0.3")
+	expect(t, "first client, constant key", site, []int{200, 200}, two)
+	expect(t, "second client, constant key", site, []int{429}, three)
 }

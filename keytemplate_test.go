@@ -33,6 +33,7 @@ func TestKeyTemplate(t *testing.T) {
 		{"composite escapes", "{http.request.header.A}:{http.request.header.B}", "/", map[string][]string{"A": {"x:y%@"}, "B": {"z"}}, "=x%3Ay%25%40:z", false},
 		{"composite missing part", "{http.request.header.A}:{http.request.header.B}", "/", map[string][]string{"A": {"x"}}, "=x:@192.0.2.1", false},
 		{"composite all missing", "{http.request.header.A}:{http.request.header.B}", "/", nil, "192.0.2.1", true},
+		{"not UTF-8 hashed", "{http.request.header.X-Key}", "/", map[string][]string{"X-Key": {"\xff\xfe"}}, hashedKey("=\xff\xfe"), false},
 		{"long value hashed", "{http.request.header.X-Key}", "/", map[string][]string{"X-Key": {string(make([]byte, 100))}}, hashedKey("=" + string(make([]byte, 100))), false},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 )
 
 // Decision results, the values of the result label.
@@ -26,7 +28,8 @@ var limiterMetrics struct {
 	denyCacheHits *prometheus.CounterVec
 	keyFallbacks  *prometheus.CounterVec
 	redisDuration prometheus.Histogram
-	circuitState  *prometheus.GaugeVec
+	// circuitState is the connections' (see redisconn.CircuitState).
+	circuitState *prometheus.GaugeVec
 }
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -50,12 +53,7 @@ func initMetrics(registry *prometheus.Registry) error {
 			Help:    "Time of one rate-limit decision by Redis, errors included.",
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		})
-		// One series per Redis client (each has one breaker), labelled by
-		// the address it guards: host:port, never credentials.
-		m.circuitState = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: ns, Subsystem: sub, Name: "circuit_state",
-			Help: "State of the circuit breaker around each Redis: 0 closed, 1 open, 2 half-open.",
-		}, []string{"redis"})
+		m.circuitState = redisconn.CircuitState()
 	})
 	if registry == nil {
 		return nil

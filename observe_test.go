@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 // eventRecorder is an events handler module for tests: it records the
@@ -91,8 +90,7 @@ func scrape(t *testing.T, series string) float64 {
 func TestMetricsAndEvents(t *testing.T) {
 	zone := "m" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 	prefix := uniquePrefix(t)
-	tester := caddytest.NewTester(t)
-	tester.InitServer(observedConfig(zone, prefix, "v1"), "json")
+	startCaddy(t, observedConfig(zone, prefix, "v1"), asJSON())
 	recordedEvents.Lock()
 	recordedEvents.data = nil
 	recordedEvents.Unlock()
@@ -100,7 +98,7 @@ func TestMetricsAndEvents(t *testing.T) {
 	// 3 admitted, then 4 denied: the first denial from Redis, 3 from the
 	// deny cache.
 	for i := 0; i < 7; i++ {
-		getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-Client": "watched"})
+		send(t, "http://localhost:9080/", withHeader("X-Client", "watched"))
 	}
 	series := func(result string) string {
 		return `caddy_sliding_ratelimit_decisions_total{result="` + result + `",zone="` + zone + `"}`
@@ -146,9 +144,9 @@ func TestMetricsAndEvents(t *testing.T) {
 
 	// A reload keeps the counts, and counting goes on. The new config has a
 	// new, empty deny cache, so its first denial comes from Redis.
-	tester.InitServer(observedConfig(zone, prefix, "v2"), "json")
+	startCaddy(t, observedConfig(zone, prefix, "v2"), asJSON())
 	check("after a reload", 3, 4, 3)
-	getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-Client": "watched"})
-	getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-Client": "watched"})
+	send(t, "http://localhost:9080/", withHeader("X-Client", "watched"))
+	send(t, "http://localhost:9080/", withHeader("X-Client", "watched"))
 	check("after a reload and two more denials", 3, 6, 4)
 }

@@ -1,54 +1,71 @@
 package slidingratelimit
 
-import "strings"
+import (
+	"net/http"
+	"strconv"
+	"strings"
 
-// knownPlaceholderPrefixes are the placeholder namespaces whose values a
-// request handler can read: Caddy's request placeholders, variables set by
-// vars and map, authentication results, regexp captures of matchers, and the
-// environment. The Caddyfile's shorthands ({client_ip}, {header.*},
-// {query.*}, {cookie.*}, {vars.*}, {re.*}, ...) expand into these.
-var knownPlaceholderPrefixes = []string{
-	"http.request.header.",
-	"http.request.cookie.",
-	"http.request.uri.query.",
-	"http.request.uri.path.",
-	"http.request.orig_uri.path.",
-	"http.request.host.labels.",
-	"http.request.tls.",
-	"http.request.remote.host/",
-	"http.vars.",
-	"http.auth.",
-	"http.regexp.",
-	"env.",
-}
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-// knownRequestPlaceholders are Caddy's request placeholders without a
-// variable part (modules/caddyhttp/replacer.go).
-var knownRequestPlaceholders = map[string]bool{}
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
 
-func init() {
-	for _, name := range strings.Fields(`method scheme proto proto_name host port hostport
-		local local.host local.port remote remote.host remote.port
-		uri uri_escaped uri.path uri.path_escaped uri.path.file uri.path.dir
-		uri.path.file.base uri.path.file.ext uri.query uri.query_escaped uri.prefixed_query
-		duration duration_ms uuid body body_base64
-		orig_method orig_uri orig_uri.path orig_uri.path.file orig_uri.path.file_escaped
-		orig_uri.path.dir orig_uri.query orig_uri.prefixed_query`) {
-		knownRequestPlaceholders["http.request."+name] = true
-	}
-}
-
-// knownPlaceholder reports whether name (without braces) is a placeholder a
-// request handler can read. Anything else, such as a typo like
-// "http.request.heder.X", expands to "" at run time.
-func knownPlaceholder(name string) bool {
-	if knownRequestPlaceholders[name] {
-		return true
-	}
-	for _, prefix := range knownPlaceholderPrefixes {
-		if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "" {
-			return true
+// setPlaceholders exposes a decision as {http.sliding_ratelimit.*}, for
+// handle_errors and logs. The values are formatted only if a placeholder is
+// used; a later decision on the same request (a second handler) replaces
+// the earlier one. The request's provider is found through its vars, a map
+// lookup, rather than through the replacer, which asks every provider.
+func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, d limiter.Decision) {
+	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if vars == nil {
+		// Not a request Caddy's server prepared; keep the provider in the
+		// replacer itself.
+		if v, ok := repl.Get(placeholdersVar); ok {
+			vars = v.(map[string]any)
+		} else {
+			vars = make(map[string]any, 1)
+			repl.Set(placeholdersVar, vars)
 		}
 	}
-	return false
+	if p, ok := vars[placeholdersVar].(*decisionPlaceholders); ok {
+		p.zone, p.decision = z, d
+		return
+	}
+	p := &decisionPlaceholders{zone: z, decision: d}
+	vars[placeholdersVar] = p
+	repl.Map(p.replace)
+}
+
+// placeholdersVar holds a request's decisionPlaceholders in its vars.
+const placeholdersVar = "sliding_ratelimit.decision"
+
+type decisionPlaceholders struct {
+	zone     *Zone
+	decision limiter.Decision
+}
+
+// String keeps the decision readable where vars are printed.
+func (p *decisionPlaceholders) String() string {
+	return p.zone.Name + " remaining " + strconv.FormatInt(p.decision.Remaining, 10)
+}
+
+func (p *decisionPlaceholders) replace(key string) (any, bool) {
+	name, ok := strings.CutPrefix(key, "http.sliding_ratelimit.")
+	if !ok {
+		return nil, false
+	}
+	switch name {
+	case "zone":
+		return p.zone.Name, true
+	case "limit":
+		return p.zone.maxText, true
+	case "remaining":
+		return p.decision.Remaining, true
+	case "retry_after":
+		return ceilSeconds(p.decision.RetryAfter), true
+	case "reset":
+		return ceilSeconds(p.decision.Reset), true
+	}
+	return nil, false
 }

@@ -6,8 +6,9 @@ import (
 	"testing"
 )
 
-// TestPlansPerAPIKey is the README's recipe: a map names each key's plan, and
-// zone matchers give each plan its limit.
+// TestPlansPerAPIKey is the recipe of README.md and docs/zones.md, with
+// smaller limits: a map names each key's plan, and zone matchers give each
+// plan its limit.
 func TestPlansPerAPIKey(t *testing.T) {
 	startCaddy(t, `
 :9080 {
@@ -33,7 +34,7 @@ func TestPlansPerAPIKey(t *testing.T) {
 	}
 	respond "{plan}"
 }`)
-	client := clientAt(t, "127.0.0.2")
+	client := from("127.0.0.2")
 	for _, c := range []struct {
 		key, zone string
 		admitted  int
@@ -42,9 +43,9 @@ func TestPlansPerAPIKey(t *testing.T) {
 		{"gold-key-2", "gold", 5},
 		{"free-key", "free", 2},
 	} {
-		headers := map[string][]string{"X-Api-Key": {c.key}}
 		for i := 1; i <= c.admitted+1; i++ {
-			status, h := sendFrom(t, client, site, headers)
+			res := send(t, site, client, withHeader("X-Api-Key", c.key))
+			status, h := res.status, res.header
 			want := http.StatusOK
 			if i > c.admitted {
 				want = http.StatusTooManyRequests

@@ -71,7 +71,7 @@ func TestUnreachableRedisStillLoads(t *testing.T) {
 	url := down.URL()
 	down.Stop()
 	in := newInstance(t, `{"window": "1m", "max_requests": 2, "redis": "`+url+`", "fail_mode": "closed", "timeout": "50ms"}`)
-	if status, _ := in.serve("192.0.2.7", nil); status != http.StatusServiceUnavailable {
+	if status := send(t, "/", to(in), from("192.0.2.7")).status; status != http.StatusServiceUnavailable {
 		t.Fatalf("redis down, fail_mode closed: %d, want 503", status)
 	}
 }

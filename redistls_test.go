@@ -32,7 +32,7 @@ func TestRedisOverTLS(t *testing.T) {
 		prefix := uniquePrefix(t)
 		in := newInstance(t, config(srv.TLSURL()+"?skip_verify=true", prefix))
 		for i, want := range []int{200, 200, 200, 429} {
-			if code, _ := in.serve("192.0.2.11", nil); code != want {
+			if code := send(t, "/", to(in), from("192.0.2.11")).status; code != want {
 				t.Errorf("request %d over TLS: status %d, want %d", i+1, code, want)
 			}
 		}

@@ -40,15 +40,8 @@ http://localhost:9080 {
 		return strings.Count(list, "\n")
 	}
 	load := func(version int) {
-		req, _ := http.NewRequest(http.MethodPost, "http://localhost:2999/load", strings.NewReader(config(version)))
-		req.Header.Set("Content-Type", "text/caddyfile")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("reload %d: %v", version, err)
-		}
-		res.Body.Close()
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("reload %d: status %d", version, res.StatusCode)
+		if res := send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("text/caddyfile", config(version))); res.status != http.StatusOK {
+			t.Fatalf("reload %d: status %d %s", version, res.status, res.body)
 		}
 	}
 	load(1)

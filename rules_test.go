@@ -31,6 +31,10 @@ func TestJSONRulesNameTheField(t *testing.T) {
 		{`{"window": "1m", "max_requests": 5, "zones": [{"name": "default", "window": "1h", "max_requests": 9}]}`, "zone default clashes with the zone that window and max_requests define"},
 		{`{"window": "1m", "max_requests": 5, "count_status": [600]}`, "count_status must be status codes from 100 to 599 or classes 1 to 5 (1xx to 5xx), got 600"},
 		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "count_status": [0]}]}`, "zone a: count_status must be"},
+		{`{"window": "1m", "max_requests": 5, "key": "{http.request.header.X-Api-Key"}`, `key "{http.request.header.X-Api-Key": the placeholder "{http.request.header.X-Api-Key" has no closing '}'`},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "key": "}{http.vars.client_ip}"}]}`, `zone a: key "}{http.vars.client_ip}": '}' at the start closes no '{'`},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "key": "{a{b}}"}]}`, `zone a: key "{a{b}}": '{' inside the placeholder "{a", which is not closed: placeholders do not nest`},
+		{`{"window": "1m", "max_requests": 5, "key": "t:{}"}`, `key "t:{}": empty placeholder '{}' after "t:"`},
 	} {
 		err := provisionError(t, c.config)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

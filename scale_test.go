@@ -16,7 +16,7 @@ import (
 
 // flood sends n concurrent requests from one client spread over instances and
 // counts the answers by status.
-func flood(instances []*instance, n int, clientIP string) map[int]int {
+func flood(t *testing.T, instances []*instance, n int, clientIP string) map[int]int {
 	var (
 		mu     sync.Mutex
 		counts = make(map[int]int)
@@ -28,7 +28,7 @@ func flood(instances []*instance, n int, clientIP string) map[int]int {
 		go func(in *instance) {
 			defer wg.Done()
 			<-start
-			status, _ := in.serve(clientIP, nil)
+			status := send(t, "/", to(in), from(clientIP)).status
 			mu.Lock()
 			counts[status]++
 			mu.Unlock()
@@ -48,7 +48,7 @@ func TestExactAcrossInstances(t *testing.T) {
 			"redis": "`+sharedRedis.URL()+`?client_name=instance`+strconv.Itoa(i)+`",
 			"key_prefix": "`+prefix+`", "timeout": "2s", "fail_mode": "closed"}`))
 	}
-	counts := flood(instances, 600, "192.0.2.10")
+	counts := flood(t, instances, 600, "192.0.2.10")
 	if counts[http.StatusOK] != 50 || counts[http.StatusTooManyRequests] != 550 {
 		t.Errorf("600 concurrent requests over 3 instances, max 50: got %v, want exactly 50 x 200 and 550 x 429", counts)
 	}
@@ -65,7 +65,7 @@ func TestExactAcrossInstancesOnCluster(t *testing.T) {
 			"redis": "`+cluster.URL()+`&client_name=instance`+strconv.Itoa(i)+`",
 			"key_prefix": "`+prefix+`", "timeout": "2s", "fail_mode": "closed"}`))
 	}
-	counts := flood(instances, 600, "192.0.2.10")
+	counts := flood(t, instances, 600, "192.0.2.10")
 	if counts[http.StatusOK] != 50 || counts[http.StatusTooManyRequests] != 550 {
 		t.Errorf("600 concurrent requests over 3 instances on a cluster, max 50: got %v, want exactly 50 x 200 and 550 x 429", counts)
 	}
@@ -74,7 +74,7 @@ func TestExactAcrossInstancesOnCluster(t *testing.T) {
 	perMaster := make(map[string]int)
 	for i := 0; i < 1000; i++ {
 		ip := "198.51." + strconv.Itoa(i/250) + "." + strconv.Itoa(i%250)
-		if status, _ := instances[i%3].serve(ip, nil); status != http.StatusOK {
+		if status := send(t, "/", to(instances[i%3]), from(ip)).status; status != http.StatusOK {
 			t.Fatalf("client %s: status %d", ip, status)
 		}
 		perMaster[cluster.MasterOf(prefix+"{"+ip+"}:default")]++
@@ -102,18 +102,19 @@ func TestZonesAcrossSlotsOnCluster(t *testing.T) {
 			{"name": "burst", "window": "1m", "max_requests": 3},
 			{"name": "hourly", "window": "1h", "max_requests": 5, "key": "{http.request.header.Authorization}"}
 		]}`)
-	send := func(client, token string) (int, http.Header) {
-		return in.serve("203.0.113.1", http.Header{"X-Client": {client}, "Authorization": {token}})
+	request := func(client, token string) (int, http.Header) {
+		res := send(t, "/", to(in), from("203.0.113.1"), withHeader("X-Client", client), withHeader("Authorization", token))
+		return res.status, res.header
 	}
 	if cluster.MasterOf(prefix+"{c3}:burst") == cluster.MasterOf(prefix+"{tok}:hourly") {
 		t.Log("c3 and tok share a master; the refund still crosses slots")
 	}
 	for i, client := range []string{"c1", "c1", "c1", "c2", "c2"} {
-		if status, _ := send(client, "tok"); status != http.StatusOK {
+		if status, _ := request(client, "tok"); status != http.StatusOK {
 			t.Fatalf("admission %d: status %d", i+1, status)
 		}
 	}
-	if status, _ := send("c3", "tok"); status != http.StatusTooManyRequests {
+	if status, _ := request("c3", "tok"); status != http.StatusTooManyRequests {
 		t.Fatalf("sixth request of the token: status %d, want 429", status)
 	}
 	card, err := admissionsKept(context.Background(), cluster.Client(t), prefix+"{c3}:burst")
@@ -123,7 +124,7 @@ func TestZonesAcrossSlotsOnCluster(t *testing.T) {
 	if card != 0 {
 		t.Errorf("c3's burst holds %d admissions after hourly denied across slots, want 0 (refunded)", card)
 	}
-	if status, h := send("c3", "other"); status != http.StatusOK || h.Get("RateLimit") != `"burst";r=2;t=60` {
+	if status, h := request("c3", "other"); status != http.StatusOK || h.Get("RateLimit") != `"burst";r=2;t=60` {
 		t.Errorf("c3 with another token: %d %q, want 200 \"burst\";r=2;t=60", status, h.Get("RateLimit"))
 	}
 }
@@ -135,7 +136,7 @@ func TestSentinelFailover(t *testing.T) {
 		"redis_topology": "sentinel", "redis": "`+sentinel.URL()+`",
 		"key_prefix": "`+uniquePrefix(t)+`", "timeout": "500ms", "fail_mode": "closed"}`)
 	for i := 0; i < 5; i++ {
-		if status, _ := in.serve("192.0.2.7", nil); status != http.StatusOK {
+		if status := send(t, "/", to(in), from("192.0.2.7")).status; status != http.StatusOK {
 			t.Fatalf("before failover, request %d: status %d", i+1, status)
 		}
 	}
@@ -147,7 +148,8 @@ func TestSentinelFailover(t *testing.T) {
 	// During the switch the fail mode may apply; then decisions come back.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		status, h := in.serve("192.0.2.7", nil)
+		res := send(t, "/", to(in), from("192.0.2.7"))
+		status, h := res.status, res.header
 		if status == http.StatusOK && h.Get("RateLimit") != "" {
 			break
 		}
@@ -157,7 +159,7 @@ func TestSentinelFailover(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	for i := 0; i < 50; i++ {
-		if status, _ := in.serve("192.0.2.7", nil); status != http.StatusOK {
+		if status := send(t, "/", to(in), from("192.0.2.7")).status; status != http.StatusOK {
 			t.Fatalf("after failover, request %d: status %d", i+1, status)
 		}
 	}
@@ -182,7 +184,7 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				"window": "1m", "max_requests": 5,
 				"key": "{http.request.header.X-Client}",
 				"redis": "`+srv.URL()+`", "timeout": "100ms", "fail_mode": "`+c.mode+`"}`)
-			if status, _ := in.serve("192.0.2.1", nil); status != http.StatusOK {
+			if status := send(t, "/", to(in), from("192.0.2.1")).status; status != http.StatusOK {
 				t.Fatalf("Redis up: status %d", status)
 			}
 			if err := srv.Freeze(); err != nil {
@@ -201,7 +203,7 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 					for n := 0; time.Now().Before(stop); n++ {
 						client := "load-" + strconv.Itoa(g)
 						start := time.Now()
-						status, _ := in.serve("192.0.2.1", http.Header{"X-Client": {client}})
+						status := send(t, "/", to(in), from("192.0.2.1"), withHeader("X-Client", client)).status
 						took := time.Since(start)
 						for old := slowest.Load(); int64(took) > old && !slowest.CompareAndSwap(old, int64(took)); old = slowest.Load() {
 						}
@@ -233,15 +235,15 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 				})
 				return true
 			})
-			if got := in.backend.client.breaker.State().String(); got != "open" {
+			if got := in.backend.conn.Breaker().State().String(); got != "open" {
 				t.Errorf("breaker %s while Redis is frozen, want open", got)
 			}
-			if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.client.label)); got != 1 {
+			if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.conn.Label())); got != 1 {
 				t.Errorf("circuit_state metric %v while open, want 1", got)
 			}
 			// Open: no Redis call, so an answer takes far less than the timeout.
 			start := time.Now()
-			in.serve("192.0.2.1", http.Header{"X-Client": {"probe-free"}})
+			send(t, "/", to(in), from("192.0.2.1"), withHeader("X-Client", "probe-free"))
 			if took := time.Since(start); took > timeout/2 {
 				t.Errorf("answer with the breaker open took %s: Redis was called", took)
 			}
@@ -251,14 +253,15 @@ func TestFrozenRedisUnderLoad(t *testing.T) {
 			}
 			thawed := time.Now()
 			for {
-				status, h := in.serve("192.0.2.1", http.Header{"X-Client": {"after-thaw"}})
+				res := send(t, "/", to(in), from("192.0.2.1"), withHeader("X-Client", "after-thaw"))
+				status, h := res.status, res.header
 				// Redis decides again once the breaker has closed; such a
 				// decision carries the RateLimit header (fail open does not).
 				// Calls that timed out while Redis was frozen may still run
 				// when it resumes, so the count need not be fresh.
-				if in.backend.client.breaker.State().String() == "closed" && h.Get("RateLimit") != "" {
+				if in.backend.conn.Breaker().State().String() == "closed" && h.Get("RateLimit") != "" {
 					t.Logf("decisions by Redis %s after SIGCONT: %d %s", time.Since(thawed).Round(time.Millisecond), status, h.Get("RateLimit"))
-					if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.client.label)); got != 0 {
+					if got := testutil.ToFloat64(limiterMetrics.circuitState.WithLabelValues(in.backend.conn.Label())); got != 0 {
 						t.Errorf("circuit_state metric %v after recovery, want 0", got)
 					}
 					break
@@ -286,7 +289,8 @@ func TestRedisLosesState(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(3 * time.Second)
 		for {
-			status, h := in.serve("192.0.2.99", nil)
+			res := send(t, "/", to(in), from("192.0.2.99"))
+			status, h := res.status, res.header
 			if status == http.StatusOK {
 				if got := h.Get("RateLimit"); got != `"default";r=2;t=60` {
 					t.Errorf("%s: first decision %q, want a fresh window", fault, got)
@@ -301,9 +305,9 @@ func TestRedisLosesState(t *testing.T) {
 	}
 	use := func() {
 		for i := 0; i < 3; i++ {
-			in.serve("192.0.2.99", nil)
+			send(t, "/", to(in), from("192.0.2.99"))
 		}
-		if status, _ := in.serve("192.0.2.99", nil); status != http.StatusTooManyRequests {
+		if status := send(t, "/", to(in), from("192.0.2.99")).status; status != http.StatusTooManyRequests {
 			t.Fatalf("fourth request: %d, want 429", status)
 		}
 	}
@@ -314,14 +318,14 @@ func TestRedisLosesState(t *testing.T) {
 	}
 	// Still blocked (state kept): only the script cache went.
 	in.backend.cache.Clear()
-	if status, _ := in.serve("192.0.2.99", nil); status != http.StatusTooManyRequests {
+	if status := send(t, "/", to(in), from("192.0.2.99")).status; status != http.StatusTooManyRequests {
 		t.Errorf("after SCRIPT FLUSH: %d, want 429 from Redis (NOSCRIPT handled)", status)
 	}
 
 	if err := rdb.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	in.backend.cache.Clear() // an operator's flush is a reset: see the README
+	in.backend.cache.Clear() // an operator's flush is a reset: see docs/redis.md
 	expectFresh("after FLUSHALL")
 
 	use()

@@ -1,18 +1,17 @@
 package slidingratelimit
 
 import (
-	"errors"
+	"context"
 	"fmt"
-	"net/url"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// stores holds the Redis clients and the in-process store, one per distinct
+// stores holds the Redis stores and the in-process store, one per distinct
 // configuration, shared by every handler that names it and kept across config
 // reloads: a reload neither reconnects nor forgets in-process limits.
 var stores = caddy.NewUsagePool()
@@ -36,73 +35,30 @@ func loadMemoryStore() (*limiter.MemoryStore, func() error) {
 	}
 }
 
-// redisClient is a pooled client with what lives as long as it: the circuit
-// breaker that guards every handler on it (clientbreaker.go) and the
-// subscriber to the resets that instances announce (resets.go).
-type redisClient struct {
-	redis.UniversalClient
-	breaker *limiter.Breaker
-	// label names the Redis in metrics and logs: host:port.
-	label  string
-	resets *resetBus
-}
-
-func (c redisClient) Destruct() error {
-	c.resets.stop()
-	limiterMetrics.circuitState.DeleteLabelValues(c.label)
-	return c.Close()
-}
-
-// loadRedisClient returns the shared client for a topology and URL, and the
-// function that releases this use of it.
-func loadRedisClient(topology, rawURL string) (redisClient, func() error, error) {
-	poolKey := "redis " + topology + " " + rawURL
-	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		client, err := newRedisClient(topology, rawURL)
-		if err != nil {
-			return nil, err
-		}
-		label := redisLabel(topology, rawURL)
-		return redisClient{
-			UniversalClient: client,
-			breaker:         newClientBreaker(label),
-			label:           label,
-			resets:          newResetBus(client),
-		}, nil
-	})
-	if err != nil {
-		return redisClient{}, nil, err
-	}
-	return v.(redisClient), func() error {
-		_, err := stores.Delete(poolKey)
-		return err
-	}, nil
-}
-
-// redisStore is a pooled store with the use of the client it holds.
+// redisStore is a pooled store with the use of the connection it holds.
 type redisStore struct {
 	*limiter.RedisStore
-	releaseClient func() error
+	conn *redisconn.Conn
 }
 
 func (s redisStore) Destruct() error {
 	s.RedisStore.Close()
-	return s.releaseClient()
+	return s.conn.Close()
 }
 
 // loadRedisStore returns the shared store for a topology, URL, key prefix
 // and timeout, and the function that releases this use of it. Handlers that
 // agree on all four share one store, and so one batch of decisions per
 // script call; the store lives as long as the handlers that use it, and
-// holds its client that long.
+// holds its connection that long.
 func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limiter.RedisStore, func() error, error) {
 	poolKey := fmt.Sprintf("redis store %s %s %q %d", topology, rawURL, opts.KeyPrefix, opts.Timeout)
 	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
-		client, release, err := loadRedisClient(topology, rawURL)
+		conn, err := redisconn.Open(topology, rawURL)
 		if err != nil {
 			return nil, err
 		}
-		return redisStore{limiter.NewRedisStore(client.UniversalClient, opts), release}, nil
+		return redisStore{limiter.NewRedisStore(conn.Client(), opts), conn}, nil
 	})
 	if err != nil {
 		return nil, nil, err
@@ -113,87 +69,12 @@ func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limite
 	}, nil
 }
 
-// newRedisClient makes a go-redis client of the topology from its URL.
-func newRedisClient(topology, rawURL string) (redis.UniversalClient, error) {
-	newClient, err := parseTopologyURL(topology, rawURL)
-	if err != nil {
-		return nil, err
-	}
-	return newClient(), nil
-}
+// timedStore observes how long each Redis decision takes, errors included.
+type timedStore struct{ *limiter.RedisStore }
 
-// checkRedisURL parses rawURL as the topology would, to report a bad URL at
-// configuration time.
-func checkRedisURL(topology, rawURL string) error {
-	_, err := parseTopologyURL(topology, rawURL)
+func (s timedStore) Allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) error {
+	start := time.Now()
+	err := s.RedisStore.Allow(ctx, checks, decisions)
+	limiterMetrics.redisDuration.Observe(time.Since(start).Seconds())
 	return err
-}
-
-// parseTopologyURL parses rawURL with go-redis's parser for the topology and
-// returns the constructor of its client. Every client honours the context
-// deadline of each decision: without that, go-redis ignores it and a frozen
-// Redis holds each request for the read timeout. It fails fast: go-redis
-// dials in the background, detached from the decision's deadline, and by
-// default retries a refused dial five times 100ms apart while the decision
-// waits, so a dial is tried once; and a script is never retried, since a retry
-// cannot finish within a decision's deadline after the first attempt ate it,
-// and a script whose reply was lost may have recorded its admission. A URL
-// that sets max_retries keeps its value, and one that sets pool_size keeps
-// its own (see outageProofPoolSize). A new connection
-// spends one round trip on its handshake, not three: no CLIENT SETINFO and no
-// maintenance notifications (a Redis Enterprise feature) follow HELLO. With
-// Redis 50ms away and a 100ms timeout, three would leave no time for the
-// first decision. Errors never quote the URL, which may hold a password.
-func parseTopologyURL(topology, rawURL string) (func() redis.UniversalClient, error) {
-	switch topology {
-	case "", topologyStandalone:
-		opts, err := redis.ParseURL(rawURL)
-		if err != nil {
-			return nil, urlError(err, "redis://host:port or rediss://host:port")
-		}
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
-		opts.PoolSize = poolSize(opts.PoolSize)
-		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
-		gateDials(opts)
-		return func() redis.UniversalClient { return redis.NewClient(opts) }, nil
-	case topologyCluster:
-		opts, err := redis.ParseClusterURL(rawURL)
-		if err != nil {
-			return nil, urlError(err, "redis://host:port?addr=host2:port2")
-		}
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
-		opts.PoolSize = poolSize(opts.PoolSize)
-		opts.DisableIdentity, opts.MaintNotificationsConfig = true, noMaintNotifications()
-		gateNodeDials(opts)
-		return func() redis.UniversalClient { return redis.NewClusterClient(opts) }, nil
-	case topologySentinel:
-		opts, err := redis.ParseFailoverURL(rawURL)
-		if err != nil {
-			return nil, urlError(err, "redis://sentinel:26379?master_name=mymaster")
-		}
-		opts.ContextTimeoutEnabled = true
-		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
-		opts.PoolSize = poolSize(opts.PoolSize)
-		opts.DisableIdentity = true // it sends no maintenance notifications handshake
-		return func() redis.UniversalClient { return redis.NewFailoverClient(opts) }, nil
-	}
-	return nil, fmt.Errorf("unknown redis topology %q", topology)
-}
-
-// noMaintNotifications is the go-redis setting that skips the maintenance
-// notifications handshake.
-func noMaintNotifications() *maintnotifications.Config {
-	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-}
-
-// urlError describes a URL that go-redis refused, without quoting the URL,
-// which may hold a password.
-func urlError(err error, want string) error {
-	var urlErr *url.Error
-	if errors.As(err, &urlErr) {
-		err = urlErr.Err
-	}
-	return fmt.Errorf("invalid URL (want %s): %w", want, err)
 }

@@ -13,6 +13,10 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
+// defaultZone is the name of the zone that the handler's own window and
+// max_requests define (the three-line form).
+const defaultZone = "default"
+
 // counterMinMax is the smallest max_requests for which the counter algorithm
 // is not warned about: below it, its estimate can block for up to two windows.
 const counterMinMax = 10
@@ -59,27 +63,29 @@ type Zone struct {
 	identity string
 	// fallbacks logs keys that fell back to the client address.
 	fallbacks *fallbackLog
-	// policy is the RateLimit-Policy item, fixed per zone.
-	policy string
-	// quotedName and maxText are precomputed for headers and placeholders.
+	// policy is the RateLimit-Policy item, and quotedName and maxText are
+	// precomputed for headers and placeholders (see prepareHeaders).
+	policy     string
 	quotedName string
 	maxText    string
 	// decisions counts this zone's decisions by result; cacheHits its deny
-	// cache hits.
+	// cache hits (see bindMetrics).
 	decisions map[string]prometheus.Counter
 	cacheHits prometheus.Counter
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
-func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, h *Handler) error {
+// The key, algorithm and count_status of defaults (the handler's) stand for
+// those the zone leaves empty.
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) error {
 	if z.Key == "" {
-		z.Key = h.Key
+		z.Key = defaults.Key
 	}
 	if z.Algorithm == "" {
-		z.Algorithm = h.Algorithm
+		z.Algorithm = defaults.Algorithm
 	}
 	if z.CountStatus == nil {
-		z.CountStatus = h.CountStatus
+		z.CountStatus = defaults.CountStatus
 	}
 	if z.MatchersRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatchersRaw")
@@ -107,7 +113,6 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, h *Handler) erro
 		}
 	}
 	z.fallbacks = newFallbackLog(logger, z.Name, time.Minute)
-	z.prepareHeaders()
 	return nil
 }
 
@@ -117,4 +122,56 @@ func (z *Zone) applies(r *http.Request) (bool, error) {
 		return true, nil
 	}
 	return z.matchers.AnyMatchWithError(r)
+}
+
+// counts reports whether a response with status keeps the zone's admission
+// counted under its count_status: an entry is a status code, or a single
+// digit n for the class nxx, as Caddy's response matchers read status codes.
+// An empty list counts every response.
+func (z *Zone) counts(status int) bool {
+	if len(z.CountStatus) == 0 {
+		return true
+	}
+	for _, s := range z.CountStatus {
+		if s == status || s < 10 && status/100 == s {
+			return true
+		}
+	}
+	return false
+}
+
+// validate checks the zone's own fields.
+func (z *Zone) validate() error {
+	for _, err := range []error{
+		checkZoneName(z.Name),
+		checkPositive("window", time.Duration(z.Window)),
+		checkMaxRequests(z.MaxRequests),
+		checkKeyTemplate(z.Key),
+		algorithmEnum.check(z.Algorithm),
+		checkCountStatus(z.CountStatus),
+	} {
+		if err != nil {
+			if z.Name == "" {
+				return err
+			}
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	return nil
+}
+
+// checkZoneNames rejects a name given twice, counting the zone that the
+// top-level window and max_requests define.
+func checkZoneNames(hasDefault bool, zones []*Zone) error {
+	seen := map[string]bool{defaultZone: hasDefault}
+	for _, z := range zones {
+		if seen[z.Name] {
+			if z.Name == defaultZone && hasDefault {
+				return fmt.Errorf("zone %s clashes with the zone that window and max_requests define", defaultZone)
+			}
+			return fmt.Errorf("zone %s is defined twice", z.Name)
+		}
+		seen[z.Name] = true
+	}
+	return nil
 }

@@ -7,16 +7,9 @@ import (
 	"testing"
 )
 
-// getWith sends a GET with the given headers.
-func getWith(t *testing.T, client *http.Client, rawURL string, headers map[string]string) *http.Response {
-	t.Helper()
-	res, _ := send(t, client, rawURL, headers)
-	return res
-}
-
 func TestZonesAllOrNothing(t *testing.T) {
 	prefix := uniquePrefix(t)
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -29,24 +22,24 @@ http://localhost:9080 {
 	}
 	respond "ok"
 }`)
-	send := func(client, token string) *http.Response {
-		return getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-Client": client, "Authorization": token})
+	request := func(client, token string) answer {
+		return send(t, "http://localhost:9080/", withHeader("X-Client", client), withHeader("Authorization", token))
 	}
 	// Five admissions of one token spread over two clients use up hourly
 	// but neither client's burst.
 	for i, client := range []string{"c1", "c1", "c1", "c2", "c2"} {
-		if res := send(client, "tok"); res.StatusCode != http.StatusOK {
-			t.Fatalf("admission %d: status %d", i+1, res.StatusCode)
+		if res := request(client, "tok"); res.status != http.StatusOK {
+			t.Fatalf("admission %d: status %d", i+1, res.status)
 		}
 	}
-	res := send("c3", "tok")
-	if res.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("sixth request of the token: status %d, want 429", res.StatusCode)
+	res := request("c3", "tok")
+	if res.status != http.StatusTooManyRequests {
+		t.Fatalf("sixth request of the token: status %d, want 429", res.status)
 	}
-	if got, want := res.Header.Get("RateLimit-Policy"), `"burst";q=3;w=60, "hourly";q=5;w=3600`; got != want {
+	if got, want := res.header.Get("RateLimit-Policy"), `"burst";q=3;w=60, "hourly";q=5;w=3600`; got != want {
 		t.Errorf("RateLimit-Policy %q, want %q", got, want)
 	}
-	if got := res.Header.Get("RateLimit"); got[:len(`"hourly";r=0;`)] != `"hourly";r=0;` {
+	if got := res.header.Get("RateLimit"); got[:len(`"hourly";r=0;`)] != `"hourly";r=0;` {
 		t.Errorf("RateLimit %q, want the denying zone hourly", got)
 	}
 
@@ -58,24 +51,24 @@ http://localhost:9080 {
 	if card != 0 {
 		t.Errorf("c3's burst holds %d admissions after a request hourly denied, want 0", card)
 	}
-	res = send("c3", "other-token")
-	if got, want := res.Header.Get("RateLimit"), `"burst";r=2;t=60`; res.StatusCode != http.StatusOK || got != want {
-		t.Errorf("c3 with another token: %d %q, want 200 %q", res.StatusCode, got, want)
+	res = request("c3", "other-token")
+	if got, want := res.header.Get("RateLimit"), `"burst";r=2;t=60`; res.status != http.StatusOK || got != want {
+		t.Errorf("c3 with another token: %d %q, want 200 %q", res.status, got, want)
 	}
 	// And burst alone denies too.
-	send("c3", "other-token")
-	res = send("c3", "other-token")
-	if res.StatusCode != http.StatusOK {
-		t.Fatalf("c3's third: status %d, want 200", res.StatusCode)
+	request("c3", "other-token")
+	res = request("c3", "other-token")
+	if res.status != http.StatusOK {
+		t.Fatalf("c3's third: status %d, want 200", res.status)
 	}
-	res = send("c3", "other-token")
-	if got := res.Header.Get("RateLimit"); res.StatusCode != http.StatusTooManyRequests || got[:len(`"burst";r=0;`)] != `"burst";r=0;` {
-		t.Errorf("c3's fourth: %d %q, want 429 from burst", res.StatusCode, got)
+	res = request("c3", "other-token")
+	if got := res.header.Get("RateLimit"); res.status != http.StatusTooManyRequests || got[:len(`"burst";r=0;`)] != `"burst";r=0;` {
+		t.Errorf("c3's fourth: %d %q, want 429 from burst", res.status, got)
 	}
 }
 
 func TestZoneMatchers(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		redis `+sharedRedis.URL()+`
@@ -92,14 +85,7 @@ http://localhost:9080 {
 	respond "ok"
 }`)
 	post := func() int {
-		req, _ := http.NewRequest(http.MethodPost, "http://localhost:9080/login", nil)
-		req.Header.Set("X-Client", "m1")
-		res, err := tester.Client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res.Body.Close()
-		return res.StatusCode
+		return send(t, "http://localhost:9080/login", withMethod(http.MethodPost), withHeader("X-Client", "m1")).status
 	}
 	if got := post(); got != http.StatusOK {
 		t.Fatalf("first POST /login: %d", got)
@@ -107,19 +93,19 @@ http://localhost:9080 {
 	if got := post(); got != http.StatusTooManyRequests {
 		t.Fatalf("second POST /login: %d, want 429", got)
 	}
-	res := getWith(t, tester.Client, "http://localhost:9080/login", map[string]string{"X-Client": "m1"})
-	if got, want := res.Header.Get("RateLimit-Policy"), `"all";q=10;w=60`; res.StatusCode != http.StatusOK || got != want {
-		t.Errorf("GET /login: %d, policy %q; want 200 and only zone all (%q)", res.StatusCode, got, want)
+	res := send(t, "http://localhost:9080/login", withHeader("X-Client", "m1"))
+	if got, want := res.header.Get("RateLimit-Policy"), `"all";q=10;w=60`; res.status != http.StatusOK || got != want {
+		t.Errorf("GET /login: %d, policy %q; want 200 and only zone all (%q)", res.status, got, want)
 	}
 	// all counted the first POST and this GET, not the denied POST.
-	if got, want := res.Header.Get("RateLimit"), `"all";r=8;t=60`; got != want {
+	if got, want := res.header.Get("RateLimit"), `"all";r=8;t=60`; got != want {
 		t.Errorf("RateLimit %q, want %q", got, want)
 	}
 }
 
 func TestReportModePassesAndReports(t *testing.T) {
 	prefix := uniquePrefix(t)
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		window 1m
@@ -132,15 +118,16 @@ http://localhost:9080 {
 	respond "{http.sliding_ratelimit.retry_after}"
 }`)
 	for i := 1; i <= 5; i++ {
-		res, retryAfter := get(t, tester, "http://localhost:9080/", "r1")
-		if res.StatusCode != http.StatusOK {
-			t.Fatalf("request %d in report mode: status %d, want 200", i, res.StatusCode)
+		res := send(t, "http://localhost:9080/", withHeader("X-Client", "r1"))
+		retryAfter := res.body
+		if res.status != http.StatusOK {
+			t.Fatalf("request %d in report mode: status %d, want 200", i, res.status)
 		}
-		if res.Header.Get("Retry-After") != "" {
+		if res.header.Get("Retry-After") != "" {
 			t.Errorf("request %d: Retry-After in report mode", i)
 		}
 		wantR := max(2-i, 0)
-		if got, want := res.Header.Get("RateLimit")[:len(`"default";r=0`)], `"default";r=`+strconv.Itoa(wantR); got != want {
+		if got, want := res.header.Get("RateLimit")[:len(`"default";r=0`)], `"default";r=`+strconv.Itoa(wantR); got != want {
 			t.Errorf("request %d: RateLimit starts %q, want %q", i, got, want)
 		}
 		if wouldDeny := retryAfter != "0"; wouldDeny != (i > 2) {
@@ -157,7 +144,7 @@ http://localhost:9080 {
 }
 
 func TestIPPrefixGrouping(t *testing.T) {
-	tester := startCaddy(t, `
+	startCaddy(t, `
 http://localhost:9080 {
 	sliding_ratelimit {
 		window 1m
@@ -182,9 +169,9 @@ http://localhost:9080 {
 		{"::ffff:192.0.2.9", 429},
 		{"192.0.3.1", 200},
 	} {
-		res := getWith(t, tester.Client, "http://localhost:9080/", map[string]string{"X-IP": c.ip})
-		if res.StatusCode != c.want {
-			t.Errorf("%s: status %d, want %d", c.ip, res.StatusCode, c.want)
+		res := send(t, "http://localhost:9080/", withHeader("X-IP", c.ip))
+		if res.status != c.want {
+			t.Errorf("%s: status %d, want %d", c.ip, res.status, c.want)
 		}
 	}
 }
@@ -200,7 +187,8 @@ func TestManyZones(t *testing.T) {
 	}
 	in := newInstance(t, config+`]}`)
 	for i := 1; i <= 11; i++ {
-		status, h := in.serve("192.0.2.50", nil)
+		res := send(t, "/", to(in), from("192.0.2.50"))
+		status, h := res.status, res.header
 		if status != http.StatusOK {
 			t.Fatalf("request %d: status %d", i, status)
 		}
@@ -208,7 +196,7 @@ func TestManyZones(t *testing.T) {
 			t.Errorf("request %d: RateLimit %q, want %q (the zone with the fewest left)", i, got, want)
 		}
 	}
-	if status, h := in.serve("192.0.2.50", nil); status != http.StatusTooManyRequests || h.Get("Retry-After") == "" {
-		t.Errorf("12th request: %d, Retry-After %q; want 429 from z1", status, h.Get("Retry-After"))
+	if res := send(t, "/", to(in), from("192.0.2.50")); res.status != http.StatusTooManyRequests || res.header.Get("Retry-After") == "" {
+		t.Errorf("12th request: %d, Retry-After %q; want 429 from z1", res.status, res.header.Get("Retry-After"))
 	}
 }

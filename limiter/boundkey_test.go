@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestBoundKey(t *testing.T) {
@@ -24,7 +25,7 @@ func TestBoundKey(t *testing.T) {
 		}
 		seen[got] = h.name
 
-		keep := h.key != "" && len(h.key) <= MaxKeyLen && !strings.ContainsAny(h.key, "{}#")
+		keep := h.key != "" && len(h.key) <= MaxKeyLen && !strings.ContainsAny(h.key, "{}#") && utf8.ValidString(h.key)
 		if keep {
 			if got != h.key {
 				t.Errorf("%s: BoundKey(%q) = %q, want it unchanged", h.name, h.key, got)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxKeyLen is the longest client key kept as it is. Longer keys are replaced
@@ -21,9 +22,12 @@ const hashedKeyPrefix = "#"
 // always the whole client key and two distinct keys never collide. So is the
 // empty key: Redis Cluster ignores an empty hash tag "{}" and hashes the whole
 // key name, zone included, which would put a client's zones in different
-// slots (CROSSSLOT on every decision over several zones).
+// slots (CROSSSLOT on every decision over several zones). And so is a key that
+// is not valid UTF-8: JSON, and so an admin API that lists keys, cannot carry
+// it as it is (two such keys would both read "\ufffd\ufffd"), while its hash
+// is plain text that names it alone.
 func BoundKey(key string) string {
-	if key != "" && len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}"+hashedKeyPrefix) {
+	if key != "" && len(key) <= MaxKeyLen && !strings.ContainsAny(key, "{}"+hashedKeyPrefix) && utf8.ValidString(key) {
 		return key
 	}
 	sum := sha256.Sum256([]byte(key))

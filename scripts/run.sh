@@ -159,7 +159,7 @@ cat <<EOF
 === sliding_ratelimit demo ===
 Redis:  ${REDIS_URL:+$(redact "$REDIS_URL") - }${redis_note}
 Config: $CADDYFILE (serves http://localhost:8080)
-Try:    for i in \$(seq 1 12); do curl -si http://localhost:8080/api/hello | head -1; done
+Try:    for i in \$(seq 1 12); do curl -si http://localhost:8080/api/hello | grep -iE '^(HTTP|Retry-After|RateLimit)'; done
 Stop:   Ctrl-C
 
 EOF

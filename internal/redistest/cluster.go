@@ -303,6 +303,57 @@ func (c *Cluster) MasterOf(key string) string {
 	return ""
 }
 
+// ThroughReplyCutters puts a ReplyCutter in front of every node and has each
+// node announce its cutter's port as its own, so that a cluster client,
+// which connects to the addresses CLUSTER SLOTS reports whatever its seeds,
+// reaches every node through its cutter. It returns the cutters by node
+// address once every node reports every cutter. Afterwards WaitHealthy no
+// longer applies: the nodes report addresses that Addrs does not hold.
+func (c *Cluster) ThroughReplyCutters(tb testing.TB) map[string]*ReplyCutter {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cutters := make(map[string]*ReplyCutter)
+	for _, s := range c.nodes {
+		cutter := StartReplyCutter(tb, s.Addr())
+		_, port, _ := net.SplitHostPort(cutter.Addr())
+		a := c.adminClient(s.Addr())
+		// The bus stays where it is: only clients go through the cutter.
+		if err := a.ConfigSet(ctx, "cluster-announce-bus-port", strconv.Itoa(s.Port+clusterBusOffset)).Err(); err != nil {
+			tb.Fatalf("%s: %v", s.Addr(), err)
+		}
+		if err := a.ConfigSet(ctx, "cluster-announce-port", port).Err(); err != nil {
+			tb.Fatalf("%s: %v", s.Addr(), err)
+		}
+		cutters[s.Addr()] = cutter
+	}
+	for {
+		reported := 0
+		for _, s := range c.nodes {
+			slots, err := c.adminClient(s.Addr()).ClusterSlots(ctx).Result()
+			if err != nil {
+				tb.Fatalf("CLUSTER SLOTS on %s: %v", s.Addr(), err)
+			}
+			for _, r := range slots {
+				for _, cutter := range cutters {
+					if len(r.Nodes) > 0 && c.fixAddr(r.Nodes[0].Addr, s.Addr()) == cutter.Addr() {
+						reported++
+					}
+				}
+			}
+		}
+		// Every node reports the slot ranges of every master at its cutter.
+		if reported >= len(c.nodes)*len(c.nodes) {
+			return cutters
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("the nodes do not report their cutters after 10s: %d of %d", reported, len(c.nodes)*len(c.nodes))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // fixAddr fills in the host a node leaves empty when it reports itself
 // before it has learnt its own IP (":port").
 func (c *Cluster) fixAddr(addr, asked string) string {

@@ -1,4 +1,4 @@
-package slidingratelimit
+package redisconn
 
 import (
 	"context"
@@ -12,8 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // Resets across instances
@@ -22,19 +20,18 @@ import (
 // until its retry time, without asking Redis. That is exact only while no
 // admission leaves a window early, and an admin reset makes all of them leave
 // at once. So an instance that resets a key in Redis then announces it with
-// PUBLISH on resetChannel, and every instance forgets the key in the deny
-// caches of its handlers that use that Redis key.
+// PUBLISH on resetChannel, and every instance passes the key to the
+// listeners of its connection to that Redis, which forget it.
 //
-// Each pooled Redis client (stores.go) has one resetBus: one subscriber
-// goroutine for the life of the client, started when the first handler
-// listens, stopped when the client is destroyed. go-redis reconnects and
-// resubscribes by itself after a network error or a failover, but an
-// announcement published while the subscriber was away is lost. Redis
-// confirms every (re)subscription with a "subscribe" reply, which go-redis's
-// ChannelWithSubscriptions hands on; on each one the bus clears its
-// listeners' deny caches entirely, which is exact again at the cost of one
-// Redis call per denied client. That covers the time before the first
-// subscription too.
+// Each connection has one resetBus: one subscriber goroutine for the life of
+// the connection, started when the first listener comes, stopped when the
+// connection closes. go-redis reconnects and resubscribes by itself after a
+// network error or a failover, but an announcement published while the
+// subscriber was away is lost. Redis confirms every (re)subscription with a
+// "subscribe" reply, which go-redis's ChannelWithSubscriptions hands on; on
+// each one the bus tells its listeners (Listener.Subscribed), which clear
+// their deny caches entirely: exact again at the cost of one Redis call per
+// denied client. That covers the time before the first subscription too.
 //
 // What stays inexact: a subscriber whose connection is dead without either
 // side noticing misses announcements until go-redis's health check (a PING
@@ -44,28 +41,50 @@ import (
 // another database with the same key prefix forgets keys it need not, which
 // costs one Redis call each and is never wrong.
 
+// Announcement is what an instance announced about a key.
+type Announcement uint8
+
+const (
+	// Reset: an operator reset the key; every admission in it is gone.
+	Reset Announcement = iota
+	// Freed: an admission that took the key's last room was given back (a
+	// count_status refund), so a denial cached meanwhile no longer holds.
+	Freed
+)
+
+// A Listener hears the announcements made on a connection, its own
+// included. Its methods run on the subscriber goroutine, one at a time, and
+// must not block.
+type Listener interface {
+	// Announced passes a key (a full Redis key) and what happened to it.
+	Announced(key string, what Announcement)
+	// Subscribed runs on every (re)subscription, the first included:
+	// announcements made before it may have been missed.
+	Subscribed()
+}
+
 // resetChannel is the Redis pub/sub channel on which instances announce
 // resets. A message is "<nonce> <Redis key>": the nonce, which holds no
 // space, lets the announcing instance see its own message come back.
 const resetChannel = "sliding_ratelimit:resets"
 
-// refundMark stands in a message's nonce for a refund: a count_status zone
-// gave back the slot that filled a client's window, so instances that cached
-// a denial meanwhile forget it. It holds a character no nonce has.
-const refundMark = "!refund"
+// freedMark stands in a message's nonce for Freed. It holds a character no
+// nonce has.
+const freedMark = "!refund"
 
-// resetEchoTimeout bounds how long an admin reset waits for this instance's
+// EchoTimeout bounds how long AnnounceReset waits for this instance's
 // subscriber to receive its own announcement.
-const resetEchoTimeout = time.Second
+const EchoTimeout = time.Second
 
-// resetStopTimeout bounds how long destroying a client waits for its
+// resetStopTimeout bounds how long closing a connection waits for its
 // subscriber to end; closing it can wait for a reconnection in progress.
 const resetStopTimeout = time.Second
 
-// resetBus is the reset subscriber of one pooled Redis client and the
-// handlers that listen to it. It is safe for concurrent use.
+// resetBus is the reset subscriber of one connection and its listeners. It
+// is safe for concurrent use.
 type resetBus struct {
-	client redis.UniversalClient
+	// client subscribes; publisher announces (see shared.announcer).
+	client, publisher redis.UniversalClient
 	// ctx is cancelled by stop, to abort a first subscription in progress.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -73,7 +92,7 @@ type resetBus struct {
 	done chan struct{}
 
 	mu        sync.Mutex
-	listeners map[*resetListener]struct{}
+	listeners map[Listener]struct{}
 	// echoes holds a channel per announcement this instance is waiting to
 	// see come back, by nonce.
 	echoes        map[string]chan struct{}
@@ -83,23 +102,24 @@ type resetBus struct {
 	subscriptions int
 }
 
-// newResetBus returns the bus of client; the subscriber starts with the
-// first listener.
-func newResetBus(client redis.UniversalClient) *resetBus {
+// newResetBus returns the bus of client, which announces through
+// publisher; the subscriber starts with the first listener.
+func newResetBus(client, publisher redis.UniversalClient) *resetBus {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &resetBus{
 		client:    client,
+		publisher: publisher,
 		ctx:       ctx,
 		cancel:    cancel,
 		done:      make(chan struct{}),
-		listeners: make(map[*resetListener]struct{}),
+		listeners: make(map[Listener]struct{}),
 		echoes:    make(map[string]chan struct{}),
 	}
 }
 
 // listen passes announcements to l from now on, and starts the subscriber if
 // it is not running.
-func (b *resetBus) listen(l *resetListener) {
+func (b *resetBus) listen(l Listener) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.stopped {
@@ -113,7 +133,7 @@ func (b *resetBus) listen(l *resetListener) {
 }
 
 // unlisten stops passing announcements to l.
-func (b *resetBus) unlisten(l *resetListener) {
+func (b *resetBus) unlisten(l Listener) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.listeners, l)
@@ -167,7 +187,7 @@ func (b *resetBus) run() {
 }
 
 // subscribed runs on every (re)subscription: announcements made before it
-// may have been missed, so every listener drops its whole deny cache.
+// may have been missed, so every listener is told.
 func (b *resetBus) subscribed() {
 	b.mu.Lock()
 	b.subscriptions++
@@ -175,7 +195,7 @@ func (b *resetBus) subscribed() {
 	listeners := b.snapshot()
 	b.mu.Unlock()
 	for _, l := range listeners {
-		l.forgetAll()
+		l.Subscribed()
 	}
 	if again {
 		caddy.Log().Named("sliding_ratelimit").Info("subscribed to resets again after a disconnection: deny caches cleared, since resets announced meanwhile were missed",
@@ -193,10 +213,14 @@ func (b *resetBus) deliver(payload string) {
 	b.mu.Lock()
 	listeners := b.snapshot()
 	b.mu.Unlock()
-	for _, l := range listeners {
-		l.forget(key, nonce != refundMark)
+	what := Reset
+	if nonce == freedMark {
+		what = Freed
 	}
-	if nonce == "" || nonce == refundMark {
+	for _, l := range listeners {
+		l.Announced(key, what)
+	}
+	if nonce == "" || nonce == freedMark {
 		return
 	}
 	b.mu.Lock()
@@ -208,24 +232,18 @@ func (b *resetBus) deliver(payload string) {
 }
 
 // snapshot returns the listeners; b.mu must be held.
-func (b *resetBus) snapshot() []*resetListener {
-	out := make([]*resetListener, 0, len(b.listeners))
+func (b *resetBus) snapshot() []Listener {
+	out := make([]Listener, 0, len(b.listeners))
 	for l := range b.listeners {
 		out = append(out, l)
 	}
 	return out
 }
 
-// announceRefund tells every instance that key (a full Redis key) was given
-// back a slot, without waiting for the echo.
-func (b *resetBus) announceRefund(ctx context.Context, key string) error {
-	return b.client.Publish(ctx, resetChannel, refundMark+" "+key).Err()
-}
-
 // publish announces that key (a full Redis key) was reset, and waits until
 // this instance's subscriber has received the announcement, which Redis
 // delivers to every subscriber in the same PUBLISH, or until
-// resetEchoTimeout. echoed reports whether it came back in time.
+// EchoTimeout. echoed reports whether it came back in time.
 func (b *resetBus) publish(ctx context.Context, key string) (echoed bool, err error) {
 	nonce := strconv.FormatUint(rand.Uint64(), 36)
 	echo := make(chan struct{})
@@ -237,10 +255,10 @@ func (b *resetBus) publish(ctx context.Context, key string) (echoed bool, err er
 		delete(b.echoes, nonce)
 		b.mu.Unlock()
 	}()
-	if err := b.client.Publish(ctx, resetChannel, nonce+" "+key).Err(); err != nil {
+	if err := b.publisher.Publish(ctx, resetChannel, nonce+" "+key).Err(); err != nil {
 		return false, fmt.Errorf("announcing the reset to other instances: %w", err)
 	}
-	timer := time.NewTimer(resetEchoTimeout)
+	timer := time.NewTimer(EchoTimeout)
 	defer timer.Stop()
 	select {
 	case <-echo:
@@ -249,46 +267,4 @@ func (b *resetBus) publish(ctx context.Context, key string) (echoed bool, err er
 	case <-ctx.Done():
 	}
 	return false, nil
-}
-
-// resetListener applies announced resets to one handler.
-type resetListener struct {
-	h     *Handler
-	store *limiter.RedisStore
-	// keyStart is how the handler's Redis keys start: the key prefix and '{'.
-	keyStart string
-}
-
-// forget drops key from the handler's deny cache, and for a reset from its
-// in-process fallback store too, if key is one of the handler's Redis keys.
-func (l *resetListener) forget(key string, reset bool) {
-	rest, ok := strings.CutPrefix(key, l.keyStart)
-	if !ok {
-		// Another key prefix: another handler's keys. Prefixes hold no
-		// '{', so no prefix is a proper prefix of another's key start.
-		return
-	}
-	// Client keys never hold '}' (limiter.BoundKey hashes such keys), so
-	// the first "}:" ends the client key.
-	client, zone, ok := strings.Cut(rest, "}:")
-	if ok && l.h.zoneByIdentity(zone) == nil {
-		return
-	}
-	if !ok || l.store.Key(zone, client) != key {
-		// A key of this prefix in a layout this version does not know,
-		// from another version during an upgrade: forgetting everything is
-		// exact, forgetting nothing may not be.
-		l.h.backend.cache.Clear()
-		return
-	}
-	l.h.backend.cache.Forget(zone, client)
-	if local := l.h.backend.local; local != nil && reset {
-		// The in-process store never fails.
-		_ = local.Reset(context.Background(), zone, client)
-	}
-}
-
-// forgetAll drops the handler's whole deny cache.
-func (l *resetListener) forgetAll() {
-	l.h.backend.cache.Clear()
 }

@@ -5,6 +5,7 @@
 package slidingratelimit
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,46 +21,12 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Defaults of optional fields.
+// Defaults of optional fields; the words of enum fields are in rules.go.
 const (
 	defaultKey        = "{http.vars.client_ip}"
-	defaultZone       = "default"
 	defaultTimeout    = 100 * time.Millisecond
 	defaultIPv4Prefix = 32
 	defaultIPv6Prefix = 64
-)
-
-// Fail modes: what a request gets when Redis cannot decide in time.
-const (
-	failOpen   = "open"
-	failClosed = "closed"
-	failLocal  = "local"
-)
-
-// Header modes.
-const (
-	headersDraft  = "draft"
-	headersLegacy = "legacy"
-	headersOff    = "off"
-)
-
-// Redis topologies.
-const (
-	topologyStandalone = "standalone"
-	topologyCluster    = "cluster"
-	topologySentinel   = "sentinel"
-)
-
-// Modes.
-const (
-	modeEnforce = "enforce"
-	modeReport  = "report"
-)
-
-// Algorithms.
-const (
-	algorithmLog     = "log"
-	algorithmCounter = "counter"
 )
 
 // Handler limits each client to a number of admitted requests in any span of
@@ -71,6 +38,10 @@ type Handler struct {
 	// Window, with MaxRequests, defines the zone named "default": at most
 	// MaxRequests requests of one client in any span of Window, counted back
 	// from each request. Required unless Zones are given; greater than zero.
+	// Handlers of one config whose "default" zones have the same window and
+	// max_requests (and store) share one limit; since nobody chose that
+	// name, provisioning warns about it, naming the handlers. Name the zone
+	// (Zones) to share on purpose or to count apart.
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window of
@@ -84,6 +55,10 @@ type Handler struct {
 	// address as Caddy's trusted_proxies setting resolves it. A key that
 	// expands to "" falls back to the client IP, so a client cannot escape its
 	// limit by leaving out a header. Keys longer than 64 bytes are hashed.
+	// Every '{' must be closed by a '}' before the next '{': a placeholder
+	// left open would make the key the same text for every client, one
+	// bucket for all, so it is a config error. A key without placeholders
+	// is a constant on purpose: one limit shared by every client.
 	Key string `json:"key,omitempty"`
 
 	// Algorithm is the default algorithm of the zones: "log" (default; exact
@@ -120,16 +95,23 @@ type Handler struct {
 	// FailMode says what happens when Redis does not answer within Timeout,
 	// answers with an error, or the circuit breaker is open after repeated
 	// failures: "open" (default) passes the request on unlimited, "closed"
-	// answers 503 Service Unavailable, "local" decides with the in-process
+	// answers 503 Service Unavailable with Retry-After: 1 (through
+	// handle_errors when the server has such routes, written directly
+	// otherwise, as a 429 is), "local" decides with the in-process
 	// store and the same limits, per instance, until Redis is back.
 	FailMode string `json:"fail_mode,omitempty"`
 
 	// Redis is the URL of the Redis server that holds the limits:
 	// redis://[user:password@]host:port[/db], or rediss:// for TLS, with query
-	// options as go-redis's ParseURL reads them. Placeholders such as
+	// options as go-redis's ParseURL reads them. A rate limit script call is
+	// never retried, whatever the URL says: it records admissions, and one
+	// whose reply was lost may have recorded them, so a lost reply takes the
+	// fail mode; max_retries applies only to announcing resets to other
+	// instances, which is harmless twice. Placeholders such as
 	// {env.REDIS_URL} are expanded once at provision. Empty (the default, or
 	// a placeholder that expands to ""): an in-process store, so the limit is
-	// per Caddy instance.
+	// per Caddy instance; a placeholder that expands to "" is warned about,
+	// since an unset variable is the likelier cause than a wish.
 	Redis string `json:"redis,omitempty"`
 
 	// RedisTopology says what Redis is: "standalone" (default, a single
@@ -160,11 +142,9 @@ type Handler struct {
 	LogKeys bool `json:"log_keys,omitempty"`
 
 	zones []*Zone
-	// backend is the store stack: deny cache, store, breaker, fallback.
-	backend  *backend
-	failures *failureLog
-	// refundFailures logs count_status refunds that failed.
-	refundFailures *failureLog
+	// backend is the door to the stores: deny cache, store, breaker,
+	// fallback.
+	backend *backend
 	// countStatus is set when a zone has count_status, so that admitted
 	// requests are followed to their response.
 	countStatus bool
@@ -185,24 +165,69 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.setDefaults()
+	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}
 	h.ctx = ctx
-	h.failures = newFailureLog(h.logger, "rate limit store unavailable; applying fail mode", time.Second)
-	h.refundFailures = newFailureLog(h.logger, "giving back count_status slots failed: they count until they age out", time.Second)
 	// Only a configured events app can have subscribers; without one there
 	// is no one to tell.
 	if events, err := ctx.AppIfConfigured("events"); err == nil {
 		h.events = events.(*caddyevents.App)
 	}
-	b, err := newBackend(h)
+	b, err := newBackend(h.backendConfig())
 	if err != nil {
 		return err
 	}
 	h.backend = b
-	h.register() // admin API and resets from other instances: registry.go
+	handlers.add(h)
+	if h.Window != 0 {
+		// The zone of the three-line form, which nobody named.
+		warnImplicitSharing(ctx, h.logger, h.zones[0], b.state())
+	}
 	return nil
+}
+
+// backendConfig is what the backend needs to know of the configuration.
+func (h *Handler) backendConfig() backendConfig {
+	identities := make([]string, len(h.zones))
+	for i, z := range h.zones {
+		identities[i] = z.identity
+	}
+	return backendConfig{
+		redis:     h.redisURL(),
+		topology:  h.RedisTopology,
+		keyPrefix: h.KeyPrefix,
+		timeout:   time.Duration(h.Timeout),
+		failMode:  h.FailMode,
+		zones:     identities,
+		logger:    h.logger,
+	}
+}
+
+// handlers are the provisioned handlers of the process, for the admin API to
+// find a zone by name. Several may have a zone of the same name: one per
+// site, and the old and the new config during a reload.
+var handlers registry[*Handler]
+
+// redisURL is the Redis URL with its placeholders ({env.*}) expanded. ""
+// keeps the limits in process, which it logs: with placeholders that all
+// expand to nothing, as a warning.
+func (h *Handler) redisURL() string {
+	url := caddy.NewReplacer().ReplaceKnown(h.Redis, "")
+	switch {
+	case url != "":
+	case h.Redis != "":
+		// An unset variable, most likely, not a wish to count per
+		// instance.
+		h.logger.Warn("redis expands to nothing: limits are kept in process, so each Caddy instance counts alone; set what the placeholder names, or remove the redis line to mean it",
+			zap.String("placeholder", h.Redis))
+	default:
+		h.logger.Info("no redis configured: limits are kept in process, so each Caddy instance counts alone")
+	}
+	return url
 }
 
 // setDefaults fills the optional fields left empty.
@@ -237,23 +262,60 @@ func (h *Handler) setDefaults() {
 }
 
 // provisionZones builds the zone list: the "default" zone of the top-level
-// window and max_requests, then the named zones.
+// window and max_requests, then the named zones, each with its header parts
+// and metrics.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
-	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("registering metrics: %w", err)
-	}
 	h.zones = h.zones[:0]
 	if h.Window != 0 || h.MaxRequests != 0 {
 		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests, CountStatus: h.CountStatus})
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.countStatus = false
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus}
 	for _, z := range h.zones {
-		if err := z.provision(ctx, h.logger, h); err != nil {
+		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
 		}
-		h.countStatus = h.countStatus || len(z.CountStatus) > 0
+		z.prepareHeaders()
 		z.bindMetrics()
+		h.countStatus = h.countStatus || len(z.CountStatus) > 0
+	}
+	return nil
+}
+
+// Validate checks the configuration: every rule of rules.go, on the JSON
+// fields. Zero values of optional fields mean their defaults.
+func (h *Handler) Validate() error {
+	hasDefault := h.Window != 0 || h.MaxRequests != 0
+	if !hasDefault && len(h.Zones) == 0 {
+		return errors.New("no limit: set window and max_requests, or at least one zone")
+	}
+	var errs []error
+	if hasDefault {
+		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests))
+	}
+	// Provision has set the defaults of the optional fields.
+	errs = append(errs,
+		checkPositive("timeout", time.Duration(h.Timeout)),
+		checkPrefixBits("ipv4_prefix", h.IPv4Prefix, maxIPv4Prefix),
+		checkPrefixBits("ipv6_prefix", h.IPv6Prefix, maxIPv6Prefix),
+		checkKeyTemplate(h.Key),
+		checkKeyPrefix(h.KeyPrefix),
+		failModeEnum.check(h.FailMode),
+		headersEnum.check(h.Headers),
+		modeEnum.check(h.Mode),
+		algorithmEnum.check(h.Algorithm),
+		topologyEnum.check(h.RedisTopology),
+		checkZoneNames(hasDefault, h.Zones),
+		checkCountStatus(h.CountStatus),
+	)
+	for _, z := range h.Zones {
+		errs = append(errs, z.validate())
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -261,7 +323,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 // Cleanup releases the stores, closing the Redis client when no other
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
-	h.unregister() // before releasing the stores it names
+	handlers.remove(h)
 	if h.backend == nil {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package slidingratelimit
+package redisconn
 
 import (
 	"context"
@@ -26,16 +26,38 @@ func (*dialCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
+// newClients makes the clients of a connection to topology and url, as
+// Open would, outside the pool.
+func newClients(topology, url string) (client, announcer redis.UniversalClient, err error) {
+	o, err := parse(topology, url)
+	if err != nil {
+		return nil, nil, err
+	}
+	client, announcer = o.clients()
+	return client, announcer, nil
+}
+
+// storesClient returns the client that the stores of a topology and URL
+// use, closed when the test ends.
+func storesClient(t *testing.T, topology, url string) redis.UniversalClient {
+	t.Helper()
+	client, announcer, err := newClients(topology, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if announcer != client {
+		announcer.Close()
+	}
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
 // TestDialGateSparesThePool: while the server refuses connections, the
 // client's pool dials once, not once a command, and the first command after
 // the server is back succeeds.
 func TestDialGateSparesThePool(t *testing.T) {
 	srv := redistest.Start(t)
-	client, err := newRedisClient(topologyStandalone, srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := storesClient(t, Standalone, srv.URL())
 	counter := new(dialCounter)
 	client.AddHook(counter)
 	ctx := context.Background()
@@ -64,15 +86,11 @@ func TestDialGateSparesThePool(t *testing.T) {
 // dialGate).
 func TestDialGateOnEveryClusterNode(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	client, err := newRedisClient(topologyCluster, cluster.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := storesClient(t, Cluster, cluster.URL())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var nodes atomic.Int64 // ForEachShard calls for all nodes at once
-	err = client.(*redis.ClusterClient).ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+	err := client.(*redis.ClusterClient).ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
 		nodes.Add(1)
 		opts := node.Options()
 		if g, ok := opts.Limiter.(*dialGate); !ok || g.addr != opts.Addr {
@@ -83,11 +101,7 @@ func TestDialGateOnEveryClusterNode(t *testing.T) {
 	if err != nil || nodes.Load() != 3 {
 		t.Fatalf("%d nodes, %v", nodes.Load(), err)
 	}
-	sentinel, err := newRedisClient(topologySentinel, "redis://127.0.0.1:26379?master_name=mymaster")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sentinel.Close()
+	sentinel := storesClient(t, Sentinel, "redis://127.0.0.1:26379?master_name=mymaster")
 	if l := sentinel.(*redis.Client).Options().Limiter; l != nil {
 		t.Errorf("sentinel-managed client: limiter %#v, want none", l)
 	}

@@ -1,4 +1,4 @@
-package slidingratelimit
+package redisconn
 
 import (
 	"context"
@@ -16,17 +16,17 @@ import (
 // round trip for CLIENT SETINFO and one for maintenance notifications; Redis
 // before 7.2 answers both with an error, later ones count them.
 func TestNewConnectionHandshakeIsHelloAlone(t *testing.T) {
-	t.Run(topologyStandalone, func(t *testing.T) {
+	t.Run(Standalone, func(t *testing.T) {
 		srv := redistest.Start(t)
-		checkHelloAlone(t, topologyStandalone, srv.URL(), srv)
+		checkHelloAlone(t, Standalone, srv.URL(), srv)
 	})
-	t.Run(topologyCluster, func(t *testing.T) {
+	t.Run(Cluster, func(t *testing.T) {
 		cluster := redistest.StartCluster(t, 3)
 		var nodes []*redistest.Server
 		for _, addr := range cluster.Addrs() {
 			nodes = append(nodes, cluster.Node(addr))
 		}
-		checkHelloAlone(t, topologyCluster, cluster.URL(), nodes...)
+		checkHelloAlone(t, Cluster, cluster.URL(), nodes...)
 	})
 }
 
@@ -42,12 +42,9 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 			t.Fatal(err)
 		}
 	}
-	client, err := newRedisClient(topology, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
+	client := storesClient(t, topology, url)
 	ping := func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }
+	var err error
 	if cluster, ok := client.(*redis.ClusterClient); ok {
 		err = cluster.ForEachShard(ctx, ping)
 	} else {
@@ -73,9 +70,12 @@ func checkHelloAlone(t *testing.T, topology, url string, nodes ...*redistest.Ser
 	}
 }
 
-// TestClientOptions: every topology's client fails fast, keeps a pool too
-// large for go-redis's failed-dial count to stall recovery, and skips the
-// handshake's extra round trips; what the URL sets itself is kept.
+// TestClientOptions: every topology's client fails fast, never retries a
+// command (a script call whose reply was lost may have recorded admissions),
+// keeps a pool too large for go-redis's failed-dial count to stall recovery,
+// and skips the handshake's extra round trips; what the URL sets itself is
+// kept, and its max_retries applies to a client of its own that only
+// announces resets.
 func TestClientOptions(t *testing.T) {
 	type options struct{ poolSize, maxRetries, dialerRetries int }
 	// go-redis reads a MaxRetries of -1 as no retries; a single server's
@@ -100,17 +100,17 @@ func TestClientOptions(t *testing.T) {
 		return options{}, false
 	}
 	for _, tc := range []struct{ topology, url string }{
-		{topologyStandalone, "redis://127.0.0.1:6379/0"},
-		{topologyCluster, "redis://127.0.0.1:7000?addr=127.0.0.1:7001"},
-		{topologySentinel, "redis://127.0.0.1:26379?master_name=mymaster"},
+		{Standalone, "redis://127.0.0.1:6379/0"},
+		{Cluster, "redis://127.0.0.1:7000?addr=127.0.0.1:7001"},
+		{Sentinel, "redis://127.0.0.1:26379?master_name=mymaster"},
 	} {
 		t.Run(tc.topology, func(t *testing.T) {
 			for _, c := range []struct {
-				query string
-				want  options
+				query           string
+				want, announcer options
 			}{
-				{"", options{outageProofPoolSize, noRetries, 1}},
-				{"pool_size=7&max_retries=2", options{7, 2, 1}},
+				{"", options{outageProofPoolSize, noRetries, 1}, options{}},
+				{"pool_size=7&max_retries=2", options{7, noRetries, 1}, options{7, 2, 1}},
 			} {
 				url := tc.url
 				if c.query != "" {
@@ -120,7 +120,7 @@ func TestClientOptions(t *testing.T) {
 					}
 					url += sep + c.query
 				}
-				client, err := newRedisClient(tc.topology, url)
+				client, announcer, err := newClients(tc.topology, url)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -129,7 +129,40 @@ func TestClientOptions(t *testing.T) {
 				if got != c.want || !noIdentity {
 					t.Errorf("%q: %+v, CLIENT SETINFO skipped %v; want %+v, skipped", c.query, got, noIdentity, c.want)
 				}
+				if announcer == client {
+					if c.announcer != (options{}) {
+						t.Errorf("%q: announcements share the client that never retries, want one that retries", c.query)
+					}
+					continue
+				}
+				got, _ = read(announcer)
+				announcer.Close()
+				if got != c.announcer {
+					t.Errorf("%q, the announcer: %+v, want %+v", c.query, got, c.announcer)
+				}
 			}
 		})
+	}
+}
+
+func TestRedisURLErrorsHideThePassword(t *testing.T) {
+	for _, topology := range []string{Standalone, Cluster, Sentinel} {
+		for _, raw := range []string{
+			"redis://user:s3cret@[::1",
+			"redis://user:s3cret@host:6379/notadb",
+			"http://user:s3cret@host:6379",
+			"redis://user:s3cret@host:6379?pool_size=many",
+		} {
+			err := CheckURL(topology, raw)
+			if err == nil {
+				if topology == Standalone {
+					t.Errorf("%s %s: parsed, want an error", topology, raw)
+				}
+				continue
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("%s: error quotes the password: %v", topology, err)
+			}
+		}
 	}
 }

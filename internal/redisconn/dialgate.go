@@ -1,4 +1,4 @@
-package slidingratelimit
+package redisconn
 
 import (
 	"fmt"
@@ -14,9 +14,10 @@ import (
 // dialGate keeps a Redis server's connection pool from dialing while the
 // server refuses connections. go-redis counts a pool's failed dials and,
 // once they reach its pool size, stops dialing and tries again once a second
-// in the background: every breaker probe during an outage added a failed
-// dial, so after a few seconds of outage decisions stayed in the fail mode for
-// up to a second after Redis was back. Once a dial fails, the gate makes each
+// in the background (go-redis issue #3062, open as of v9.23.0; drop the gate
+// and outageProofPoolSize once it is fixed): every breaker probe during an
+// outage added a failed dial, so after a few seconds of outage decisions
+// stayed in the fail mode for up to a second after Redis was back. Once a dial fails, the gate makes each
 // command first connect to the server itself, and lets it reach the pool only
 // when that works: the pool sees one failed dial per outage, not one per
 // probe.
@@ -71,36 +72,4 @@ func (g *dialGate) ReportResult(err error) {
 	if err != nil && limiter.IsDialError(err) {
 		g.down.Store(true)
 	}
-}
-
-// outageProofPoolSize is the connection pool size of a client, unless the
-// URL sets pool_size. Even behind the dial gate each outage adds one failed
-// dial to go-redis's count (see dialGate), so with go-redis's default (10 per
-// CPU) the twentieth outage on two CPUs kept decisions in the fail mode for
-// up to a second after Redis came back; without a gate (sentinel), a long
-// outage adds up to ten a second. The batcher never holds more than a few
-// connections, so the size is only that threshold here; at this one it costs
-// 80 KB a pool.
-const outageProofPoolSize = 10_000
-
-// poolSize returns the pool size of a client: the URL's, or
-// outageProofPoolSize.
-func poolSize(fromURL int) int {
-	if fromURL > 0 {
-		return fromURL
-	}
-	return outageProofPoolSize
-}
-
-// failFast returns the retry counts of a client that fails fast (see
-// parseTopologyURL): no command retries unless the URL sets max_retries, and
-// one dial attempt (go-redis reads no dialer retries from a URL).
-func failFast(maxRetries, dialerRetries int) (int, int) {
-	if maxRetries == 0 {
-		maxRetries = -1
-	}
-	if dialerRetries == 0 {
-		dialerRetries = 1
-	}
-	return maxRetries, dialerRetries
 }

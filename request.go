@@ -1,0 +1,78 @@
+package slidingratelimit
+
+import (
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// maxInlineZones is how many applicable zones a request can have before its
+// buffers spill to the heap.
+const maxInlineZones = 4
+
+// request is one request's zones, checks and decisions, index by index; its
+// buffers keep the common case off the heap.
+type request struct {
+	zones     []*Zone
+	checks    []limiter.Check
+	decisions []limiter.Decision
+
+	zonesBuf     [maxInlineZones]*Zone
+	checksBuf    [maxInlineZones]limiter.Check
+	decisionsBuf [maxInlineZones]limiter.Decision
+}
+
+// collect fills req with the zones that apply to r and their checks, each
+// with the client key that the zone's template builds (addresses grouped by
+// the prefix lengths).
+func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer, ipv4Bits, ipv6Bits int) error {
+	req.zones, req.checks = req.zonesBuf[:0], req.checksBuf[:0]
+	for _, z := range zones {
+		applies, err := z.applies(r)
+		if err != nil {
+			return err
+		}
+		if !applies {
+			continue
+		}
+		req.checks = append(req.checks, limiter.Check{Zone: z.identity, Key: req.key(r, repl, z, ipv4Bits, ipv6Bits), Limit: z.limit})
+		req.zones = append(req.zones, z)
+	}
+	if len(req.checks) <= maxInlineZones {
+		req.decisions = req.decisionsBuf[:len(req.checks)]
+	} else {
+		req.decisions = make([]limiter.Decision, len(req.checks))
+	}
+	return nil
+}
+
+// key returns the client key of zone z, reusing the key already built for
+// an earlier zone with the same template.
+func (req *request) key(r *http.Request, repl *caddy.Replacer, z *Zone, ipv4Bits, ipv6Bits int) string {
+	for i, other := range req.zones {
+		if other.Key == z.Key {
+			return req.checks[i].Key
+		}
+	}
+	key, fellBack := z.key.key(r, repl, ipv4Bits, ipv6Bits)
+	if fellBack {
+		z.fallbacks.record(z.Key)
+	}
+	return key
+}
+
+// uncounted returns the checks and decisions of the zones that do not count
+// a response with status (see Zone.counts).
+func (req *request) uncounted(status int) ([]limiter.Check, []limiter.Decision) {
+	var checks []limiter.Check
+	var decisions []limiter.Decision
+	for i, z := range req.zones {
+		if !z.counts(status) {
+			checks = append(checks, req.checks[i])
+			decisions = append(decisions, req.decisions[i])
+		}
+	}
+	return checks, decisions
+}
