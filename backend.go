@@ -61,10 +61,7 @@ type backend struct {
 	// cache answers repeated denials in process, in front of the store.
 	cache *limiter.DenyCache
 	// store is the store that records admissions: Redis or in-process.
-	store interface {
-		limiter.Inspector
-		limiter.Refunder
-	}
+	store limiter.Store
 	// local decides while Redis fails, with mode redisWithLocal.
 	local *limiter.MemoryStore
 	// redis, conn and keys are set with Redis: the store, its connection
@@ -207,11 +204,15 @@ func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions 
 }
 
 func (b *backend) giveBack(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
-	var store limiter.Refunder = b.store
+	var store limiter.Store = b.store
 	if src == fromLocal {
 		store = b.local
 	}
-	if err := store.Refund(ctx, checks, decisions); err != nil {
+	// A refund is a settle to zero units.
+	for i := range checks {
+		checks[i].Cost = 0
+	}
+	if err := store.Settle(ctx, checks, decisions); err != nil {
 		return err
 	}
 	for i, c := range checks {
@@ -277,7 +278,7 @@ func (b *backend) reset(ctx context.Context, zone, key string, done resetDone) (
 
 // resetOnce resets a client in the store whose state is state, unless done
 // says it is reset already, and reports whether it did.
-func (b *backend) resetOnce(ctx context.Context, state any, store limiter.Inspector, zone, key string, done resetDone) (bool, error) {
+func (b *backend) resetOnce(ctx context.Context, state any, store limiter.Store, zone, key string, done resetDone) (bool, error) {
 	t := resetTarget{state, key}
 	if done[t] {
 		return false, nil

@@ -9,10 +9,10 @@ import (
 )
 
 // admissionsKept returns how many admission times a sliding-log key holds:
-// the count in the header of its ring (limiter/limit.lua: cap, head and
-// count, big-endian uint32s); 0 when there is no key.
+// the count in the header of its ring (limiter/limit.lua: a version byte,
+// then cap, head and count, big-endian uint32s); 0 when there is no key.
 func admissionsKept(ctx context.Context, c redis.Cmdable, key string) (int64, error) {
-	v, err := c.GetRange(ctx, key, 8, 11).Result()
+	v, err := c.GetRange(ctx, key, 9, 12).Result()
 	if err != nil {
 		return 0, err
 	}

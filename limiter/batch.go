@@ -42,17 +42,22 @@ const (
 	abandoned
 )
 
-// request is one Allow, Peek or Refund waiting for its batch.
+// request is one Allow, Peek, Settle or Extend waiting for its batch.
 type request struct {
 	ctx  context.Context
 	op   op
 	keys []string
-	// args are the request's packed arguments, made by the caller: the
-	// flushers never read checks or decisions that a caller who gave up may
-	// be reusing.
+	// args are the request's packed arguments, made by the caller. The
+	// flushers read checks and write decisions only for a request they
+	// answer, whose caller still waits: never one it gave up and may be
+	// reusing.
 	args      []byte
+	checks    []Check
 	decisions []Decision
-	deadline  time.Time
+	wait      time.Duration
+	// leases are the ids of the leases an Allow takes; nil without any.
+	leases   []uint64
+	deadline time.Time
 	// slot is the Redis Cluster slot of every key; 0 on a single server.
 	slot  uint16
 	state atomic.Int32
@@ -92,6 +97,9 @@ type batcher struct {
 	// ctx ends at close; it bounds the connections warm opens.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// now, when set (by tests), is the time in microseconds the script
+	// decides at, in place of Redis's clock.
+	now func() int64
 	// slowStreak counts the slow, answered calls since the last fast one.
 	slowStreak atomic.Int64
 	lastWarm   atomic.Int64
@@ -268,11 +276,20 @@ func (b *batcher) send(w *batchWork, batch []*request) (answered bool) {
 	defer cancel()
 	if len(w.calls) == 1 {
 		c := &w.calls[0]
-		c.cmd = limitScript.Run(ctx, b.client, c.keys, c.args)
+		c.cmd = limitScript.Run(ctx, b.client, c.keys, b.argv(c.args)...)
 		c.answer(c.cmd.Val(), c.cmd.Err())
 		return replied(c.cmd.Err())
 	}
 	return b.sendPipelined(ctx, w.calls)
+}
+
+// argv is a call's ARGV: its packed requests, and the time when a test
+// sets it.
+func (b *batcher) argv(args []byte) []any {
+	if b.now != nil {
+		return []any{args, b.now()}
+	}
+	return []any{args}
 }
 
 // replied reports whether err, a call's, came with a reply from Redis: none,
@@ -289,7 +306,7 @@ func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) bool {
 	pipe := b.client.Pipeline()
 	for i := range calls {
 		c := &calls[i]
-		c.cmd = limitScript.EvalSha(ctx, pipe, c.keys, c.args)
+		c.cmd = limitScript.EvalSha(ctx, pipe, c.keys, b.argv(c.args)...)
 	}
 	execErr := exec(ctx, pipe)
 	var retry []*slotCall
@@ -306,7 +323,7 @@ func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) bool {
 	}
 	pipe = b.client.Pipeline()
 	for _, c := range retry {
-		c.cmd = limitScript.Eval(ctx, pipe, c.keys, c.args)
+		c.cmd = limitScript.Eval(ctx, pipe, c.keys, b.argv(c.args)...)
 	}
 	execErr = exec(ctx, pipe)
 	for _, c := range retry {
@@ -339,18 +356,18 @@ func cmdErr(cmd *redis.Cmd, execErr error) error {
 func (c *slotCall) answer(reply any, err error) {
 	var s string
 	if err == nil {
-		s, err = checkReply(reply, c.zones)
+		s, err = checkReply(reply, replyLen(len(c.requests), c.zones))
 	}
 	if err != nil {
 		err = fmt.Errorf("running rate limit script: %w", err)
 	}
 	for _, r := range c.requests {
-		n := len(r.keys) * zoneReplyLen
+		n := replyLen(1, len(r.keys))
 		if r.state.CompareAndSwap(pending, answering) {
 			if err != nil {
 				r.err = err
-			} else {
-				decodeReply(s[:n], r.op, r.decisions)
+			} else if decodeReply(s[:n], r.op, r.checks, r.decisions, r.wait, r.leases) {
+				r.err = fmt.Errorf("extending leases: %w", ErrLeaseLost)
 			}
 			close(r.done)
 		}

@@ -147,7 +147,7 @@ func TestBatchMixed(t *testing.T) {
 	}
 	// Refunding a's first request in a later call frees one slot in each
 	// of its zones.
-	refund := &scriptReq{op: opRefund, keys: reqs[0].keys, checks: reqs[0].checks, decisions: reqs[0].decisions}
+	refund := &scriptReq{op: opSettle, keys: reqs[0].keys, checks: reqs[0].checks, decisions: reqs[0].decisions}
 	again := both(a)
 	runScript(t, testClient, 0, refund, again)
 	if !Admitted(again.decisions) || again.decisions[0].Remaining != 0 || again.decisions[1].Remaining != 0 {

@@ -142,7 +142,7 @@ func redisMemoryPerKey(t *testing.T, algo Algorithm, limit int64) {
 	for i := range keys {
 		k := s.Key("default", key(i))
 		if algo == SlidingLog {
-			if n := len(readRing(t, client, k).times); n != admissions {
+			if n := len(readRing(t, client, k, redisNow(t, client)).times); n != admissions {
 				t.Fatalf("admissions kept in %s = %d; want %d", k, n, admissions)
 			}
 		}

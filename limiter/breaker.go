@@ -45,9 +45,9 @@ func (s BreakerState) String() string {
 // long users keep getting the fail mode after the store is back; a probe every
 // 100ms is still nothing to a store that is down.
 const (
-	DefaultBreakerFailures    = 5
-	DefaultBreakerCooldown    = 25 * time.Millisecond
-	DefaultBreakerMaxCooldown = 100 * time.Millisecond
+	defaultBreakerFailures    = 5
+	defaultBreakerCooldown    = 25 * time.Millisecond
+	defaultBreakerMaxCooldown = 100 * time.Millisecond
 )
 
 // BreakerOptions configures a Breaker. Zero (or negative) values mean the
@@ -140,9 +140,9 @@ type breakerChange struct{ from, to BreakerState }
 // NewBreaker returns a closed breaker.
 func NewBreaker(opts BreakerOptions) *Breaker {
 	b := &Breaker{
-		failures:    DefaultBreakerFailures,
-		cooldown:    DefaultBreakerCooldown,
-		maxCooldown: DefaultBreakerMaxCooldown,
+		failures:    defaultBreakerFailures,
+		cooldown:    defaultBreakerCooldown,
+		maxCooldown: defaultBreakerMaxCooldown,
 		onChange:    opts.OnStateChange,
 		now:         time.Now,
 	}
@@ -164,8 +164,10 @@ func NewBreaker(opts BreakerOptions) *Breaker {
 // State returns the current state.
 func (b *Breaker) State() BreakerState { return b.epoch.Load().state }
 
-// Guard returns a Store that calls store through the breaker. All the stores
-// guarded by one breaker share its state: failures of any open it for all.
+// Guard returns a Store that calls store through the breaker: every method,
+// so a Settle does not wait for a store that Allow already knows is down.
+// All the stores guarded by one breaker share its state: failures of any
+// open it for all.
 func (b *Breaker) Guard(store Store) Store { return guardedStore{b, store} }
 
 type guardedStore struct {
@@ -175,17 +177,38 @@ type guardedStore struct {
 
 // Allow implements Store. It returns ErrBreakerOpen without calling the store
 // while the breaker is open or after a failed probe, and otherwise the store's
-// own error.
+// own error. So do the other methods.
 func (g guardedStore) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
-	return g.b.allow(ctx, g.next, checks, decisions)
+	return g.b.call(ctx, g.next.Allow, checks, decisions)
 }
 
-func (b *Breaker) allow(ctx context.Context, next Store, checks []Check, decisions []Decision) error {
+func (g guardedStore) Peek(ctx context.Context, checks []Check, decisions []Decision) error {
+	return g.b.call(ctx, g.next.Peek, checks, decisions)
+}
+
+func (g guardedStore) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
+	return g.b.call(ctx, g.next.Settle, checks, decisions)
+}
+
+func (g guardedStore) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
+	return g.b.call(ctx, g.next.Extend, checks, decisions)
+}
+
+func (g guardedStore) Reset(ctx context.Context, zone, key string) error {
+	return g.b.call(ctx, func(ctx context.Context, _ []Check, _ []Decision) error {
+		return g.next.Reset(ctx, zone, key)
+	}, nil, nil)
+}
+
+// storeCall is one of a Store's methods that take checks.
+type storeCall func(ctx context.Context, checks []Check, decisions []Decision) error
+
+func (b *Breaker) call(ctx context.Context, next storeCall, checks []Check, decisions []Decision) error {
 	e := b.epoch.Load()
 	if e.state != BreakerClosed {
-		return b.allowNotClosed(ctx, e, next, checks, decisions)
+		return b.callNotClosed(ctx, e, next, checks, decisions)
 	}
-	err := next.Allow(ctx, checks, decisions)
+	err := next(ctx, checks, decisions)
 	if err == nil {
 		// Read before writing, so that successes in a row do not bounce the
 		// cache line between CPUs.
@@ -205,12 +228,12 @@ func (b *Breaker) allow(ctx context.Context, next Store, checks []Check, decisio
 	return err
 }
 
-// allowNotClosed is allow when the breaker was not closed at e.
-func (b *Breaker) allowNotClosed(ctx context.Context, e *breakerEpoch, next Store, checks []Check, decisions []Decision) error {
+// callNotClosed is call when the breaker was not closed at e.
+func (b *Breaker) callNotClosed(ctx context.Context, e *breakerEpoch, next storeCall, checks []Check, decisions []Decision) error {
 	for {
 		switch e.state {
 		case BreakerClosed:
-			return b.allow(ctx, next, checks, decisions)
+			return b.call(ctx, next, checks, decisions)
 		case BreakerOpen:
 			if b.now().Before(e.until) {
 				return ErrBreakerOpen
@@ -246,7 +269,7 @@ func (b *Breaker) allowNotClosed(ctx context.Context, e *breakerEpoch, next Stor
 // probe makes the one call of half-open epoch e, whose probing flag the caller
 // has set, moves the breaker on by its outcome and wakes the callers waiting
 // for it.
-func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next Store, checks []Check, decisions []Decision) error {
+func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, checks []Check, decisions []Decision) error {
 	defer func() {
 		// After the transition, so that the woken see the new state; also
 		// when the store panics or the client went away, so that the next
@@ -256,9 +279,9 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next Store, checks
 		close(e.wake)
 		e.probeMu.Unlock()
 	}()
-	err := next.Allow(ctx, checks, decisions)
+	err := next(ctx, checks, decisions)
 	switch {
-	case err == nil:
+	case err == nil, errors.Is(err, ErrLeaseLost):
 		b.transition(e, BreakerClosed)
 	case countsAsFailure(ctx, err):
 		b.transition(e, BreakerOpen)
@@ -268,8 +291,11 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next Store, checks
 
 // countsAsFailure reports whether err, returned by the store for a call with
 // ctx, says something is wrong with the store: everything but a cancellation
-// by the caller.
+// by the caller, and a lease that had expired.
 func countsAsFailure(ctx context.Context, err error) bool {
+	if errors.Is(err, ErrLeaseLost) {
+		return false
+	}
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
 }
 

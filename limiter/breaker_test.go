@@ -38,6 +38,7 @@ func (c *breakerClock) Advance(d time.Duration) {
 // breakerStore is a fake Store that counts its calls and answers with whatever
 // its answer function says (success when nil).
 type breakerStore struct {
+	onlyAllow
 	calls  atomic.Int64
 	answer atomic.Pointer[func(context.Context) error]
 }
@@ -163,8 +164,8 @@ func TestBreakerStateString(t *testing.T) {
 func TestBreakerDefaults(t *testing.T) {
 	for _, opts := range []BreakerOptions{{}, {Failures: -1, Cooldown: -time.Second}} {
 		b, store, clock, changes := newTestBreaker(t, opts)
-		openBreaker(t, b, store, DefaultBreakerFailures)
-		clock.Advance(DefaultBreakerCooldown - time.Nanosecond)
+		openBreaker(t, b, store, defaultBreakerFailures)
+		clock.Advance(defaultBreakerCooldown - time.Nanosecond)
 		if err := breakerCall(b); !errors.Is(err, ErrBreakerOpen) {
 			t.Fatalf("%+v: call before the default cool-down: err = %v, want ErrBreakerOpen", opts, err)
 		}
@@ -614,7 +615,7 @@ func TestBreakerOnStateChangeReentrant(t *testing.T) {
 }
 
 // breakerNoopStore admits everything and allocates nothing.
-type breakerNoopStore struct{}
+type breakerNoopStore struct{ onlyAllow }
 
 func (breakerNoopStore) Allow(context.Context, []Check, []Decision) error { return nil }
 
@@ -1000,7 +1001,7 @@ func TestBreakerDeadStoreLoad(t *testing.T) {
 			calls := store.calls.Load()
 			// The failures that open it (all callers may be in flight),
 			// then at most one probe per shortest cool-down.
-			bound := int64(DefaultBreakerFailures+callers) + int64(flood/DefaultBreakerCooldown)
+			bound := int64(defaultBreakerFailures+callers) + int64(flood/defaultBreakerCooldown)
 			t.Logf("%s: %d requests in %v, %d reached the store (%.0f/s; bound %d)", tc.name, requests.Load(), flood, calls, float64(calls)/flood.Seconds(), bound)
 			if calls > bound {
 				t.Errorf("a dead store received %d calls in %v, want at most %d", calls, flood, bound)
@@ -1030,4 +1031,44 @@ func ExampleBreaker() {
 	// closed -> open
 	// true
 	// true 1
+}
+
+// leaseLostStore answers every Extend with a lost lease and counts its calls.
+type leaseLostStore struct {
+	breakerStore
+	extends, settles atomic.Int64
+}
+
+func (s *leaseLostStore) Extend(context.Context, []Check, []Decision) error {
+	s.extends.Add(1)
+	return fmt.Errorf("extending leases: %w", ErrLeaseLost)
+}
+
+func (s *leaseLostStore) Settle(context.Context, []Check, []Decision) error {
+	s.settles.Add(1)
+	return nil
+}
+
+// TestBreakerLeaseLostIsNoFailure: a lease that expired before Extend is the
+// store's answer, not its failure: the breaker stays closed. Every method
+// goes through the breaker: while it is open, Settle does not reach the
+// store either.
+func TestBreakerLeaseLostIsNoFailure(t *testing.T) {
+	store := &leaseLostStore{}
+	b := NewBreaker(BreakerOptions{Failures: 2})
+	g := b.Guard(store)
+	for range 5 {
+		if err := g.Extend(context.Background(), breakerTestCheck, make([]Decision, 1)); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Extend: %v, want ErrLeaseLost", err)
+		}
+	}
+	wantState(t, b, BreakerClosed)
+	store.fail(errBreakerTestStore)
+	for range 2 {
+		_ = g.Allow(context.Background(), breakerTestCheck, make([]Decision, 1))
+	}
+	wantState(t, b, BreakerOpen)
+	if err := g.Settle(context.Background(), breakerTestCheck, make([]Decision, 1)); !errors.Is(err, ErrBreakerOpen) || store.settles.Load() != 0 {
+		t.Errorf("Settle while open: %v, %d store calls; want ErrBreakerOpen and none", err, store.settles.Load())
+	}
 }

@@ -86,7 +86,7 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor
 func BenchmarkRedisCPUPerDecision(b *testing.B) {
 	for _, limit := range []int{60, 1000, 10_000, 100_000} {
 		modes := []cpuMode{viaStore, batch32}
-		if limit <= ringSmall {
+		if 18+6*limit <= ringSmall {
 			modes = append(modes, floor32)
 		}
 		for _, mode := range modes {
@@ -184,10 +184,12 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 					}
 					keys := make([]string, 0, callers)
 					var args []byte
+					var checks []Check
 					for j := n; j < n+callers && j < decisions; j++ {
 						c := Check{Zone: "z", Key: key(int(j % int64(clients))), Limit: lim}
 						keys = append(keys, s.Key(c.Zone, c.Key))
-						args = appendRequest(args, opAllow, []Check{c}, nil)
+						checks = append(checks, c)
+						args = appendRequest(args, opAllow, []Check{c}, make([]Decision, 1), 0, nil)
 					}
 					if mode == floor32 {
 						if err := floorScript.Run(ctx, client, keys).Err(); err != nil {
@@ -200,15 +202,16 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 						b.Error(err)
 						return
 					}
-					r, err := checkReply(reply, len(keys))
+					r, err := checkReply(reply, replyLen(len(keys), len(keys)))
 					if err != nil {
 						b.Error(err)
 						return
 					}
-					ds := make([]Decision, len(keys))
-					decodeReply(r, opAllow, ds)
-					for _, d := range ds {
-						if !d.Allowed {
+					ds := make([]Decision, 1)
+					for _, c := range checks {
+						decodeReply(r[:replyLen(1, 1)], opAllow, []Check{c}, ds, 0, nil)
+						r = r[replyLen(1, 1):]
+						if !ds[0].Allowed {
 							denied.Add(1)
 						}
 					}
@@ -246,20 +249,26 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 
 // BenchmarkRedisMemoryPerClient measures what Redis holds for a client at
 // its limit of 60, 1,000 and 10,000 admissions, filled through the store:
-// MEMORY USAGE of its key and the used_memory delta per client.
+// MEMORY USAGE of its key and the used_memory delta per client; and, for a
+// budget of 100,000 units spent by requests of 1 to 1,000 units (about 200
+// admissions), what it holds per admission.
 //
 //	go test -run '^$' -bench RedisMemoryPerClient -benchtime 1x ./limiter/
 func BenchmarkRedisMemoryPerClient(b *testing.B) {
-	for _, c := range []struct{ max, clients int }{{60, 1000}, {1000, 100}, {10_000, 10}} {
-		b.Run(fmt.Sprint("max", c.max), func(b *testing.B) {
+	for _, c := range []struct {
+		name         string
+		max, clients int
+		units        bool
+	}{{"max60", 60, 1000, false}, {"max1000", 1000, 100, false}, {"max10000", 10_000, 10, false}, {"units", 100_000, 100, true}} {
+		b.Run(c.name, func(b *testing.B) {
 			for b.Loop() {
-				redisMemoryPerClient(b, c.max, c.clients)
+				redisMemoryPerClient(b, c.max, c.clients, c.units)
 			}
 		})
 	}
 }
 
-func redisMemoryPerClient(b *testing.B, max, clients int) {
+func redisMemoryPerClient(b *testing.B, max, clients int, units bool) {
 	const workers = 16
 	srv := redistest.Start(b)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: workers})
@@ -271,21 +280,36 @@ func redisMemoryPerClient(b *testing.B, max, clients int) {
 	key := func(i int) string { return "203.0." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&0xff) }
 	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim})
 	before := infoFields(b, client, "memory", "used_memory")["used_memory"]
-	var next atomic.Int64
+	// Each client: requests until its budget is spent; by units, costs of
+	// 1 to 1,000 in a fixed sequence.
+	var next, admissions atomic.Int64
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {
-			checks := []Check{{Zone: "default", Limit: lim}}
 			ds := make([]Decision, 1)
 			for {
-				n := int(next.Add(1) - 1)
-				if n >= clients*max {
+				i := int(next.Add(1) - 1)
+				if i >= clients {
 					return
 				}
-				checks[0].Key = key(n % clients)
-				if err := s.Allow(ctx, checks, ds); err != nil || !ds[0].Allowed {
-					b.Errorf("decision %d: %+v, %v", n, ds[0], err)
-					return
+				checks := []Check{{Zone: "default", Key: key(i), Limit: lim}}
+				for n := 0; ; n++ {
+					if units {
+						checks[0].Cost = 1 + int64(n*7919%1000)
+					} else if n == max {
+						break
+					}
+					if err := s.Allow(ctx, checks, ds); err != nil {
+						b.Errorf("client %d, request %d: %v", i, n, err)
+						return
+					}
+					if !ds[0].Allowed {
+						if !units {
+							b.Errorf("client %d, request %d: %+v", i, n, ds[0])
+						}
+						break
+					}
+					admissions.Add(1)
 				}
 			}
 		})
@@ -295,8 +319,9 @@ func redisMemoryPerClient(b *testing.B, max, clients int) {
 	var usage int64
 	for i := range clients {
 		k := s.Key("default", key(i))
-		if n := len(readRing(b, client, k).times); n != max {
-			b.Fatalf("%s holds %d admissions, want %d", k, n, max)
+		ring := readRing(b, client, k, redisNow(b, client))
+		if !units && len(ring.times) != max {
+			b.Fatalf("%s holds %d admissions, want %d", k, len(ring.times), max)
 		}
 		n, err := client.MemoryUsage(ctx, k, 0).Result()
 		if err != nil {
@@ -306,8 +331,10 @@ func redisMemoryPerClient(b *testing.B, max, clients int) {
 	}
 	delta := (after - before) / float64(clients)
 	mean := float64(usage) / float64(clients)
+	held := float64(admissions.Load()) / float64(clients)
 	b.ReportMetric(mean, "memory-usage-B/client")
 	b.ReportMetric(delta, "used-memory-B/client")
-	b.Logf("max %d, %d clients at their limit: MEMORY USAGE %.0f bytes (%.2f per admission), used_memory delta %.0f bytes (%.2f per admission)",
-		max, clients, mean, mean/float64(max), delta, delta/float64(max))
+	b.ReportMetric(mean/held, "B/admission")
+	b.Logf("max %d%s, %d clients at their limit, %.0f admissions each: MEMORY USAGE %.0f bytes (%.2f per admission), used_memory delta %.0f bytes (%.2f per admission)",
+		max, map[bool]string{true: " units"}[units], clients, held, mean, mean/held, delta, delta/held)
 }

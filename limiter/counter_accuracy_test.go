@@ -79,8 +79,8 @@ func counterAccuracy(t *testing.T, rate func(int) float64, maxWrong float64) {
 	logStore, counterStore := NewMemoryStore(), NewMemoryStore()
 	defer logStore.Close()
 	defer counterStore.Close()
-	logStore.clock = func() time.Duration { return now }
-	counterStore.clock = func() time.Duration { return now }
+	logStore.now = func() int64 { return now.Microseconds() }
+	counterStore.now = func() int64 { return now.Microseconds() }
 
 	var wrong, overAdmitted, differ, logAdmitted, counterAdmitted int
 	history := make(map[string][]time.Duration) // the counter's admissions

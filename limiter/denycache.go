@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
@@ -34,33 +33,40 @@ const denyCacheEvictSamples = 8
 
 // DenyCache is a Store that remembers, in this process, which (zone, client
 // key) pairs are denied and until when, and answers requests for them without
-// calling the wrapped store. Admissions always come from the wrapped store.
+// calling the wrapped store. Admissions always come from the wrapped store;
+// Peek, Settle, Extend and Reset go to it.
 //
 // # Why it is exact
 //
-// In the sliding-window log (RedisStore, MemoryStore) a zone admits a key when
-// fewer than Max admissions lie in the last Window. Denied requests record
-// nothing; admissions leave the window only by ageing out; and other callers
-// (other Caddy instances on the same Redis) can only add admissions. So when
-// the store denies a key with RetryAfter d, computed at store time R, the key
-// is not admitted anywhere before R + d: the count in the window can only fall
-// by the oldest members ageing out, and the first that must go to make room
-// goes at R + d exactly. Any request for that key before R + d is denied by
-// the store, so denying it here is the store's own answer, without the round
-// trip. The sliding-window counter is the same: its estimate falls only as
-// time passes, other callers can only raise it, and RetryAfter is the first
-// time the estimate admits again (rounded up to the microsecond).
+// In the sliding log a zone admits a request of cost c under max m with wait
+// w when the units that will still be in its window at now + w, plus c, fit
+// in m: it has room at the time its j-th newest admission ages out (see the
+// package doc). Denied requests record nothing; admissions leave the window
+// only by ageing out; and other callers (other Caddy instances on the same
+// Redis) can only add admissions, a promised one (a wait) at its future
+// time. So when the store denies a check with Reset d (the time until it has
+// room for c under m), computed at store time R, no request of cost >= c
+// under max <= m has room anywhere before R + d: the units held can only fall
+// by admissions ageing out, a larger cost or a lower max needs more of them
+// to, and the first that makes room for c goes at R + d exactly. A request
+// with wait w' is then denied while now + w' < R + d, so denying it here is
+// the store's own answer, without the round trip. The sliding counter is the
+// same without waits: its estimate falls only as time passes, other callers
+// can only raise it, a larger cost or lower max needs it lower, and Reset is
+// the first time the estimate admits again (rounded up to the microsecond).
+// A concurrency zone's denial is never cached: a release can come at any
+// moment.
 //
 // The cache does not know R in its own clock. The store read its clock
 // somewhere between the moment Allow called it (t0, this process's monotonic
-// clock) and the moment it returned (t1). The cache stores
-// "denied until t0 + d", never t1 + d: since t0 <= R, t0 + d <= R + d, so the
-// cached expiry is never later than the true earliest admission, and the cache
-// never denies a request the store would admit. Using t1 would deny requests
-// in [R + d, t1 + d), up to a whole round trip, that the store admits. The
-// price of the safe side is that the entry expires up to one round trip early,
-// and the few requests in that gap reach the store, which denies them and
-// refreshes the entry: a little more traffic, never a wrong answer.
+// clock) and the moment it returned (t1). The cache keeps "room at t0 + d",
+// never t1 + d: since t0 <= R, t0 + d <= R + d, so the cached room is never
+// later than the true one, and the cache never denies a request the store
+// would admit. Using t1 would deny requests in [R + d, t1 + d), up to a whole
+// round trip, that the store admits. The price of the safe side is that the
+// entry expires up to one round trip early, and the few requests in that gap
+// reach the store, which denies them and refreshes the entry: a little more
+// traffic, never a wrong answer.
 //
 // Measuring d on the store's clock and waiting it out on ours also assumes the
 // two clocks run at the same rate. NTP slews a clock by at most 500 ppm, so two
@@ -71,43 +77,48 @@ const denyCacheEvictSamples = 8
 //
 // The argument holds while no admission leaves a window early. Three things
 // make one leave early, and the caller must handle them:
-//   - an operator reset of a key in the store: use Reset, which resets the
-//     wrapped store and then forgets the key, or call Forget(zone, key) after
-//     resetting the store (a denial read from the store before the reset and
-//     returned after Forget is not cached: Forget and Clear start a new
-//     generation);
-//   - a zone whose Limit changes: entries are keyed by (zone, key) only, not
-//     by the Limit, so call Clear (or make a new DenyCache) when any zone's
-//     limit changes; the Caddy handler makes a new cache per configuration;
+//   - an operator reset of a key in the store, or a settle that lowers what an
+//     admission cost: Reset and Settle forget the key here after the store
+//     acted, and a denial read from the store before that and returned after
+//     is not cached (Forget starts a new generation of the key's shard, so
+//     denials of other keys in flight meanwhile are cached as usual); other
+//     processes must be told (the Caddy module announces such resets);
+//   - a zone whose Limit changes in a way a later check does not show (the
+//     window, or the algorithm): entries are keyed by (zone, key), and carry
+//     the cost and max they were denied for, not the window; call Clear (or
+//     make a new DenyCache) then; the Caddy handler makes a new cache per
+//     configuration;
 //   - store state lost (a Redis restart or flush), or admissions the store
 //     takes back itself: on Redis Cluster, a request whose zones have
-//     different client keys is decided slot by slot and an admission recorded
-//     in one slot is refunded when a later slot denies; a key denied by
+//     different client keys is decided slot by slot and what one slot
+//     recorded is settled back when a later slot denies; a key denied by
 //     another instance in between, because of that short-lived admission,
 //     may stay denied here for up to its RetryAfter although the store would
 //     admit it again after the refund.
 //
 // # Answers
 //
-// On a cache hit (any check's (zone, key) is cached as denied) Allow does not
+// On a cache hit (any check is answered by a cached denial) Allow does not
 // call the wrapped store and records nothing, as the store would not for a
-// denied request. Each cached check gets Allowed false, Remaining 0, and
-// RetryAfter and Reset both the true time left: the store's RetryAfter counted
-// from when its answer came back, not the entry's trimmed expiry, so a
-// client is never told to come back early; every other
+// denied request. Each cached check gets Allowed false, Remaining 0, Reset
+// the true time until it has room, counted from when the store's answer came
+// back (not the entry's trimmed expiry), and RetryAfter that less the
+// request's wait, so a client is never told to come back early; every other
 // check gets Decision{Allowed: true} with Remaining and Reset zero: on a hit
 // only the denying decisions carry meaning. AllowCached reports whether the
 // answer was a hit.
 //
 // # Memory and concurrency
 //
-// The cache holds at most maxEntries entries. When full, it drops expired
-// entries first and otherwise the one expiring soonest among a few chosen at
-// random (O(1) amortised), counting the latter in Stats().Evictions. Expired
-// entries are also dropped when looked up; there is no background goroutine.
-// Entries live in up to 32 shards with their own locks, chosen by a hash of
-// zone and key, and a hit takes only a read lock and allocates nothing. A DenyCache is
-// safe for concurrent use.
+// The cache holds at most maxEntries entries, one per (zone, key): the last
+// denial of that key, unless an earlier one answers all its requests and for
+// longer. When full, it drops expired entries first and otherwise the one
+// expiring soonest among a few chosen at random (O(1) amortised), counting
+// the latter in Stats().Evictions. Expired entries are also dropped when
+// looked up; there is no background goroutine. Entries live in up to 32
+// shards with their own locks, chosen by a hash of zone and key, and a hit
+// takes only a read lock and allocates nothing. A DenyCache is safe for
+// concurrent use.
 type DenyCache struct {
 	next   Store
 	epoch  time.Time
@@ -115,9 +126,6 @@ type DenyCache struct {
 	shards []denyShard
 	mask   uint64
 
-	// gen changes on Clear and Forget; a denial read from the store under an
-	// older generation is not cached.
-	gen       atomic.Uint64
 	entries   atomic.Int64
 	hits      atomic.Uint64
 	evictions atomic.Uint64
@@ -141,14 +149,35 @@ type denyKey struct{ zone, key string }
 
 type denySlot struct {
 	k denyKey
-	// until is when the entry expires, in nanoseconds of the cache's
-	// monotonic clock (since its epoch): no later than the key's next
-	// admission anywhere.
+	// until is when the zone has room, in nanoseconds of the cache's
+	// monotonic clock (since its epoch), trimmed: no later than the room
+	// anywhere of a request of at least cost under at most max.
 	until int64
-	// retryAt is what a client is told to wait for, on the same clock: the
-	// store's exact retry time counted from when its answer came back, never
-	// earlier than the true admission, and never trimmed.
+	// retryAt is the room a client is told to wait for, on the same clock:
+	// the store's exact time counted from when its answer came back, never
+	// earlier than the true room, and never trimmed.
 	retryAt int64
+	// cost and max are the denied check's; waits says its zone waits (a
+	// log zone): a request's wait brings its own end of the denial nearer.
+	cost, max int64
+	waits     bool
+}
+
+// answers reports whether the cached denial sl answers check c of a request
+// with wait wait at now, and if so with what decision.
+func (sl *denySlot) answers(c Check, wait time.Duration, now int64) (Decision, bool) {
+	waits := c.Limit.Algorithm == SlidingLog
+	if waits != sl.waits || reserved(c) < sl.cost || c.Limit.Max > sl.max {
+		return Decision{}, false
+	}
+	if !waits {
+		wait = 0
+	}
+	if now+int64(wait) >= sl.until {
+		return Decision{}, false
+	}
+	left := time.Duration(sl.retryAt - now)
+	return Decision{Reset: left, RetryAfter: left - wait}, true
 }
 
 type denyShard struct {
@@ -156,6 +185,9 @@ type denyShard struct {
 	index map[denyKey]int32 // position in slots
 	slots []denySlot
 	max   int
+	// gen changes on Clear and on Forget of a key of the shard; a denial
+	// read from the store under an older generation is not cached.
+	gen uint64
 	// minUntil is at most the smallest until in slots (MaxInt64 when there is
 	// none): the earliest time an entry can have expired.
 	minUntil int64
@@ -207,27 +239,29 @@ func (c *DenyCache) Allow(ctx context.Context, checks []Check, decisions []Decis
 // only the denying decisions carry meaning (see DenyCache). Otherwise it is
 // the wrapped store's answer, and its denials are remembered.
 func (c *DenyCache) AllowCached(ctx context.Context, checks []Check, decisions []Decision) (hit bool, err error) {
-	if c.cached(checks, decisions) {
+	if len(decisions) == len(checks) && c.cached(checks, decisions) {
 		return true, nil
 	}
 	return false, c.ask(ctx, checks, decisions)
 }
 
 // cached answers checks from the cache alone, without the wrapped store:
-// it reports true, and fills decisions, if any check's key is denied.
+// it reports true, and fills decisions, if a cached denial answers a check.
 func (c *DenyCache) cached(checks []Check, decisions []Decision) bool {
 	if c.entries.Load() == 0 {
 		return false
 	}
 	now := c.now()
+	wait := requestWait(checks)
 	hit := false
-	for i := range checks {
-		if retryAt, ok := c.lookup(checks[i].Zone, checks[i].Key, now); ok {
-			left := time.Duration(retryAt - now)
-			decisions[i] = Decision{RetryAfter: left, Reset: left, token: -1}
+	for i, ch := range checks {
+		decisions[i] = Decision{Allowed: true}
+		if ch.Limit.Algorithm == Concurrency {
+			continue
+		}
+		if d, ok := c.lookup(ch, wait, now); ok {
+			decisions[i] = d
 			hit = true
-		} else {
-			decisions[i] = Decision{Allowed: true, token: -1}
 		}
 	}
 	if hit {
@@ -238,55 +272,87 @@ func (c *DenyCache) cached(checks []Check, decisions []Decision) bool {
 
 // ask calls the wrapped store and remembers its denials.
 func (c *DenyCache) ask(ctx context.Context, checks []Check, decisions []Decision) error {
-	gen := c.gen.Load()
+	var gensBuf [4]uint64
+	gens := gensBuf[:0]
+	for _, ch := range checks {
+		s := c.shard(ch.Zone, ch.Key)
+		s.mu.RLock()
+		gens = append(gens, s.gen)
+		s.mu.RUnlock()
+	}
 	// Read before the call: the store's clock read comes later, so start+d is
-	// never after the store's own retry time (see DenyCache).
+	// never after the store's own room (see DenyCache).
 	start := c.now()
 	if err := c.next.Allow(ctx, checks, decisions); err != nil {
 		return err
 	}
 	end := c.now()
 	for i := range decisions {
-		d := decisions[i].RetryAfter
-		if decisions[i].Allowed || d <= 0 || i >= len(checks) {
+		d, ch := decisions[i].Reset, checks[i]
+		if decisions[i].Allowed || decisions[i].Never || d <= 0 || i >= len(checks) || ch.Limit.Algorithm == Concurrency {
 			continue
 		}
-		c.remember(checks[i].Zone, checks[i].Key, start+int64(d-d/denyCacheDriftDivisor-denyCacheRounding), end+int64(d), gen)
+		c.remember(denySlot{
+			k:       denyKey{ch.Zone, ch.Key},
+			until:   start + int64(d-d/denyCacheDriftDivisor-denyCacheRounding),
+			retryAt: end + int64(d),
+			cost:    reserved(ch),
+			max:     ch.Limit.Max,
+			waits:   ch.Limit.Algorithm == SlidingLog,
+		}, gens[i])
 	}
 	return nil
 }
 
-// Peek implements Inspector by asking the wrapped store, which must implement
-// it; the cache is neither consulted nor changed.
+// Peek implements Store by asking the wrapped store; the cache is neither
+// consulted nor changed.
 func (c *DenyCache) Peek(ctx context.Context, checks []Check, decisions []Decision) error {
-	in, ok := c.next.(Inspector)
-	if !ok {
-		return errors.New("deny cache: the wrapped store cannot be inspected")
-	}
-	return in.Peek(ctx, checks, decisions)
+	return c.next.Peek(ctx, checks, decisions)
 }
 
-// Reset implements Inspector: it resets key in zone in the wrapped store,
-// which must implement Inspector, then forgets its entry here.
-func (c *DenyCache) Reset(ctx context.Context, zone, key string) error {
-	in, ok := c.next.(Inspector)
-	if !ok {
-		return errors.New("deny cache: the wrapped store cannot be reset")
+// Settle implements Store: it settles in the wrapped store, then forgets the
+// keys whose admissions now cost less than they reserved, whose denials may
+// no longer hold.
+func (c *DenyCache) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
+	var lowered []int
+	for i, d := range decisions {
+		if i < len(checks) && d.held.recorded && checks[i].Limit.Algorithm != Concurrency && checks[i].Cost < d.held.units {
+			lowered = append(lowered, i)
+		}
 	}
-	err := in.Reset(ctx, zone, key)
+	err := c.next.Settle(ctx, checks, decisions)
+	// Even on an error: the store may have settled before failing, and
+	// forgetting costs one store call at most.
+	for _, i := range lowered {
+		c.Forget(checks[i].Zone, checks[i].Key)
+	}
+	return err
+}
+
+// Extend implements Store by asking the wrapped store.
+func (c *DenyCache) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
+	return c.next.Extend(ctx, checks, decisions)
+}
+
+// Reset implements Store: it resets key in zone in the wrapped store, then
+// forgets its entry here.
+func (c *DenyCache) Reset(ctx context.Context, zone, key string) error {
+	err := c.next.Reset(ctx, zone, key)
 	// Even on an error: the store may have reset the key before failing, and
 	// forgetting costs one store call at most.
 	c.Forget(zone, key)
 	return err
 }
 
-// Forget drops the entry of key in zone, if any. Call it after resetting the
-// key in the store (Reset does both).
+// Forget drops the entry of key in zone, if any, and keeps denials of keys
+// of its shard read from the store before it from being cached. Call it
+// after resetting the key in the store by other means (Reset and Settle do
+// it).
 func (c *DenyCache) Forget(zone, key string) {
 	s := c.shard(zone, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c.gen.Add(1)
+	s.gen++
 	if i, ok := s.index[denyKey{zone, key}]; ok {
 		c.removeAt(s, int(i))
 	}
@@ -294,10 +360,10 @@ func (c *DenyCache) Forget(zone, key string) {
 
 // Clear drops every entry. Call it when a zone's limit changes.
 func (c *DenyCache) Clear() {
-	c.gen.Add(1)
 	for i := range c.shards {
 		s := &c.shards[i]
 		s.mu.Lock()
+		s.gen++
 		c.entries.Add(-int64(len(s.slots)))
 		s.index = make(map[denyKey]int32)
 		s.slots = nil
@@ -425,61 +491,61 @@ func (c *DenyCache) shard(zone, key string) *denyShard {
 	return &c.shards[h&c.mask]
 }
 
-// lookup returns when a client denied in zone may retry, if the denial is
-// cached and its entry has not expired by now; an expired entry is dropped.
-func (c *DenyCache) lookup(zone, key string, now int64) (retryAt int64, ok bool) {
-	k := denyKey{zone, key}
-	s := c.shard(zone, key)
+// lookup returns the decision of a cached denial of check ch (in a request
+// with wait wait) at now, if one answers it; an expired entry is dropped.
+func (c *DenyCache) lookup(ch Check, wait time.Duration, now int64) (Decision, bool) {
+	k := denyKey{ch.Zone, ch.Key}
+	s := c.shard(ch.Zone, ch.Key)
 	s.mu.RLock()
 	i, ok := s.index[k]
-	var until int64
+	var sl denySlot
 	if ok {
-		until, retryAt = s.slots[i].until, s.slots[i].retryAt
+		sl = s.slots[i]
 	}
 	s.mu.RUnlock()
 	if !ok {
-		return 0, false
+		return Decision{}, false
 	}
-	if until > now {
-		return retryAt, true
+	if sl.until > now {
+		return sl.answers(ch, wait, now)
 	}
 	s.mu.Lock()
 	if i, ok := s.index[k]; ok && s.slots[i].until <= now {
 		c.removeAt(s, int(i))
 	}
 	s.mu.Unlock()
-	return 0, false
+	return Decision{}, false
 }
 
-// remember caches that key is denied in zone until until, and that its
-// clients may retry at retryAt, unless the cache was cleared or a key
-// forgotten since generation gen began.
-func (c *DenyCache) remember(zone, key string, until, retryAt int64, gen uint64) {
-	s := c.shard(zone, key)
+// remember caches the denial sl, unless its key's shard moved on from
+// generation gen (a key was forgotten or the cache cleared meanwhile). An
+// entry already cached for the key stays only if it answers every request sl
+// answers, for as long.
+func (c *DenyCache) remember(sl denySlot, gen uint64) {
+	s := c.shard(sl.k.zone, sl.k.key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if c.gen.Load() != gen {
+	if s.gen != gen {
 		return
 	}
 	now := c.now()
-	if until <= now {
+	if sl.until <= now {
 		return
 	}
-	k := denyKey{zone, key}
-	if i, ok := s.index[k]; ok {
-		// Both are lower bounds of the key's next admission; keep the later.
-		if until > s.slots[i].until {
-			s.slots[i].until = until
-			s.slots[i].retryAt = retryAt
+	if i, ok := s.index[sl.k]; ok {
+		old := &s.slots[i]
+		if old.waits != sl.waits || old.cost > sl.cost || old.max < sl.max || old.until < sl.until {
+			*old = sl
+			s.minUntil = min(s.minUntil, sl.until)
 		}
 		return
 	}
 	if len(s.slots) >= s.max {
 		c.evict(s, now)
 	}
-	s.index[k] = int32(len(s.slots))
-	s.slots = append(s.slots, denySlot{k: k, until: until, retryAt: retryAt})
-	s.minUntil = min(s.minUntil, until)
+	s.index[sl.k] = int32(len(s.slots))
+	s.slots = append(s.slots, sl)
+	s.minUntil = min(s.minUntil, sl.until)
 	s.sinceSweep++
 	c.entries.Add(1)
 }

@@ -28,12 +28,33 @@ func (s *dcCounting) Allow(ctx context.Context, checks []Check, decisions []Deci
 	return s.next.Allow(ctx, checks, decisions)
 }
 
+func (s *dcCounting) Peek(ctx context.Context, checks []Check, decisions []Decision) error {
+	return s.next.Peek(ctx, checks, decisions)
+}
+
+func (s *dcCounting) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
+	return s.next.Settle(ctx, checks, decisions)
+}
+
+func (s *dcCounting) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
+	return s.next.Extend(ctx, checks, decisions)
+}
+
+func (s *dcCounting) Reset(ctx context.Context, zone, key string) error {
+	return s.next.Reset(ctx, zone, key)
+}
+
 // dcFunc is a Store made of a function.
 type dcFunc func(ctx context.Context, checks []Check, decisions []Decision) error
 
 func (f dcFunc) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
 	return f(ctx, checks, decisions)
 }
+
+func (dcFunc) Peek(context.Context, []Check, []Decision) error   { return nil }
+func (dcFunc) Settle(context.Context, []Check, []Decision) error { return nil }
+func (dcFunc) Extend(context.Context, []Check, []Decision) error { return nil }
+func (dcFunc) Reset(context.Context, string, string) error       { return nil }
 
 // dcDenyAll returns a store that denies every check with RetryAfter retry and
 // counts its calls.
@@ -591,7 +612,7 @@ func TestDenyCacheSeveralChecks(t *testing.T) {
 	if hit, err := c.AllowCached(ctx, checks, ds); !hit || err != nil {
 		t.Fatalf("second: hit %v, err %v", hit, err)
 	}
-	if ds[0] != (Decision{Allowed: true, token: -1}) {
+	if ds[0] != (Decision{Allowed: true}) {
 		t.Errorf("uncached check on a hit: %+v", ds[0])
 	}
 	if d := ds[1]; d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > time.Minute || d.Reset != d.RetryAfter || d.Remaining != 0 {
@@ -765,10 +786,11 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 // dcInspectable is a store that denies every check with a one-minute retry
 // until its key is reset, and counts calls.
 type dcInspectable struct {
-	mu     sync.Mutex
-	resets map[string]bool
-	calls  atomic.Int64
-	peeks  atomic.Int64
+	mu      sync.Mutex
+	resets  map[string]bool
+	calls   atomic.Int64
+	peeks   atomic.Int64
+	extends atomic.Int64
 }
 
 func (s *dcInspectable) Allow(_ context.Context, checks []Check, ds []Decision) error {
@@ -792,6 +814,13 @@ func (s *dcInspectable) Peek(_ context.Context, checks []Check, ds []Decision) e
 	return nil
 }
 
+func (s *dcInspectable) Settle(context.Context, []Check, []Decision) error { return nil }
+
+func (s *dcInspectable) Extend(context.Context, []Check, []Decision) error {
+	s.extends.Add(1)
+	return nil
+}
+
 func (s *dcInspectable) Reset(_ context.Context, zone, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -802,9 +831,10 @@ func (s *dcInspectable) Reset(_ context.Context, zone, key string) error {
 	return nil
 }
 
-func TestDenyCacheInspector(t *testing.T) {
+// TestDenyCachePassesThrough: Peek and Extend go to the store without
+// touching the cache; Reset resets the store and forgets the key.
+func TestDenyCachePassesThrough(t *testing.T) {
 	inner := &dcInspectable{}
-	var _ Inspector = NewDenyCache(inner, 10)
 	c := NewDenyCache(inner, 10)
 	check := Check{Zone: "z", Key: "k"}
 	dcAllow1(t, c, check)
@@ -815,6 +845,12 @@ func TestDenyCacheInspector(t *testing.T) {
 	if err := c.Peek(context.Background(), []Check{check}, ds); err != nil || ds[0].Remaining != 7 || inner.peeks.Load() != 1 {
 		t.Errorf("Peek: err %v, %+v, %d peeks", err, ds[0], inner.peeks.Load())
 	}
+	if err := c.Extend(context.Background(), []Check{check}, ds); err != nil || inner.extends.Load() != 1 {
+		t.Errorf("Extend: err %v, %d extends", err, inner.extends.Load())
+	}
+	if !dcAllow1(t, c, check).hit {
+		t.Fatal("Peek or Extend dropped the entry")
+	}
 	if err := c.Reset(context.Background(), "z", "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -823,14 +859,6 @@ func TestDenyCacheInspector(t *testing.T) {
 	}
 	if n := inner.calls.Load(); n != 2 {
 		t.Errorf("%d store calls, want 2", n)
-	}
-
-	plain := NewDenyCache(dcDenyAll(time.Minute), 10)
-	if err := plain.Peek(context.Background(), []Check{check}, ds); err == nil {
-		t.Error("Peek on a store that is no Inspector: no error")
-	}
-	if err := plain.Reset(context.Background(), "z", "k"); err == nil {
-		t.Error("Reset on a store that is no Inspector: no error")
 	}
 }
 
@@ -916,8 +944,8 @@ func TestDenyCacheDeniedUntilIsTheEnd(t *testing.T) {
 	now := c.now()
 	// Long enough that a loaded machine lists it before it ends.
 	const short = 100 * time.Millisecond
-	c.remember("z", "short", now+int64(short), now+int64(time.Hour), c.gen.Load())
-	c.remember("z", "long", now+int64(time.Hour), now+int64(2*time.Hour), c.gen.Load())
+	c.remember(denySlot{k: denyKey{"z", "short"}, until: now + int64(short), retryAt: now + int64(time.Hour), cost: 1, waits: true}, c.shard("z", "short").gen)
+	c.remember(denySlot{k: denyKey{"z", "long"}, until: now + int64(time.Hour), retryAt: now + int64(2*time.Hour), cost: 1, waits: true}, c.shard("z", "long").gen)
 	if denied, total := c.Denied(nil, 10); total != 2 || len(denied) != 2 || denied[0].Key != "long" {
 		t.Fatalf("before the short entry ends: %+v of %d", denied, total)
 	}
@@ -956,7 +984,8 @@ func BenchmarkDenyCacheDenied(b *testing.B) {
 	now := c.now()
 	for i := range DefaultDenyCacheEntries {
 		wait := int64(time.Duration(rand.IntN(3600)) * time.Second)
-		c.remember("zone", strconv.Itoa(i), now+int64(2*time.Hour)+wait, now+int64(2*time.Hour)+wait, c.gen.Load())
+		k := strconv.Itoa(i)
+		c.remember(denySlot{k: denyKey{"zone", k}, until: now + int64(2*time.Hour) + wait, retryAt: now + int64(2*time.Hour) + wait, cost: 1, waits: true}, c.shard("zone", k).gen)
 	}
 	if got := c.Stats().Entries; got < DefaultDenyCacheEntries*9/10 {
 		b.Fatalf("%d entries", got)

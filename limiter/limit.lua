@@ -1,871 +1,448 @@
 -- Decides a batch of rate-limit requests in one call: TIME once, then each
 -- request's zones all or nothing, then one packed reply.
--- Its arguments and reply are packed binary (script.go packs and reads
--- them), so that a batch costs Redis and the store little to parse.
 --
--- KEYS[i]   state of the i-th zone of the batch, requests in order:
---             log:     a ring (string) of the last max admission times, below
---             counter: hash {w = index of the current fixed window,
---                      c = admissions in it, p = admissions in the one before}
--- ARGV[1]   the requests, packed big-endian, one after another:
---             op      uint8: 0 peek (write nothing), 1 allow (record in every
---                     zone if all admit), 2 refund (take back what an allow
---                     recorded: the token of each zone)
---             zones   uint8: how many KEYS this request takes, in order
---             then per zone:
---               algo    uint8: 0 log, 1 counter
---               window  double: microseconds
---               max     double: admissions in any window
---               token   double: refund only; else ignored
--- ARGV[2]   optional, for tests: the time in microseconds, in place of TIME
+-- A log zone admits a request of cost c (1 in a count zone) when the units
+-- in the last window, plus c, fit in max. With sum_i the units admitted up to
+-- admission i and n the newest kept, j = the smallest kept with sum_j >=
+-- sum_n + c - max must age out for c to fit: room = t_j + window (none:
+-- now). If room - now <= wait, the request goes on at room, recorded then or
+-- just after t_n (times strictly increase); else it is denied, reset = room -
+-- now; c > max never fits. With several zones it goes on at the latest room,
+-- recorded then in each. A promised admission is recorded at its future
+-- time, so no later one takes its slot: units with times in any window never
+-- exceed max, exact for each call's own max. Settling changes an admission's
+-- units (zero takes it back). A counter weighs units as it weighs requests;
+-- a concurrency zone holds one lease per request in flight, expiring window
+-- after it was taken or extended. Neither waits (the store refuses a wait).
 --
--- Reply: one string, per zone of every request in order, packed big-endian:
---   allowed    uint8: 1 if this zone admits (recorded only if every zone of
---              the request admits); for a refund, 1 if something was taken back
---   remaining  double: admissions left now (after this one, when recorded)
---   reset      double: microseconds; denying zone: exact time until it admits
---              again; otherwise: until the count next drops (a slot frees)
---   token      double: what was recorded, for a refund: the log's admission
---              time or the counter's window index; -1 when nothing
+-- KEYS[i]  the i-th zone's state, requests in order: log, a ring (below);
+--          counter, hash {w = current fixed window's index, c = its units,
+--          p = the previous one's}; concurrency, zset of lease ids by expiry
+-- ARGV[1]  requests, big-endian: op u8 (0 peek, 1 allow, 2 settle, 3
+--          extend), zones u8 (KEYS it takes), wait double (µs); per zone:
+--          kind u8 (0 log, 1 counter, 2 concurrency), window double (µs; the
+--          lease time), max double, cost double (to reserve; settle: the
+--          real cost), token double (settle: the log's admission time, the
+--          counter's window index), aux 8 bytes (lease id; counter settle:
+--          the units reserved, double)
+-- ARGV[2]  optional, for tests: the time in µs in place of TIME; keys then
+--          get no expiry, which runs on Redis's clock
+-- Reply    per request: delay double (µs an admitted request waits; 0 when
+--          denied); per zone: flag u8 (0 denied, 1 admits (recorded if all
+--          do), 2 never: cost above max; settle, extend: 1 done), remaining
+--          double (units left, after this request if recorded), reset double
+--          (µs: denied, until room for this cost; else until units next
+--          leave the window), token double (log: admission time; counter:
+--          window index; -1: none)
 --
--- The ring: a header of cap, head, count and base (uint32 each; base in
--- seconds), then B samples, then cap slots; every time is a uint48 offset
--- in microseconds from base (W bytes). A ring starts small and doubles as
--- it fills, up to max, so a client's state is the size of its use. Slot p
--- is physical; the logical i-th oldest kept time is in slot (head + i) %
--- cap, and times strictly increase with i. Sample b is a copy of slot b*S
--- when that slot is kept, so that a search reads the header and one bucket
--- of S slots rather than the whole ring. Rings of cap <= SMALL have no
--- samples and are read and written whole (GET, SET): cheaper than several
--- ranges, which in turn cost half of a whole GET and SET at max 1,000.
+-- A ring holds the admissions that may still be in the window, oldest first
+-- from slot h of cap, wrapping; what aged out goes at the next record, so a
+-- ring reuses those slots before it grows (doubling, in place when large).
+-- Header: version u8, cap, h, n u32, expiry (ms mod 2^40). Version 1, a count
+-- ring of at most SMALLCAP: entries are times (µs mod 2^48, 6 bytes, read as
+-- the nearest to now); sums are indexes. Version 3, a larger count ring, adds
+-- the newest time. Version 2, units, adds the sequence number of slot h
+-- (double), the sums before it and to the newest, and the newest time; an
+-- entry is a time and its units; then each bucket of S entries has its base
+-- sum, so a settle writes one entry and the later bases. Values of up to
+-- SMALL bytes are read whole, no large one is read or built whole (Redis's
+-- Lua hashes every string it makes). Sums are mod 2^48: a ring saturates.
 
-local unpack, pack, floor, ceil = struct.unpack, struct.pack, math.floor, math.ceil
+local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
+local call, pcall, min, max, fmt = redis.call, redis.pcall, math.min, math.max, string.format
+local M48, S, CHUNK, SMALL, SMALLCAP = 2 ^ 48, 64, 120, 512, 80
 
-local W = 6
-local HEADER = 16
-local SMALL = 512
-local TIMEFMT = '>I6'
--- One zone's reply.
-local REPLY = '>Bddd'
--- Offsets from the base stay below SPAN (8.9 years).
-local SPAN = 2 ^ 48
-
--- One clock for every caller: Redis's own, not each server's. (ARGV[2], the
--- time in microseconds, replaces it in tests of clock steps.)
-local now = tonumber(ARGV[2])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- With the time given, expiry on Redis's own clock would not follow it.
+local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
+if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
+local tbase, ms = now - 0.75 * M48, floor(now / 1000)
+-- fresh returns reply, or nil after dropping key when it holds another kind's
+-- state (the zone's algorithm changed), which then starts over.
+local function fresh(reply, key)
+  if type(reply) ~= 'table' or not reply.err then return reply end
+  if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
+  call('DEL', key)
 end
-
--- layout returns the number of samples and the bucket size of a ring.
-local function layout(cap)
-  if cap <= SMALL then
-    return 0, cap
+-- The ring in hand: key; v, what was read from offset 0 (all of a small
+-- value), cache, chunks beyond; the header; H, E, BO: sizes of header and
+-- entry, the bases' offset. The zones of a request save and restore it.
+local key, v, vlen, whole, cache, ver, cap, h, n, exp, seq, flo, total, last, H, E, B, BO
+local function size_of(version, size)
+  return version == 2 and 44 + 12 * size + 6 * (floor(size / S) + 2) or (version == 1 and 18 or 24) + 6 * size
+end
+local function shape(version, size)
+  ver, cap, B, E = version, size, floor(size / S) + 2, version == 2 and 12 or 6
+  H = version == 1 and 18 or version == 3 and 24 or 44
+  BO = H + E * size
+end
+local function header()
+  if ver == 2 then return pack('>BI4I4I4I5dI6I6I6', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % M48) end
+  return pack(ver == 1 and '>BI4I4I4I5' or '>BI4I4I4I5I6', ver, cap, h, n, exp % 2 ^ 40, (last or 0) % M48)
+end
+local function load(k, small)
+  -- Numbers given to redis.call are formatted at each call: these are not.
+  key, cache, whole, v = k, false, false, pcall('GETRANGE', k, '0', small and '511' or '43')
+  if type(v) ~= 'string' then v = fresh(v, k) or '' end
+  vlen = #v
+  local version, size = 0, 0
+  if vlen >= 18 then version, size, h, n, exp = unpack('>BI4I4I4I5', v) end
+  if version == 3 and vlen >= 24 then last = unpack('>I6', v, 19) end
+  if version == 2 and vlen >= 44 then seq, flo, total, last = unpack('>dI6I6I6', v, 19) end
+  if version >= 1 and version <= 3 and vlen >= (version == 1 and 18 or version == 3 and 24 or 44)
+    and (vlen == size_of(version, size) or vlen >= (small and SMALL or 44)) then
+    last = version ~= 1 and tbase + (last - tbase) % M48
+    return shape(version, size)
   end
-  local S = ceil(math.sqrt(cap))
-  return ceil(cap / S), S
+  -- Nothing, or nothing this version reads: the ring starts over.
+  h, n, exp, v, vlen = 0, 0, ms, '', 0
+  shape(1, 0)
+end
+local function save() return {key, v, cache, ver, cap, h, n, exp, seq, flo, total, last} end
+local function restore(r)
+  key, v, vlen, cache, whole, h, n, exp, seq, flo, total, last = r[1], r[2], #r[2], r[3], false, r[6], r[7], r[8], r[9], r[10], r[11], r[12]
+  shape(r[4], r[5])
 end
 
-local function size(cap)
-  local B = layout(cap)
-  return HEADER + W * (B + cap)
+-- bytes returns len bytes at offset off, u6 the 6-byte number there (beyond
+-- what was read, a chunk at a time); put writes b there, or into v when it
+-- is a whole value made anew (commit writes it), keeping v in step.
+local function bytes(off, len)
+  if off + len <= vlen then return sub(v, off + 1, off + len) end
+  return call('GETRANGE', key, off, off + len - 1)
+end
+local function u6(off)
+  if off + 6 <= vlen then return (unpack('>I6', v, off + 1)) end
+  local c0 = off - off % CHUNK
+  cache = cache or {}
+  cache[c0] = cache[c0] or call('GETRANGE', key, c0, c0 + CHUNK + 5)
+  return (unpack('>I6', cache[c0], off - c0 + 1))
+end
+local function put(off, b)
+  if not whole then call('SETRANGE', key, off, b) end
+  local hi = min(off + #b, vlen)
+  if off < hi then v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
+  cache = false
+end
+local function u48(x) return pack('>I6', x % M48) end
+
+-- t returns the time of entry i (0 is the oldest kept), u its units, s the
+-- units of the entries kept up to it (0 for i < 0): in a units ring, the
+-- base of i's bucket (the floor, in the oldest's) plus those from its start.
+local function t(i)
+  local o = H + E * ((h + i) % cap)
+  return tbase + ((o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)) - tbase) % M48
+end
+local function u(i)
+  if ver ~= 2 then return 1 end
+  local o = H + 12 * ((h + i) % cap) + 6
+  return o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)
+end
+local function s(i)
+  if i < 0 or ver ~= 2 then return max(i + 1, 0) end
+  if i == n - 1 then return (total - flo) % M48 end
+  local q, j, sum = seq + i, 0, 0
+  if floor(q / S) > floor(seq / S) then j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % M48 end
+  for m = j, i do sum = sum + u(m) end
+  return sum
 end
 
--- A ring of one key: cap slots, n of them kept from slot h on, times as
--- offsets from base (seconds). A ring whose value is in hand (v: small
--- ones, and rings made anew) is read from it and written back whole, so
--- Redis allocates it at its size; a large one reads and writes ranges.
-local Ring = {}
-Ring.__index = Ring
-
-local function new_ring(key, cap, base)
-  local B, S = layout(cap)
-  return setmetatable({key = key, cap = cap, h = 0, n = 0, B = B, S = S,
-    base = base, base_us = base * 1000000, v = false, samples = false,
-    samples_dirty = false, puts = {}}, Ring)
-end
-
-function Ring:slot_off(p)
-  return HEADER + W * (self.B + p)
-end
-
--- get returns len bytes at byte offset off (0-based).
-function Ring:get(off, len)
-  if self.v then
-    return string.sub(self.v, off + 1, off + len)
+-- search returns the first i in [lo, hi) with get(i) > x (get increasing in
+-- i), hi if none; gallop searches [lo, n) from lo by growing steps (the answer
+-- is usually near it), and returns it and get(it).
+local function search(get, x, lo, hi)
+  while lo < hi do
+    local m = floor((lo + hi) / 2)
+    if get(m) > x then hi = m else lo = m + 1 end
   end
-  return redis.call('GETRANGE', self.key, off, off + len - 1)
+  return lo
 end
-
--- off_at returns the offset from base of the logical i-th kept time.
-function Ring:off_at(i)
-  local off = self:slot_off((self.h + i) % self.cap)
-  if self.v then
-    return (unpack(TIMEFMT, self.v, off + 1))
+local function gallop(get, x, lo)
+  local hi, step, y = lo, 1, nil
+  while hi < n do
+    y = get(hi)
+    if y > x then break end
+    lo, hi, step = hi + 1, hi + step, step * 2
   end
-  return (unpack(TIMEFMT, redis.call('GETRANGE', self.key, off, off + W - 1)))
+  local i = search(get, x, lo, min(hi, n))
+  if i == n then return n, nil end
+  return i, i == hi and y or get(i)
 end
 
-function Ring:at(i)
-  return self.base_us + self:off_at(i)
+-- range returns the entries [i, j), oldest first.
+local function range(i, j)
+  if j <= i then return '' end
+  local p = (h + i) % cap
+  local a = min(j - i, cap - p)
+  local r = bytes(H + E * p, E * a)
+  return a < j - i and r .. bytes(H, E * (j - i - a)) or r
 end
 
--- ends returns the oldest and the newest kept time, in one read when their
--- slots are adjacent (a full ring).
-function Ring:ends()
-  local v = self.v
-  if v then
-    local so, h, cap = HEADER + W * self.B + 1, self.h, self.cap
-    return self.base_us + unpack(TIMEFMT, v, so + W * h),
-      self.base_us + unpack(TIMEFMT, v, so + W * ((h + self.n - 1) % cap))
-  end
-  if self.n == self.cap and self.h > 0 then
-    local d = self:get(self:slot_off(self.h - 1), 2 * W)
-    local newest, oldest = unpack(TIMEFMT .. 'I6', d)
-    return self.base_us + oldest, self.base_us + newest
-  end
-  return self:at(0), self:at(self.n - 1)
-end
-
--- raw returns the logical range [lo, hi) as one string of offsets.
-function Ring:raw(lo, hi)
-  if hi <= lo then
-    return ''
-  end
-  local p = (self.h + lo) % self.cap
-  local len = hi - lo
-  if p + len <= self.cap then
-    return self:get(self:slot_off(p), W * len)
-  end
-  local first = self.cap - p
-  return self:get(self:slot_off(p), W * first) .. self:get(self:slot_off(0), W * (len - first))
-end
-
--- all returns every kept time, oldest first.
-function Ring:all()
-  local d = self:raw(0, self.n)
-  local out = {}
-  for i = 0, self.n - 1 do
-    out[i + 1] = self.base_us + unpack(TIMEFMT, d, W * i + 1)
-  end
-  return out
-end
-
-function Ring:put(off, bytes)
-  self.puts[#self.puts + 1] = {off, bytes}
-end
-
--- set_raw writes the string of offsets d at logical index lo on.
-function Ring:set_raw(lo, d)
-  local len = #d / W
-  local p = (self.h + lo) % self.cap
-  if p + len <= self.cap then
-    self:put(self:slot_off(p), d)
+-- reshape gives the ring size slots in the layout of version: grown, shrunk,
+-- or a count ring made a units ring (1 unit an entry). A large ring grows in
+-- place: the value is extended, and the smaller of the older and the newer
+-- part of its entries moves so that the free slots lie between them.
+local function reshape(size, version)
+  local B0, bases = B, ver == 2 and version == 2 and bytes(BO, 6 * B)
+  if ver == version and size > cap and size_of(version, size) > SMALL then
+    call('SETRANGE', key, size_of(version, size) - 1, '\0')
+    if h > 0 and h <= cap - h then put(H + E * cap, bytes(H, E * h)) end
+    if h > cap - h then
+      put(H + E * (h + size - cap), bytes(H + E * h, E * (cap - h)))
+      h = h + size - cap
+    end
   else
-    local first = self.cap - p
-    self:put(self:slot_off(p), string.sub(d, 1, W * first))
-    self:put(self:slot_off(0), string.sub(d, W * first + 1))
+    local body = range(0, n)
+    if version == 2 and ver ~= 2 then
+      local parts, one = {}, u48(1)
+      for i = 0, n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
+      body, seq, flo, total = table.concat(parts), 0, 0, n
+    end
+    h = 0
+    shape(version, size)
+    local len = size_of(version, size)
+    v, cache, exp, whole = header() .. body, false, ms, len <= SMALL
+    if whole then
+      v = v .. string.rep('\0', len - #v)
+    else
+      call('DEL', key)
+      call('SETRANGE', key, len - 1, '\0')
+      call('SETRANGE', key, '0', v)
+    end
+    vlen = #v
+  end
+  shape(version, size)
+  -- The kept buckets' bases move to their places (a converted ring's count).
+  for q = version == 2 and seq - seq % S or 0, version == 2 and seq + n - 1 or -1, S do
+    local kb = floor(q / S) % B0
+    put(BO + 6 * (floor(q / S) % B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
+  end
+  if not whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
+    call('BITOP', 'OR', key .. '~', key) -- a copy, on every version of Redis
+    call('RENAME', key .. '~', key)
+    exp = ms
   end
 end
 
-function Ring:sample(b)
-  if self.v then
-    return (unpack(TIMEFMT, self.v, HEADER + W * b + 1))
+-- commit writes b at offset off and the header, and keeps the key until its
+-- newest admission ages out, and an eighth of a window more (a key in use is
+-- then not given a new expiry at each admission); an empty ring goes.
+local function commit(newest, window, off, b)
+  if n == 0 then return call('DEL', key) end
+  last = newest
+  if whole then
+    exp = ceil((newest + window + window / 8) / 1000)
+    if off then v = sub(v, 1, off) .. b .. sub(v, off + #b + 1) end
+    v = header() .. sub(v, H + 1)
+    return expires and call('SET', key, v, 'PX', max(1, exp - ms)) or call('SET', key, v)
   end
-  return (unpack(TIMEFMT, self.samples, W * b + 1))
+  if expires and newest + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
+    exp = ceil((newest + window + window / 8) / 1000)
+    call('PEXPIRE', key, max(1, exp - ms))
+  end
+  if off then call('SETRANGE', key, off, b) end
+  call('SETRANGE', key, '0', header())
 end
 
--- set_sample keeps sample b equal to slot b*S.
-function Ring:set_sample(b, packed)
-  if self.v then
-    self:put(HEADER + W * b, packed)
+-- A log zone's decision, before any write: when a request of cost c fits
+-- (room), the units in the window (held), until units leave it (reset); for
+-- the record: f, the first entry in the window holding units, its time, the
+-- units before it, the newest time.
+local function log_decide(k, W, mx, c)
+  load(k, 18 + 6 * mx <= SMALL)
+  local cut, first, f, newest = now - W, nil, 0, last
+  if n == cap and ver == 1 and h > 0 and h < cap - 1 and vlen == BO then
+    -- A full ring, as at a client's limit: newest, oldest and next lie side by side.
+    local a, b
+    newest, a, b = unpack('>I6I6I6', v, H + 6 * h - 5)
+    newest, first = tbase + (newest - tbase) % M48, tbase + (a - tbase) % M48
+    if first <= cut then
+      f, first = 1, tbase + (b - tbase) % M48
+      if first <= cut then f, first = gallop(t, cut, 2) end
+    end
+  elseif n > 0 then
+    first = t(0)
+    if first <= cut then f, first = gallop(t, cut, 1) end
+    if ver == 1 then newest = f == n - 1 and first or t(n - 1) end
+  end
+  local before, all = f, n
+  if ver == 2 then -- entries settled to zero hold nothing: the window starts after them
+    local g = f
+    before, all = s(f - 1), (total - flo) % M48
+    while g < n and u(g) == 0 do g = g + 1 end
+    if g ~= f then f, first = g, g < n and t(g) or nil end
+  end
+  local held, room = all - before, now
+  if held + c > mx and c <= mx then
+    local T, j = all + c - mx, f
+    if ver ~= 2 then j = T - 1 end
+    if ver == 2 then -- whole buckets by their bases, then entry by entry
+      local k0, sum = floor((seq + f) / S), before
+      local kb = search(function(q) return (u6(BO + 6 * (q % B)) - flo) % M48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
+      if kb > k0 then j, sum = kb * S - seq, (u6(BO + 6 * (kb % B)) - flo) % M48 end
+      while sum + u(j) < T do sum, j = sum + u(j), j + 1 end
+    end
+    room = t(j) + W
+  end
+  return room, held, first and first + W - now or 0, f, first, before, n > 0 and newest
+end
+
+-- Records an admission of a log zone at time at (or just after the newest),
+-- dropping what aged out, growing, shrinking or making a units ring.
+local function log_record(k, W, mx, c, at, held, reset, f, first, before, newest)
+  if newest and newest >= at then at = newest + 1 end
+  if f > 0 then
+    h, n = (h + f) % cap, n - f
+    if ver == 2 then flo, seq = (flo + before) % M48, seq + f end
+  end
+  local size = cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap
+  if n == cap then size = c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap) end
+  if size ~= cap or c ~= 1 and ver ~= 2 then
+    reshape(size, (c ~= 1 or ver == 2) and 2 or size <= SMALLCAP and 1 or 3)
+  end
+  local off, entry = H + E * ((h + n) % cap), pack('>I6', at % M48)
+  if ver == 2 then
+    if (seq + n) % S == 0 and n > 0 then put(BO + 6 * (floor((seq + n) / S) % B), u48(total)) end
+    entry, total = pack('>I6I6', at % M48, c % M48), (total + c) % M48
+  end
+  n = n + 1
+  commit(at, W, off, entry)
+  return at, held + c, first and reset or at + W - now
+end
+
+-- Settles the admission at time token to c units. A count ring takes a
+-- refund out (the newer entries move back); any other change makes it a
+-- units ring; entries settled to zero go once newest.
+local function log_settle(k, W, c, token)
+  load(k, false)
+  local e = search(t, token - 1, 0, n)
+  if e == n or t(e) ~= token then return 0 end
+  local old = u(e)
+  if c == old then return 1 end
+  if ver ~= 2 and c == 0 then
+    local b, p = range(e + 1, n), (h + e) % cap
+    local a = min(#b, 6 * (cap - p))
+    put(H + 6 * p, sub(b, 1, a))
+    if a < #b then put(H, sub(b, a + 1)) end
+    n = n - 1
   else
-    self.samples = string.sub(self.samples, 1, W * b) .. packed .. string.sub(self.samples, W * b + W + 1)
-    self.samples_dirty = true
+    if ver ~= 2 then reshape(cap, 2) end
+    c = min(c, M48 - 1 - (total - flo) % M48 + old)
+    put(H + 12 * ((h + e) % cap) + 6, u48(c))
+    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) + c - old)) end
+    total = (total + c - old) % M48
+    while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-end
-
--- bucket returns the logical range [lo, hi] that holds the first kept time
--- > cutoff (n if none), from the samples alone: all of the ring when it
--- has none.
-function Ring:bucket(cutoff)
-  local n, h, cap, S, B = self.n, self.h, self.cap, self.S, self.B
-  local lo, hi = 0, n
-  if B == 0 then
-    return lo, hi
-  end
-  local c = cutoff - self.base_us
-  -- Samples in logical order start at the first bucket at or after head.
-  local b0 = ceil(h / S) % B
-  local function L(k)
-    return ((((b0 + k) % B) * S) - h) % cap
-  end
-  -- The largest k whose sample is kept and <= cutoff: a true prefix.
-  local a, z = -1, B - 1
-  while a < z do
-    local m = floor((a + z + 1) / 2)
-    if L(m) < n and self:sample((b0 + m) % B) <= c then
-      a = m
-    else
-      z = m - 1
-    end
-  end
-  if a >= 0 then
-    lo = L(a) + 1
-  end
-  if a + 1 < B and L(a + 1) < n then
-    hi = L(a + 1)
-  end
-  return lo, hi
-end
-
--- first_over returns the first logical index in [a, z) of a ring held whole
--- in v (slots from byte so, head h, capacity cap) whose time offset is over
--- c, or z if none: times increase from the head, so it is a binary search.
-local function first_over(v, so, h, cap, a, z, c)
-  while a < z do
-    local m = floor((a + z) / 2)
-    if unpack(TIMEFMT, v, so + W * ((h + m) % cap)) > c then
-      z = m
-    else
-      a = m + 1
-    end
-  end
-  return a
-end
-
--- first_after returns the logical index of the first kept time > cutoff
--- (n if none), and that time.
-function Ring:first_after(cutoff)
-  local n, h, cap, B = self.n, self.h, self.cap, self.B
-  local c = cutoff - self.base_us
-  local lo, hi = self:bucket(cutoff)
-  local v = self.v
-  if v then
-    local so = HEADER + W * B + 1
-    local a = first_over(v, so, h, cap, lo, hi, c)
-    if a < n then
-      return a, self.base_us + unpack(TIMEFMT, v, so + W * ((h + a) % cap))
-    end
-    return n, nil
-  end
-  -- Search [lo, hi] in one read of the bucket (and of slot hi, whose time
-  -- the caller wants when it is the answer).
-  local d = self:raw(lo, math.min(hi + 1, n))
-  local a, z = 0, hi - lo
-  while a < z do
-    local m = floor((a + z) / 2)
-    if unpack(TIMEFMT, d, W * m + 1) > c then
-      z = m
-    else
-      a = m + 1
-    end
-  end
-  local f = lo + a
-  if f < n then
-    return f, self.base_us + unpack(TIMEFMT, d, W * a + 1)
-  end
-  return n, nil
-end
-
--- commit writes the ring, and makes the key expire ttl_ms from now.
-function Ring:commit(ttl_ms)
-  local hdr = pack('>I4I4I4I4', self.cap, self.h, self.n, self.base)
-  local puts = self.puts
-  if self.v then
-    local v = self.v
-    if #puts == 1 then
-      local off, b = puts[1][1], puts[1][2]
-      v = hdr .. string.sub(v, HEADER + 1, off) .. b .. string.sub(v, off + #b + 1)
-    else
-      for _, pb in ipairs(puts) do
-        v = string.sub(v, 1, pb[1]) .. pb[2] .. string.sub(v, pb[1] + #pb[2] + 1)
-      end
-      v = hdr .. string.sub(v, HEADER + 1)
-    end
-    self.v = v
-    self.puts = {}
-    redis.call('SET', self.key, v, 'PX', ttl_ms)
-    return
-  end
-  self.puts = {}
-  if self.samples_dirty then
-    redis.call('SETRANGE', self.key, 0, hdr .. self.samples)
-    self.samples_dirty = false
-  else
-    redis.call('SETRANGE', self.key, 0, hdr)
-  end
-  for _, pb in ipairs(puts) do
-    redis.call('SETRANGE', self.key, pb[1], pb[2])
-  end
-  redis.call('PEXPIRE', self.key, ttl_ms)
-end
-
--- build returns a ring of cap holding times (oldest first, strictly
--- increasing, at most cap of them), in hand, to be committed whole.
-local function build(key, cap, times)
-  local base = floor((times[1] or now) / 1000000)
-  local r = new_ring(key, cap, base)
-  local parts = {}
-  for i, at in ipairs(times) do
-    parts[i] = pack(TIMEFMT, at - r.base_us)
-  end
-  r.n = #times
-  local slots = table.concat(parts) .. string.rep('\0', W * (cap - r.n))
-  local samples = {}
-  for b = 0, r.B - 1 do
-    samples[b + 1] = string.sub(slots, W * b * r.S + 1, W * b * r.S + W)
-  end
-  r.v = string.rep('\0', HEADER) .. table.concat(samples) .. slots
-  return r
-end
-
--- grown_cap is the size of a ring made for n times under max: rings grow
--- by doubling as they fill, so a client's state is the size of its use.
-local function grown_cap(n, max)
-  return math.min(max, math.max(4, 2 * n))
-end
-
--- load returns the ring of a log zone of max. A key that holds no string
--- is converted: the sorted set of an older version (member = sequence,
--- score = admission time) becomes a ring of its admissions still in the
--- window, the last max of them, written at once, so that a denied request
--- leaves it converted; anything else (a counter's hash) starts over.
-local function load(key, max, cutoff, pre)
-  local B = layout(max)
-  local v = pre
-  if v == nil then
-    if max <= SMALL then
-      v = redis.pcall('GET', key)
-    else
-      v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
-    end
-  end
-  if type(v) == 'table' and v.err then
-    if not string.find(v.err, 'WRONGTYPE', 1, true) then
-      error(v)
-    end
-    local times = {}
-    if redis.call('TYPE', key).ok == 'zset' then
-      local z = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%.0f', cutoff), '+inf', 'WITHSCORES')
-      for i = math.max(2, #z - 2 * max + 2), #z, 2 do
-        times[#times + 1] = tonumber(z[i])
-      end
-    end
-    redis.call('DEL', key)
-    local r = build(key, grown_cap(#times, max), times)
-    if #times > 0 then
-      r:commit(math.max(1, ceil((times[#times] + (now - cutoff) - now) / 1000)))
-    end
-    return r
-  end
-  if not v or #v < HEADER then
-    return build(key, 0, {})
-  end
-  local cap, h, n, base = unpack('>I4I4I4I4', v)
-  local r = new_ring(key, cap, base)
-  r.h, r.n = h, n
-  if cap <= SMALL then
-    if #v ~= size(cap) then
-      v = redis.call('GET', key)
-    end
-    r.v = v
-  else
-    if #v < HEADER + W * r.B then
-      v = redis.call('GETRANGE', key, 0, HEADER + W * r.B - 1)
-    end
-    r.samples = string.sub(v, HEADER + 1, HEADER + W * r.B)
-  end
-  return r
-end
-
--- A log zone's decision, before any write: allowed iff fewer than max kept
--- times lie in the window. (A ring may hold more than max, after max was
--- lowered: so lowering max and raising it again forgets nothing.)
-local function log_decide(z, pre)
-  local cutoff = now - z.window
-  local r = load(z.key, z.max, cutoff, pre)
-  z.ring = r
-  if r.n == 0 then
-    z.in_window, z.first, z.allowed = 0, nil, true
-    return
-  end
-  local oldest, newest, f
-  if not r.v and r.n == r.cap and r.h > 0 then
-    -- A full large ring, as at a client's limit: when the first time in
-    -- the window is in the bucket that starts at the oldest, one read of
-    -- the newest slot, the oldest and that bucket decides.
-    local lo, hi = r:bucket(cutoff)
-    local top = math.min(hi + 1, r.n)
-    if lo == 0 and r.h + top <= r.cap then
-      local d = r:get(r:slot_off(r.h - 1), W * (top + 1))
-      local bu, c = r.base_us, cutoff - r.base_us
-      newest, oldest = bu + unpack(TIMEFMT, d, 1), bu + unpack(TIMEFMT, d, W + 1)
-      local a, e = 0, hi
-      while a < e do
-        local m = floor((a + e) / 2)
-        if unpack(TIMEFMT, d, W * (m + 1) + 1) > c then
-          e = m
-        else
-          a = m + 1
-        end
-      end
-      f = a
-      if f < r.n then
-        z.first = bu + unpack(TIMEFMT, d, W * (f + 1) + 1)
-      end
-    end
-  end
-  if not f then
-    oldest, newest = r:ends()
-    f = 0
-    if oldest > cutoff then
-      z.first = oldest
-    elseif newest <= cutoff then
-      f, z.first = r.n, nil
-    else
-      f, z.first = r:first_after(cutoff)
-    end
-  end
-  z.newest = newest
-  z.in_window = r.n - f
-  z.allowed = z.in_window < z.max
-  if not z.allowed then
-    -- The max-th newest admission must age out before one more fits.
-    local i = r.n - z.max
-    z.pivot = i == 0 and oldest or r:at(i)
-  end
-end
-
--- Records an admission in a log zone that log_decide admitted; returns its
--- time. Times strictly increase, even for two calls in one microsecond or a
--- Redis clock that steps back.
-local function log_record(z)
-  local r = z.ring
-  local at = now
-  if r.n > 0 and z.newest >= at then
-    at = z.newest + 1
-  end
-  if r.n == r.cap and r.cap < z.max then
-    r = build(z.key, grown_cap(r.n, z.max), r:all())
-  end
-  if r.n == 0 then
-    r.base = floor(at / 1000000)
-    r.base_us = r.base * 1000000
-  elseif at - r.base_us >= SPAN then
-    -- Offsets are running out: start the base again at the oldest time
-    -- still in the window.
-    local kept = {}
-    for _, t in ipairs(r:all()) do
-      if t > now - z.window then
-        kept[#kept + 1] = t
-      end
-    end
-    r = build(z.key, r.cap, kept)
-  end
-  local p
-  if r.n < r.cap then
-    p = (r.h + r.n) % r.cap
-    r.n = r.n + 1
-  else
-    -- Full: the oldest is outside the window, or this would be denied.
-    p = r.h
-    r.h = (r.h + 1) % r.cap
-  end
-  local packed = pack(TIMEFMT, at - r.base_us)
-  r:put(r:slot_off(p), packed)
-  if r.B > 0 and p % r.S == 0 then
-    r:set_sample(p / r.S, packed)
-  end
-  r:commit(math.max(1, ceil((at + z.window - now) / 1000)))
-  return at
-end
-
--- Takes back the admission at time token from a log zone: the newer kept
--- times move back one slot, so the ring stays in order with one fewer.
-local function log_refund(z, token)
-  local r = load(z.key, z.max, now - z.window)
-  if r.n == 0 then
-    return 0
-  end
-  local j, at = r:first_after(token - 1)
-  if at ~= token then
-    return 0
-  end
-  local newer = r:raw(j + 1, r.n)
-  if #newer > 0 then
-    r:set_raw(j, newer)
-  end
-  r.n = r.n - 1
-  if r.B > 0 then
-    -- Samples of the slots that moved.
-    for k = 0, #newer / W - 1 do
-      local p = (r.h + j + k) % r.cap
-      if p % r.S == 0 then
-        r:set_sample(p / r.S, string.sub(newer, W * k + 1, W * k + W))
-      end
-    end
-  end
-  local ttl = redis.call('PTTL', z.key)
-  if ttl <= 0 then
-    ttl = ceil(z.window / 1000)
-  end
-  r:commit(ttl)
+  commit(n > 0 and t(n - 1) or now, W)
   return 1
 end
 
--- The common case on its own: a request of one log zone of max <= SMALL. The same steps as log_decide and log_record, on the value
--- in hand and in locals, which costs Redis a fraction of the general path.
--- It returns nil when the general path must decide: another layout, a ring
--- that outgrows SMALL, offsets running out.
-local function small_log(key, window, max, record)
-  if max > SMALL then
-    return nil
+-- The sliding counter: the previous fixed window's units, weighted by how much
+-- of it the sliding window covers, plus the current one's.
+local function counter_decide(k, W, mx, c)
+  local idx = floor(now / W)
+  local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
+  local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
+  if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
+  local held, room, reset, need = prev * (W - e) / W + cur, now, 0, mx - c
+  if held > need and need >= 0 then -- the previous window's weight decays; else the next window
+    room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
   end
-  local v = redis.pcall('GET', key)
-  local cap, h, n, base
-  if v == false then
-    cap, h, n, base = 0, 0, 0, 0
-    v = string.rep('\0', HEADER)
-  elseif type(v) ~= 'string' or #v < HEADER then
-    return nil
-  else
-    cap, h, n, base = unpack('>I4I4I4I4', v)
-    if cap > SMALL or #v ~= HEADER + W * cap then
-      return nil
-    end
-  end
-  local bu = base * 1000000
-  local c = now - window - bu
-  local so = HEADER + 1
-  local f, first = 0, nil
-  if n > 0 then
-    first = unpack(TIMEFMT, v, so + W * h)
-    if first <= c then
-      f = first_over(v, so, h, cap, 1, n, c)
-      first = f < n and unpack(TIMEFMT, v, so + W * ((h + f) % cap)) or nil
-    end
-  end
-  local in_window = n - f
-  if in_window >= max then
-    local pivot = unpack(TIMEFMT, v, so + W * ((h + n - max) % cap))
-    return pack(REPLY, 0, 0, pivot + bu + window - now, -1)
-  end
-  local reset = 0
-  if in_window > 0 then
-    reset = first + bu + window - now
-  end
-  if not record then
-    return pack(REPLY, 1, max - in_window, reset, -1)
-  end
-  if in_window == 0 then
-    reset = window
-  end
-  local at = now
-  if n > 0 then
-    local newest = bu + unpack(TIMEFMT, v, so + W * ((h + n - 1) % cap))
-    if newest >= at then
-      at = newest + 1
-    end
-  else
-    base = floor(at / 1000000)
-    bu = base * 1000000
-  end
-  if at - bu >= SPAN then
-    return nil
-  end
-  if n == cap and cap < max then
-    -- Grow: the kept times, oldest first, from slot 0.
-    local grown = grown_cap(n, max)
-    if grown > SMALL then
-      return nil
-    end
-    local slots = string.sub(v, so + W * h, HEADER + W * cap) .. string.sub(v, so, HEADER + W * h)
-    v = string.rep('\0', HEADER) .. slots .. string.rep('\0', W * (grown - n))
-    cap, h = grown, 0
-  end
-  local p
-  if n < cap then
-    p = (h + n) % cap
-    n = n + 1
-  else
-    p = h
-    h = (h + 1) % cap
-  end
-  local off = HEADER + W * p
-  v = pack('>I4I4I4I4', cap, h, n, base) .. string.sub(v, HEADER + 1, off) .. pack(TIMEFMT, at - bu) .. string.sub(v, off + W + 1)
-  redis.call('SET', key, v, 'PX', math.max(1, ceil((at + window - now) / 1000)))
-  return pack(REPLY, 1, max - in_window - 1, reset, at)
+  if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
+  return room, held, reset, idx, e, cur, prev
+end
+local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
+  call('HSET', k, 'w', idx, 'c', cur + c, 'p', prev) -- kept while it weighs: to the next window's end
+  if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
+  return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
+end
+local function counter_settle(k, W, c, token, aux)
+  local hm = fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
+  local field = tonumber(hm[1]) == token and 2 or tonumber(hm[1]) == token + 1 and 3
+  if field then call('HSET', k, field == 2 and 'c' or 'p', max(0, (tonumber(hm[field]) or 0) + c - unpack('>d', aux))) end
+  return field and 1 or 0
 end
 
--- The steady state of a large ring on its own: a request of one log zone
--- whose ring is full, as at a client's limit. The steps of log_decide and
--- log_record, in locals: one read of the header and samples, one or two of
--- the newest, the oldest and the bucket that holds the first time in the
--- window, then the writes. It returns nil and what it read when the general
--- path must decide.
-local function large_log(key, window, max, record)
-  if max <= SMALL then
-    return nil
-  end
-  local B, S = layout(max)
-  local v = redis.pcall('GETRANGE', key, 0, HEADER + W * B - 1)
-  if type(v) ~= 'string' or #v ~= HEADER + W * B then
-    return nil, v
-  end
-  local cap, h, n, base = unpack('>I4I4I4I4', v)
-  if cap ~= max or n ~= cap or h == 0 then
-    return nil, v
-  end
-  local bu = base * 1000000
-  local c = now - window - bu
-  -- The bucket: the largest k whose sample (in logical order, from the
-  -- first bucket at or after head) is <= cutoff; every slot is kept.
-  local b0 = ceil(h / S) % B
-  local a, e = -1, B - 1
-  while a < e do
-    local m = floor((a + e + 1) / 2)
-    if unpack(TIMEFMT, v, HEADER + W * ((b0 + m) % B) + 1) <= c then
-      a = m
-    else
-      e = m - 1
-    end
-  end
-  local lo, hi = 0, n
-  if a >= 0 then
-    lo = (((b0 + a) % B) * S - h) % cap + 1
-  end
-  if a + 1 < B then
-    hi = (((b0 + a + 1) % B) * S - h) % cap
-  end
-  local top = math.min(hi + 1, n)
-  -- d holds the logical range [lo, top) from byte o on; newest and oldest.
-  local d, o, newest, oldest
-  if lo == 0 and h + top <= cap then
-    -- One read from the newest slot (h-1) through the bucket.
-    local off = HEADER + W * (B + h - 1)
-    d = redis.call('GETRANGE', key, off, off + W * (top + 1) - 1)
-    newest, oldest, o = unpack(TIMEFMT, d, 1), unpack(TIMEFMT, d, W + 1), W + 1
-  else
-    local off = HEADER + W * (B + h - 1)
-    local ends = redis.call('GETRANGE', key, off, off + 2 * W - 1)
-    newest, oldest = unpack(TIMEFMT, ends, 1), unpack(TIMEFMT, ends, W + 1)
-    local p, len = (h + lo) % cap, top - lo
-    off = HEADER + W * (B + p)
-    if p + len <= cap then
-      d = redis.call('GETRANGE', key, off, off + W * len - 1)
-    else
-      local first = cap - p
-      d = redis.call('GETRANGE', key, off, off + W * first - 1) ..
-        redis.call('GETRANGE', key, HEADER + W * B, HEADER + W * (B + len - first) - 1)
-    end
-    o = 1
-  end
-  -- The first time > cutoff in [lo, hi]; hi when none (then it is n).
-  a, e = 0, hi - lo
-  while a < e do
-    local m = floor((a + e) / 2)
-    if unpack(TIMEFMT, d, o + W * m) > c then
-      e = m
-    else
-      a = m + 1
-    end
-  end
-  local f = lo + a
-  local in_window = n - f
-  if in_window >= max then
-    return pack(REPLY, 0, 0, oldest + bu + window - now, -1)
-  end
-  local reset = window
-  if in_window > 0 then
-    reset = unpack(TIMEFMT, d, o + W * a) + bu + window - now
-  elseif not record then
-    reset = 0
-  end
-  if not record then
-    return pack(REPLY, 1, max - in_window, reset, -1)
-  end
-  local at = now
-  if newest + bu >= at then
-    at = newest + bu + 1
-  end
-  if at - bu >= SPAN then
-    return nil, v
-  end
-  local p = h
-  h = (h + 1) % cap
-  local packed = pack(TIMEFMT, at - bu)
-  redis.call('SETRANGE', key, 0, pack('>I4I4I4I4', cap, h, n, base))
-  redis.call('SETRANGE', key, HEADER + W * (B + p), packed)
-  if p % S == 0 then
-    redis.call('SETRANGE', key, HEADER + W * (p / S), packed)
-  end
-  redis.call('PEXPIRE', key, math.max(1, ceil((at + window - now) / 1000)))
-  return pack(REPLY, 1, max - in_window - 1, reset, at)
+-- A concurrency zone: the leases whose expiry is after now; its key lives as
+-- long as its latest lease.
+local function lease_decide(k, W, mx)
+  local held, reset = fresh(pcall('ZCOUNT', k, '(' .. fmt('%d', now), '+inf'), k) or 0, 0
+  if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
+  return held + 1 > mx and now + reset or now, held, reset
+end
+local function keep_leases(k)
+  local latest = call('ZRANGE', k, -1, -1, 'WITHSCORES')[2]
+  if expires then call('PEXPIRE', k, max(1, ceil((latest - now) / 1000))) end
+end
+local function lease_record(k, W, mx, c, at, held, reset, _, _, _, _, aux)
+  call('ZREMRANGEBYSCORE', k, '-inf', fmt('%d', now))
+  call('ZADD', k, fmt('%d', at + W), aux)
+  return keep_leases(k) or -1, held + 1, (reset == 0 or at + W - now < reset) and at + W - now or reset
+end
+local function lease_extend(k, W, aux)
+  local lease = tonumber(fresh(pcall('ZSCORE', k, aux), k))
+  if lease and lease > now then call('ZADD', k, 'XX', fmt('%d', now + W), aux) end
+  return lease and lease > now and (keep_leases(k) or 1) or 0
 end
 
--- Checks the reply of a counter zone's first command. A key that holds the
--- log's state, because the zone's algorithm changed on a config reload, is
--- dropped and the zone starts over, rather than failing with WRONGTYPE on
--- every request until that state expires.
-local function started_over(reply, key)
-  if type(reply) == 'table' and reply.err then
-    if string.find(reply.err, 'WRONGTYPE', 1, true) then
-      redis.call('DEL', key)
-      return true
-    end
-    error(reply)
-  end
-  return false
+local decide = {[0] = log_decide, counter_decide, lease_decide}
+local record = {[0] = log_record, counter_record, lease_record}
+local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, aux) return call('ZREM', k, aux) end}
+-- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
+-- zones take, 0 denied) and reset; reply packs a zone's answer.
+local function verdict(kind, c, mx, room, reset, wait)
+  if c > mx then return 2, 0 end
+  if room - now <= (kind == 0 and wait or 0) then return 1, reset end
+  return 0, room - now
 end
-
--- Sliding-window counter: the previous fixed window's count, weighted by how
--- much of it the sliding window still covers, plus the current one's.
-local function counter_decide(z)
-  z.index = floor(now / z.window)
-  z.elapsed = now - z.index * z.window
-  local h = redis.pcall('HMGET', z.key, 'w', 'c', 'p')
-  if started_over(h, z.key) then
-    h = {}
-  end
-  local w, c, p = tonumber(h[1]), tonumber(h[2]) or 0, tonumber(h[3]) or 0
-  if w == nil or w < z.index - 1 then
-    c, p = 0, 0
-  elseif w == z.index - 1 then
-    c, p = 0, c
-  end
-  z.c, z.p = c, p
-  z.count = p * (z.window - z.elapsed) / z.window + c
-  z.allowed = z.count + 1 <= z.max
+local function reply(first, delay, flag, mx, held, reset, token)
+  local rem = mx - held > 0 and mx - held - (mx - held) % 1 or 0
+  if first then return pack('>dBddd', delay, flag, rem, reset, token) end
+  return pack('>Bddd', flag, rem, reset, token)
 end
-
--- Time until a counter zone's estimate allows one more admission.
-local function counter_wait(z)
-  local W, e, c, p, max = z.window, z.elapsed, z.c, z.p, z.max
-  if c + 1 <= max and p > 0 then
-    -- Within this window the previous one's weight decays linearly.
-    return ceil(W - (max - 1 - c) * W / p - e)
-  end
-  -- This window alone is full: wait for the next, where c becomes p.
-  return ceil((W - e) + W - (max - 1) * W / c)
-end
-
--- Time until a counter zone's estimate next falls by about one.
-local function counter_reset(z, c, p)
-  if p > 0 then
-    return math.min(ceil(z.window / p), z.window - z.elapsed)
-  elseif c > 0 then
-    return ceil((z.window - z.elapsed) + z.window / c)
-  end
-  return 0
-end
-
-local function counter_refund(z, token)
-  local w = tonumber(redis.call('HGET', z.key, 'w'))
-  if w == token then
-    redis.call('HINCRBY', z.key, 'c', -1)
-    return 1
-  elseif w == token + 1 then
-    redis.call('HINCRBY', z.key, 'p', -1)
-    return 1
-  end
-  return 0
-end
-
-local out = {}
-local args = ARGV[1]
-local pos = 1
-local k = 0
+local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0 -- Z: the zones of a request of several
+local KEY, KIND, WIN, MAX, COST, TOKEN, AUX, ROOM, HELD, RESET, FLAG, X = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 while pos <= #args do
-  local op, nz
-  op, nz, pos = unpack('>BB', args, pos)
-  local fast, pre = nil, nil
-  if nz == 1 and op ~= 2 then
-    local algo, window, max = unpack('>Bdd', args, pos)
-    if algo == 0 then
-      fast = small_log(KEYS[k + 1], window, max, op == 1)
-      if not fast then
-        fast, pre = large_log(KEYS[k + 1], window, max, op == 1)
-      end
+  local op, nz, wait, kind, window, mx, cost, token, aux
+  op, nz, wait, kind, window, mx, cost, token, pos = unpack('>BBdBdddd', args, pos)
+  for i = 1, nz do
+    if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
+    aux, pos, k = (kind == 2 or op == 2) and sub(args, pos, pos + 7), pos + 8, k + 1
+    if nz > 1 or op > 1 then
+      local z = Z[i] or {}
+      Z[i], z[KEY], z[KIND], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX] = z, KEYS[k], kind, window, mx, cost, token, aux
     end
   end
-  local zones = {}
-  if fast then
-    k = k + 1
-    pos = pos + 25
-  else
+  if nz == 1 and op < 2 then
+    local room, held, reset, a, b, c, d = decide[kind](KEYS[k], window, mx, cost)
+    local t, flag = -1, nil
+    flag, reset = verdict(kind, cost, mx, room, reset, wait)
+    if flag == 1 and op == 1 then t, held, reset = record[kind](KEYS[k], window, mx, cost, room, held, reset, a, b, c, d, aux) end
+    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, reset, t)
+  elseif op > 1 then
+    out[#out + 1] = pack('>d', 0)
     for i = 1, nz do
-      local algo, window, max, token
-      algo, window, max, token, pos = unpack('>Bddd', args, pos)
-      k = k + 1
-      -- Every field at once: a table that grows rehashes.
-      zones[i] = {key = KEYS[k], counter = algo == 1, window = window, max = max,
-        token = token, allowed = false, ring = false, in_window = 0, first = false,
-        newest = false, pivot = false, index = 0, elapsed = 0, c = 0, p = 0, count = 0}
-    end
-  end
-  if fast then
-    out[#out + 1] = fast
-  elseif op == 2 then
-    for _, z in ipairs(zones) do
-      local done = 0
-      if z.token >= 0 then
-        if z.counter then
-          done = counter_refund(z, z.token)
-        else
-          done = log_refund(z, z.token)
-        end
-      end
-      out[#out + 1] = pack(REPLY, done, 0, 0, -1)
+      local z = Z[i]
+      local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[COST], z[TOKEN], z[AUX])
+        or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
+      out[#out + 1] = pack('>Bddd', done, 0, 0, -1)
     end
   else
-    local admit = true
-    for _, z in ipairs(zones) do
-      if z.counter then
-        counter_decide(z)
-      else
-        log_decide(z, pre)
-      end
-      if not z.allowed then
-        admit = false
-      end
+    -- All decide, then record at the latest room if every one admits.
+    local at, admit = now, true
+    for i = 1, nz do
+      local z = Z[i]
+      z[ROOM], z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3] = decide[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST])
+      if z[KIND] == 0 then z.sv = save() end
+      z[FLAG], z[RESET] = verdict(z[KIND], z[COST], z[MAX], z[ROOM], z[RESET], wait)
+      if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
     end
-    local write = op == 1 and admit
-    for _, z in ipairs(zones) do
-      local reply
-      if z.counter then
-        if not z.allowed then
-          reply = pack(REPLY, 0, 0, counter_wait(z), -1)
-        elseif write then
-          local c = z.c + 1
-          redis.call('HSET', z.key, 'w', z.index, 'c', c, 'p', z.p)
-          -- Kept while it can still weigh: to the end of the next window.
-          redis.call('PEXPIRE', z.key, ceil((2 * z.window - z.elapsed) / 1000))
-          reply = pack(REPLY, 1, floor(z.max - (z.count + 1)), counter_reset(z, c, z.p), z.index)
-        else
-          reply = pack(REPLY, 1, floor(z.max - z.count), counter_reset(z, z.c, z.p), -1)
-        end
-      else
-        local in_window = z.in_window
-        if not z.allowed then
-          reply = pack(REPLY, 0, 0, z.pivot + z.window - now, -1)
-        elseif write then
-          local reset = z.window
-          if in_window > 0 then
-            reset = z.first + z.window - now
-          end
-          local at = log_record(z)
-          reply = pack(REPLY, 1, z.max - in_window - 1, reset, at)
-        else
-          local reset = 0
-          if in_window > 0 then
-            reset = z.first + z.window - now
-          end
-          reply = pack(REPLY, 1, z.max - in_window, reset, -1)
-        end
+    for i = 1, nz do
+      local z, t = Z[i], -1
+      if admit and op == 1 then
+        if z[KIND] == 0 then restore(z.sv) end
+        t, z[HELD], z[RESET] = record[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], at, z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3], z[AUX])
       end
-      out[#out + 1] = reply
+      out[#out + 1] = reply(i == 1, admit and at - now or 0, z[FLAG], z[MAX], z[HELD], z[RESET], t)
     end
   end
 end

@@ -1,14 +1,47 @@
 // Package limiter decides whether a client may make one more request under
-// one or more sliding-window limits. It knows nothing of HTTP: callers build
-// the client key, stores keep the state.
+// one or more limits. It knows nothing of HTTP: callers build the client key,
+// stores keep the state.
 //
-// A Limit is a zone's rule: at most Max admitted requests in any span of
-// Window. Denied requests are not counted, so a client that keeps sending
-// while denied is let through again as soon as its oldest admission ages out.
+// A Limit is a zone's rule. The sliding log (the default Algorithm) admits a
+// request of cost c when the units admitted in the last Window, plus c, fit
+// in Max; it is exact. The sliding counter does the same with two fixed-window
+// sums, in O(1) memory, approximately. A concurrency zone limits the requests
+// in flight: each admitted request holds a lease until it is settled, or until
+// Window after it was taken or last extended, so a process that dies holding
+// leases frees them after Window.
+//
 // A Check asks for one client in one zone; Store.Allow decides the checks of
-// one request together, all or nothing, and fills one Decision per check:
-// whether it is allowed, how many requests remain, when a slot frees (Reset)
-// and, when denied, exactly how long to wait (RetryAfter).
+// one request together, all or nothing, and fills one Decision per check. The
+// semantics, which every store keeps:
+//
+//   - Units. A request costs Check.Cost units (0 means 1). The log keeps the
+//     time and the running sum of units of each admission in its window, so
+//     its memory grows with the admissions, not with the units. A cost above
+//     Max is never admitted: the decision says Never, with no RetryAfter.
+//   - Denials are free. A denied request records nothing, in any zone, so a
+//     client that keeps sending while denied is let through again as soon as
+//     enough of its admissions age out; RetryAfter says exactly when.
+//   - Waits. A log check may accept a Wait: when the zone cannot admit now but
+//     can within the wait, the request is admitted at the earliest time it
+//     can be, its admission is recorded at that future time (so every process
+//     counts it, and no later request takes its slot), and Decision.Delay says
+//     how long the caller must hold the request. With several zones, the
+//     admission time is the latest of theirs, and every zone records it then.
+//     Counter and concurrency zones do not wait: a Check with a Wait on them
+//     is an error.
+//   - Settling. After a request, Store.Settle replaces what its admission cost
+//     with the real cost (Check.Cost, where 0 means 0): lower, zero (a refund)
+//     or higher than reserved. A charge above the reservation is recorded in
+//     full even past Max; the client then waits until enough ages out. Settle
+//     also releases the request's leases. Settling twice does nothing.
+//   - Changing Max. Max may differ from one call to the next for the same
+//     client (a tenant's quota): each call is exact for its own Max, and a
+//     lowered Max denies until enough ages out.
+//
+// For any span of Window, the units whose admission times lie in it never
+// exceed the Max of the calls that admitted them, however many processes
+// share the store: every admission is decided against everything recorded
+// before it, in one atomic step.
 //
 //	store := limiter.NewRedisStore(client, limiter.RedisOptions{})
 //	defer store.Close()
@@ -26,18 +59,15 @@
 // Cluster) shares one exact limit; it batches concurrent calls into one
 // script call and bounds each call by its own timeout, so callers need no
 // deadline of their own. MemoryStore keeps the state in this process, with
-// the same answers. Both are Inspectors (Peek, Reset, for operators) and
-// Refunders (take back an admission, for a request that turned out not to
-// count). DenyCache answers repeated denials without a round trip, and
-// Breaker stops calling a failing store for a while.
-//
-// The sliding log (the default Algorithm) is exact: each zone keeps the times
-// of its last Max admissions. The sliding counter is approximate and keeps
-// three numbers whatever Max is.
+// the same answers. DenyCache answers repeated denials without a round trip,
+// and Breaker stops calling a failing store for a while; both wrap a Store
+// and are one.
 package limiter
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -45,28 +75,45 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingLog keeps the time of every admission in the window: exact, and
-	// memory grows with Max. The zero value.
+	// SlidingLog keeps the time and units of every admission in the window:
+	// exact, and memory grows with the admissions. The zero value.
 	SlidingLog Algorithm = iota
-	// SlidingCounter keeps two fixed-window counts and weighs the previous
-	// one by how much of it the sliding window still covers: O(1) memory per
-	// key, approximate.
+	// SlidingCounter keeps two fixed-window sums of units and weighs the
+	// previous one by how much of it the sliding window still covers: O(1)
+	// memory per key, approximate. With a small Max it can deny for up to
+	// two windows.
 	SlidingCounter
+	// Concurrency limits the requests in flight: Max leases at once, each
+	// taken by an admitted request and held until Settle, or until Window
+	// after it was taken or last extended (Extend).
+	Concurrency
 )
 
-// String returns the algorithm's configuration name: log or counter.
+// String returns the algorithm's configuration name: log, counter or
+// concurrency.
 func (a Algorithm) String() string {
-	if a == SlidingCounter {
+	switch a {
+	case SlidingLog:
+		return "log"
+	case SlidingCounter:
 		return "counter"
+	case Concurrency:
+		return "concurrency"
 	}
-	return "log"
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// Limit is one zone's rule: at most Max admitted requests in any span of
-// Window. Denied requests are not counted.
+// Limit is one zone's rule: at most Max units admitted in any span of Window
+// (for Concurrency: at most Max leases at once, each expiring Window after it
+// was taken or last extended). Denied requests are not counted.
 type Limit struct {
-	Window    time.Duration
-	Max       int64
+	// Window is the span limits are counted over, or the lease time: from a
+	// microsecond to two years.
+	Window time.Duration
+	// Max is the units admitted in any Window, or the leases at once: from 0
+	// (nothing is ever admitted) to 2^48-1.
+	Max int64
+	// Algorithm is how the zone counts; the zero value is SlidingLog.
 	Algorithm Algorithm
 }
 
@@ -75,61 +122,91 @@ type Check struct {
 	// Zone names the limit; the same client key in two zones is counted apart.
 	Zone string
 	// Key identifies the client. Callers bound its length (see BoundKey).
-	Key   string
+	Key string
+	// Limit is the zone's rule for this call; it may differ between calls.
 	Limit Limit
+	// Cost is what the request costs in the zone's units, from 0 to 2^53. In
+	// Allow and Peek 0 means 1; in Settle it is the real cost, and 0 means 0
+	// (a refund). A concurrency zone counts requests: its Cost must be 0 or 1.
+	Cost int64
+	// Wait is the longest the caller will hold the request for its slot in a
+	// log zone; zero means no wait, and a Wait longer than Window counts as
+	// Window. A request waits at most the least Wait of its log checks.
+	// Counter and concurrency zones take no wait.
+	Wait time.Duration
 }
 
 // Decision is a store's answer for one Check.
 type Decision struct {
-	// Allowed reports whether this zone would admit the request. When a
-	// decision over several checks is denied by any of them, nothing is
-	// recorded in any zone, including those whose Allowed is true.
+	// Allowed reports whether this zone would admit the request, now or
+	// within its wait. When a decision over several checks is denied by any
+	// of them, nothing is recorded in any zone, including those whose
+	// Allowed is true.
 	Allowed bool
-	// Remaining is how many more requests the zone admits now, after this one
-	// if it was recorded.
+	// Never reports a denial that no wait lifts: the cost is above Max.
+	// RetryAfter is then zero.
+	Never bool
+	// Remaining is how many more units the zone admits now (leases, in a
+	// concurrency zone), after this request if it was recorded.
 	Remaining int64
-	// Reset is the time until the oldest admission in the window ages out,
-	// freeing one slot; zero when the window holds no admission.
+	// Reset is the time until units next leave the window: its oldest
+	// admission ages out, or its oldest lease expires; zero when there is
+	// none. For a denying zone, the time until it has room for this cost.
 	Reset time.Duration
-	// RetryAfter is, for a denying zone, the exact time until it admits again;
-	// zero when Allowed.
+	// RetryAfter is, for a denying zone, exactly how long to wait before the
+	// same request, with the same wait, is admitted (for a concurrency zone,
+	// at most that long: a release may come sooner); zero when Allowed or
+	// Never.
 	RetryAfter time.Duration
+	// Delay is, when the whole request is admitted, how long the caller must
+	// hold it before it goes on: its admission is recorded that far in the
+	// future. Zero when it goes on now, and when denied.
+	Delay time.Duration
 
-	// token is what the store recorded, for a refund: the admission's time
-	// in the store's unit, or a counter's window index; -1 for nothing.
-	token int64
+	// held is what the store recorded, for Settle and Extend.
+	held holding
 }
 
-// Store decides checks atomically and records admissions.
-//
-// Allow decides all checks together, all or nothing: the request is admitted
-// only if every check admits it, and only then is it recorded, in every zone.
-// decisions must have the same length as checks; Allow fills it. Allow is safe
-// for concurrent use.
+// holding is what one admitted check recorded.
+type holding struct {
+	// recorded is set from Allow until Settle.
+	recorded bool
+	// at is the log's admission time in the store's clock (microseconds),
+	// or the counter's fixed window index.
+	at int64
+	// units is what was reserved.
+	units int64
+	// lease identifies a concurrency zone's lease.
+	lease uint64
+}
+
+// Store decides checks atomically and records admissions. Its methods are
+// safe for concurrent use.
 type Store interface {
+	// Allow decides all checks together, all or nothing: the request is
+	// admitted only if every check admits it, and only then is it recorded,
+	// in every zone. decisions must have the same length as checks; Allow
+	// fills it.
 	Allow(ctx context.Context, checks []Check, decisions []Decision) error
-}
-
-// Inspector reads and resets client state, for operators.
-type Inspector interface {
 	// Peek decides checks as Allow would, but records nothing: Remaining is
 	// what is left now.
 	Peek(ctx context.Context, checks []Check, decisions []Decision) error
-	// Reset forgets a client's admissions in a zone.
+	// Settle replaces what the Allow that filled decisions recorded with
+	// checks[i].Cost (0 takes the admission back), and releases its leases.
+	// An admission that has aged out meanwhile is left alone. It marks the
+	// decisions as settled, so a second Settle does nothing, and changes
+	// none of their exported figures.
+	Settle(ctx context.Context, checks []Check, decisions []Decision) error
+	// Extend restarts the lease time of the leases that decisions hold. A
+	// lease that expired first is lost: Extend then returns an error that
+	// wraps ErrLeaseLost, after extending the others.
+	Extend(ctx context.Context, checks []Check, decisions []Decision) error
+	// Reset forgets a client's state in a zone.
 	Reset(ctx context.Context, zone, key string) error
 }
 
-// Refunder takes back admissions, for a request that was admitted but is not
-// to count after all (a response status that is not counted, or another
-// zone in another Redis Cluster slot that denied it).
-type Refunder interface {
-	// Refund takes back exactly the admissions that the Allow which filled
-	// decisions recorded for checks, even when others were recorded after
-	// them; an admission that has aged out meanwhile is left alone. It
-	// marks decisions as refunded, so a second Refund does nothing, and
-	// changes none of their exported figures.
-	Refund(ctx context.Context, checks []Check, decisions []Decision) error
-}
+// ErrLeaseLost is the error of Extend for a lease that had expired.
+var ErrLeaseLost = errors.New("lease expired before it was extended")
 
 // Admitted reports whether every decision allows the request.
 func Admitted(decisions []Decision) bool {
@@ -139,4 +216,91 @@ func Admitted(decisions []Decision) bool {
 		}
 	}
 	return true
+}
+
+const (
+	// maxUnits bounds Max: a log zone's running sums are kept modulo 2^48.
+	maxUnits = 1<<48 - 1
+	// maxCost bounds a cost: integers stay exact in Redis's Lua up to 2^53.
+	maxCost = 1 << 53
+	// maxWindow bounds Window: times are kept modulo 2^48 microseconds (8.9
+	// years), and a key may hold times from three windows back to one ahead.
+	maxWindow = 2 * 365 * 24 * time.Hour
+)
+
+// checkInput reports the first check that no store can decide, naming it and
+// what is wrong, or decisions of the wrong length.
+func checkInput(checks []Check, decisions []Decision) error {
+	if len(decisions) != len(checks) {
+		return fmt.Errorf("%d decisions for %d checks", len(decisions), len(checks))
+	}
+	for i, c := range checks {
+		l := c.Limit
+		var problem string
+		switch {
+		case l.Algorithm > Concurrency:
+			problem = fmt.Sprintf("unknown algorithm %d", l.Algorithm)
+		case l.Window < time.Microsecond:
+			problem = fmt.Sprintf("window %v is shorter than a microsecond", l.Window)
+		case l.Window > maxWindow:
+			problem = fmt.Sprintf("window %v is longer than %v", l.Window, maxWindow)
+		case l.Max < 0:
+			problem = fmt.Sprintf("max %d is negative", l.Max)
+		case l.Max > maxUnits:
+			problem = fmt.Sprintf("max %d is above 2^48-1", l.Max)
+		case c.Cost < 0:
+			problem = fmt.Sprintf("cost %d is negative", c.Cost)
+		case c.Cost > maxCost:
+			problem = fmt.Sprintf("cost %d is above 2^53", c.Cost)
+		case c.Wait < 0:
+			problem = fmt.Sprintf("wait %v is negative", c.Wait)
+		case c.Wait > 0 && l.Algorithm != SlidingLog:
+			problem = fmt.Sprintf("a %s zone takes no wait (wait %v)", l.Algorithm, c.Wait)
+		case c.Cost > 1 && l.Algorithm == Concurrency:
+			problem = fmt.Sprintf("a concurrency zone counts requests: cost %d, want 0 or 1", c.Cost)
+		}
+		if problem != "" {
+			return fmt.Errorf("check %d (zone %q): %s", i, c.Zone, problem)
+		}
+	}
+	return nil
+}
+
+// reserved is what Allow reserves for c: its cost, where 0 means 1.
+func reserved(c Check) int64 { return max(c.Cost, 1) }
+
+// requestWait is how long a request of checks may wait for its slot: the
+// least of its log checks' waits, each at most its window.
+func requestWait(checks []Check) time.Duration {
+	wait := time.Duration(-1)
+	for _, c := range checks {
+		if c.Limit.Algorithm != SlidingLog {
+			continue
+		}
+		w := min(c.Wait, c.Limit.Window)
+		if wait < 0 || w < wait {
+			wait = w
+		}
+	}
+	return max(wait, 0)
+}
+
+// microseconds is d in whole microseconds, the stores' unit, rounded down.
+func microseconds(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// settled marks decisions as settled: their holdings are spent.
+func settled(decisions []Decision) {
+	for i := range decisions {
+		decisions[i].held = holding{}
+	}
+}
+
+// holds reports whether any decision holds something to settle.
+func holds(decisions []Decision) bool {
+	for _, d := range decisions {
+		if d.held.recorded {
+			return true
+		}
+	}
+	return false
 }

@@ -103,8 +103,18 @@ func untilAged(a call, cStart, cEnd time.Time, w time.Duration) (lo, hi time.Dur
 // exported returns d with only its exported fields, to compare with a
 // Decision literal.
 func exported(d Decision) Decision {
-	return Decision{Allowed: d.Allowed, Remaining: d.Remaining, Reset: d.Reset, RetryAfter: d.RetryAfter}
+	d.held = holding{}
+	return d
 }
+
+// onlyAllow gives a fake Store whose test is about Allow the rest of the
+// interface: each answers nothing.
+type onlyAllow struct{}
+
+func (onlyAllow) Peek(context.Context, []Check, []Decision) error   { return nil }
+func (onlyAllow) Settle(context.Context, []Check, []Decision) error { return nil }
+func (onlyAllow) Extend(context.Context, []Check, []Decision) error { return nil }
+func (onlyAllow) Reset(context.Context, string, string) error       { return nil }
 
 // checkWithin fails unless lo-tol <= got <= hi+tol.
 func checkWithin(tb testing.TB, what string, got, lo, hi time.Duration) {

@@ -2,39 +2,45 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 )
 
 // MemoryStore keeps client state in this process with the same semantics and
-// replies as RedisStore, for a single instance or as the fallback while Redis
-// is away. Its clock is the process's monotonic clock. Idle keys are dropped
-// by a sweep once they no longer weigh. It is safe for concurrent use; Close
-// stops the sweep.
+// answers as RedisStore, for a single instance or as the fallback while Redis
+// is away. Its clock is the process's monotonic clock, in microseconds as
+// Redis's. Idle keys are dropped by a sweep once they no longer weigh. It is
+// safe for concurrent use; Close stops the sweep.
 type MemoryStore struct {
 	mu    sync.Mutex
 	state map[memoryKey]*memoryState
-	// clock returns the time since the store started; tests replace it.
-	clock func() time.Duration
-	done  chan struct{}
-	once  sync.Once
+	// now returns the time in microseconds; tests replace it.
+	now    func() int64
+	leases uint64
+	done   chan struct{}
+	once   sync.Once
 }
 
 type memoryKey struct{ zone, client string }
 
-// memoryState is one client's state in one zone. Times are offsets from the
-// store's epoch.
+// memoryState is one client's state in one zone. Times are microseconds.
 type memoryState struct {
-	// at holds the admission times of a log zone, oldest first.
-	at []time.Duration
+	kind Algorithm
+	// log holds a log zone's admissions, oldest first, strictly increasing
+	// in time; an admission settled to zero units is dropped.
+	log []admission
 	// index, cur and prev are a counter zone's current fixed window and the
-	// admissions in it and in the one before.
+	// units in it and in the one before.
 	index, cur, prev int64
+	// leases are a concurrency zone's lease ids and their expiry.
+	leases map[uint64]int64
 	// expires is when the state stops weighing on any decision.
-	expires time.Duration
+	expires int64
 }
+
+type admission struct{ at, units int64 }
 
 // memorySweepInterval is how often idle keys are dropped.
 const memorySweepInterval = time.Minute
@@ -44,7 +50,7 @@ func NewMemoryStore() *MemoryStore {
 	epoch := time.Now()
 	s := &MemoryStore{
 		state: make(map[memoryKey]*memoryState),
-		clock: func() time.Duration { return time.Since(epoch) },
+		now:   func() int64 { return time.Since(epoch).Microseconds() },
 		done:  make(chan struct{}),
 	}
 	go s.sweepEvery(memorySweepInterval)
@@ -53,17 +59,15 @@ func NewMemoryStore() *MemoryStore {
 
 // Allow implements Store.
 func (s *MemoryStore) Allow(_ context.Context, checks []Check, decisions []Decision) error {
-	s.decide(true, checks, decisions)
-	return nil
+	return s.decide(opAllow, checks, decisions)
 }
 
-// Peek implements Inspector.
+// Peek implements Store.
 func (s *MemoryStore) Peek(_ context.Context, checks []Check, decisions []Decision) error {
-	s.decide(false, checks, decisions)
-	return nil
+	return s.decide(opPeek, checks, decisions)
 }
 
-// Reset implements Inspector.
+// Reset implements Store.
 func (s *MemoryStore) Reset(_ context.Context, zone, key string) error {
 	s.mu.Lock()
 	delete(s.state, memoryKey{zone, key})
@@ -71,163 +75,291 @@ func (s *MemoryStore) Reset(_ context.Context, zone, key string) error {
 	return nil
 }
 
-// decide mirrors limit.lua: evaluate every zone, then record in all of them
-// only if record is set and all admit.
-func (s *MemoryStore) decide(record bool, checks []Check, decisions []Decision) {
-	now := s.clock()
+// zoneDecision is one zone's part of a decision, as limit.lua computes it.
+type zoneDecision struct {
+	st   *memoryState
+	room int64
+	// held is the units in the window (leases held), reset the time until
+	// some leave; f is the first admission in a log's window.
+	held  float64
+	reset int64
+	f     int
+	ok    bool
+}
+
+// decide mirrors limit.lua's decision: every zone, then the admission time,
+// then the records when o is opAllow and all admit.
+func (s *MemoryStore) decide(o op, checks []Check, decisions []Decision) error {
+	if err := checkInput(checks, decisions); err != nil {
+		return err
+	}
+	wait := microseconds(requestWait(checks))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-
-	admit := true
+	now := s.now()
+	zs := make([]zoneDecision, len(checks))
+	at, admit := now, true
 	for i, c := range checks {
-		st := s.state[memoryKey{c.Zone, c.Key}]
-		if st == nil {
-			st = &memoryState{}
+		z := &zs[i]
+		z.st = s.state[memoryKey{c.Zone, c.Key}]
+		if z.st == nil || z.st.kind != c.Limit.Algorithm {
+			z.st = &memoryState{kind: c.Limit.Algorithm}
 		}
-		decisions[i] = st.evaluate(now, c.Limit)
-		if !decisions[i].Allowed {
+		z.st.decide(z, now, c.Limit, reserved(c))
+		zoneWait := int64(0)
+		if c.Limit.Algorithm == SlidingLog {
+			zoneWait = wait
+		}
+		z.ok = reserved(c) <= c.Limit.Max && z.room-now <= zoneWait
+		if z.ok {
+			at = max(at, z.room)
+		} else {
 			admit = false
 		}
 	}
-	if !record || !admit {
-		return
-	}
 	for i, c := range checks {
-		k := memoryKey{c.Zone, c.Key}
-		st := s.state[k]
-		if st == nil {
-			st = &memoryState{}
-			s.state[k] = st
+		z, cost := &zs[i], reserved(c)
+		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
+		if admit {
+			d.Delay = time.Duration(at-now) * time.Microsecond
+			if o == opAllow {
+				s.state[memoryKey{c.Zone, c.Key}] = z.st
+				d.held = z.st.record(z, now, at, c.Limit, cost)
+				if c.Limit.Algorithm == Concurrency {
+					s.leases++
+					d.held.lease = s.leases
+					z.st.leases[d.held.lease] = at + microseconds(c.Limit.Window)
+				}
+			}
 		}
-		decisions[i] = st.record(now, c.Limit)
-	}
-}
-
-// evaluate trims or rolls the state to now and decides without recording.
-func (st *memoryState) evaluate(now time.Duration, l Limit) Decision {
-	if l.Algorithm == SlidingCounter {
-		count, elapsed := st.roll(now, l.Window)
-		if count+1 <= float64(l.Max) {
-			return Decision{Allowed: true, Remaining: int64(float64(l.Max) - count), Reset: st.counterReset(l.Window, elapsed), token: -1}
+		if !z.ok && !d.Never {
+			z.reset = z.room - now
+			d.RetryAfter = time.Duration(z.reset) * time.Microsecond
+			if c.Limit.Algorithm == SlidingLog {
+				d.RetryAfter -= time.Duration(wait) * time.Microsecond
+			}
+		} else if d.Never {
+			z.reset = 0
 		}
-		wait := st.counterWait(l, elapsed)
-		return Decision{Reset: wait, RetryAfter: wait, token: -1}
-	}
-	st.trim(now, l.Window)
-	n := int64(len(st.at))
-	if n >= l.Max {
-		// The (n-max+1)-th oldest admission must age out first.
-		wait := st.at[n-l.Max] + l.Window - now
-		return Decision{Reset: wait, RetryAfter: wait, token: -1}
-	}
-	d := Decision{Allowed: true, Remaining: l.Max - n, token: -1}
-	if n > 0 {
-		d.Reset = st.at[0] + l.Window - now
-	}
-	return d
-}
-
-// record adds one admission; evaluate must have admitted it at the same now.
-func (st *memoryState) record(now time.Duration, l Limit) Decision {
-	if l.Algorithm == SlidingCounter {
-		count, elapsed := st.roll(now, l.Window)
-		st.cur++
-		st.expires = now - elapsed + 2*l.Window
-		return Decision{Allowed: true, Remaining: int64(math.Floor(float64(l.Max) - (count + 1))), Reset: st.counterReset(l.Window, elapsed), token: st.index}
-	}
-	d := Decision{Allowed: true, Remaining: l.Max - int64(len(st.at)) - 1, Reset: l.Window}
-	if len(st.at) > 0 {
-		d.Reset = st.at[0] + l.Window - now
-	}
-	at := now
-	// Strictly increasing, as in the Redis script.
-	if n := len(st.at); n > 0 && st.at[n-1] >= at {
-		at = st.at[n-1] + 1
-	}
-	st.at = append(st.at, at)
-	st.expires = at + l.Window
-	d.token = int64(at)
-	return d
-}
-
-// Refund implements Refunder.
-func (s *MemoryStore) Refund(_ context.Context, checks []Check, decisions []Decision) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, c := range checks {
-		token := decisions[i].token
-		decisions[i].token = -1
-		if token < 0 {
-			continue
-		}
-		if st := s.state[memoryKey{c.Zone, c.Key}]; st != nil {
-			st.refund(c.Limit, token)
-		}
+		d.Remaining = max(0, int64(math.Floor(float64(c.Limit.Max)-z.held)))
+		d.Reset = time.Duration(z.reset) * time.Microsecond
+		decisions[i] = d
 	}
 	return nil
 }
 
-// refund takes back the admission whose token record returned.
-func (st *memoryState) refund(l Limit, token int64) {
-	if l.Algorithm == SlidingCounter {
-		switch {
-		case st.index == token && st.cur > 0:
-			st.cur--
-		case st.index == token+1 && st.prev > 0:
-			st.prev--
+// decide fills z for a request of cost under l at now, writing nothing.
+func (st *memoryState) decide(z *zoneDecision, now int64, l Limit, cost int64) {
+	w := microseconds(l.Window)
+	z.room, z.reset = now, 0
+	switch l.Algorithm {
+	case SlidingLog:
+		n := len(st.log)
+		f := 0
+		for f < n && st.log[f].at <= now-w {
+			f++
 		}
-		return
-	}
-	at := time.Duration(token)
-	if i, found := slices.BinarySearch(st.at, at); found {
-		st.at = slices.Delete(st.at, i, i+1)
+		var total, before int64
+		for i, a := range st.log {
+			total += a.units
+			if i < f {
+				before += a.units
+			}
+		}
+		z.f, z.held = f, float64(total-before)
+		if f < n {
+			z.reset = st.log[f].at + w - now
+		}
+		if total-before+cost > l.Max && cost <= l.Max {
+			// The newest admission that must age out for cost to fit.
+			target, sum := total+cost-l.Max, int64(0)
+			for _, a := range st.log {
+				sum += a.units
+				if sum >= target {
+					z.room = a.at + w
+					break
+				}
+			}
+		}
+	case SlidingCounter:
+		c, p := st.rolled(now, w)
+		W, e := float64(w), float64(now-now/w*w)
+		z.held = float64(p)*(W-e)/W + float64(c)
+		need := l.Max - cost
+		if z.held > float64(need) && need >= 0 {
+			if c <= need && p > 0 {
+				z.room = now + int64(math.Ceil(W-float64(need-c)*W/float64(p)-e))
+			} else {
+				z.room = now + int64(math.Ceil((W-e)+W-float64(need)*W/float64(c)))
+			}
+		}
+		z.reset = counterReset(c, p, W, e)
+	case Concurrency:
+		first := int64(math.MaxInt64)
+		for _, exp := range st.leases {
+			if exp > now {
+				z.held++
+				first = min(first, exp)
+			}
+		}
+		if z.held > 0 {
+			z.reset = first - now
+		}
+		if z.held+1 > float64(l.Max) {
+			z.room = now + z.reset
+		}
 	}
 }
 
-// trim drops admissions that have left the window ending at now.
-func (st *memoryState) trim(now, window time.Duration) {
-	i := 0
-	for i < len(st.at) && st.at[i] <= now-window {
-		i++
-	}
-	st.at = st.at[i:]
-}
-
-// roll moves a counter to the fixed window holding now and returns the
-// weighted count and the time elapsed in the current fixed window.
-func (st *memoryState) roll(now, window time.Duration) (count float64, elapsed time.Duration) {
-	index := int64(now / window)
+// rolled returns a counter's units in the fixed window holding now and in
+// the one before, as the state would roll to them.
+func (st *memoryState) rolled(now, w int64) (c, p int64) {
+	index := now / w
 	switch {
-	case st.index == index:
+	case st.index < index-1:
+		return 0, 0
 	case st.index == index-1:
-		st.prev, st.cur = st.cur, 0
-	default:
-		st.prev, st.cur = 0, 0
+		return 0, st.cur
 	}
-	st.index = index
-	elapsed = now - time.Duration(index)*window
-	w := float64(window)
-	return float64(st.prev)*(w-float64(elapsed))/w + float64(st.cur), elapsed
+	return st.cur, st.prev
 }
 
-// counterWait is the time until a counter's estimate admits one more.
-func (st *memoryState) counterWait(l Limit, elapsed time.Duration) time.Duration {
-	w, e, c, p, max := float64(l.Window), float64(elapsed), float64(st.cur), float64(st.prev), float64(l.Max)
-	if c+1 <= max && p > 0 {
-		return time.Duration(math.Ceil(w - (max-1-c)*w/p - e))
-	}
-	return time.Duration(math.Ceil((w - e) + w - (max-1)*w/c))
-}
-
-// counterReset is the time until a counter's estimate next falls by about one.
-func (st *memoryState) counterReset(window, elapsed time.Duration) time.Duration {
+// counterReset is the time until a counter's estimate next falls by about
+// one unit.
+func counterReset(c, p int64, W, e float64) int64 {
 	switch {
-	case st.prev > 0:
-		return min(window/time.Duration(st.prev), window-elapsed)
-	case st.cur > 0:
-		return window - elapsed + window/time.Duration(st.cur)
+	case p > 0:
+		return int64(math.Min(math.Ceil(W/float64(p)), W-e))
+	case c > 0:
+		return int64(math.Ceil((W - e) + W/float64(c)))
 	}
 	return 0
+}
+
+// record records an admission that decide admitted, at admission time at,
+// and returns what it holds.
+func (st *memoryState) record(z *zoneDecision, now, at int64, l Limit, cost int64) holding {
+	w := microseconds(l.Window)
+	z.held += float64(cost)
+	switch l.Algorithm {
+	case SlidingLog:
+		if n := len(st.log); n > 0 && st.log[n-1].at >= at {
+			at = st.log[n-1].at + 1
+		}
+		st.log = append(st.log[z.f:], admission{at, cost})
+		st.expires = at + w
+		if z.reset == 0 {
+			z.reset = at + w - now
+		}
+		return holding{recorded: true, at: at, units: cost}
+	case SlidingCounter:
+		c, p := st.rolled(now, w)
+		e := now - now/w*w
+		st.index, st.cur, st.prev = now/w, c+cost, p
+		st.expires = now - e + 2*w
+		if p == 0 {
+			z.reset = counterReset(c+cost, 0, float64(w), float64(e))
+		}
+		return holding{recorded: true, at: st.index, units: cost}
+	}
+	for id, exp := range st.leases {
+		if exp <= now {
+			delete(st.leases, id)
+		}
+	}
+	if st.leases == nil {
+		st.leases = make(map[uint64]int64)
+	}
+	if exp := at + w - now; z.reset == 0 || exp < z.reset {
+		z.reset = exp
+	}
+	st.expires = max(st.expires, at+w)
+	return holding{recorded: true, units: 1}
+}
+
+// Settle implements Store.
+func (s *MemoryStore) Settle(_ context.Context, checks []Check, decisions []Decision) error {
+	if err := checkInput(checks, decisions); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, c := range checks {
+		h := decisions[i].held
+		decisions[i].held = holding{}
+		st := s.state[memoryKey{c.Zone, c.Key}]
+		if !h.recorded || st == nil || st.kind != c.Limit.Algorithm {
+			continue
+		}
+		st.settle(h, c.Cost)
+	}
+	return nil
+}
+
+// settle changes what h recorded to cost units.
+func (st *memoryState) settle(h holding, cost int64) {
+	switch st.kind {
+	case SlidingLog:
+		var total int64
+		e := -1
+		for i, a := range st.log {
+			total += a.units
+			if a.at == h.at {
+				e = i
+			}
+		}
+		if e < 0 {
+			return
+		}
+		// Sums are kept modulo 2^48 in Redis: what a zone holds saturates.
+		old := st.log[e].units
+		cost = min(cost, maxUnits-total+old)
+		if cost == 0 {
+			st.log = append(st.log[:e], st.log[e+1:]...)
+		} else {
+			st.log[e].units = cost
+		}
+	case SlidingCounter:
+		d := cost - h.units
+		switch st.index {
+		case h.at:
+			st.cur = max(0, st.cur+d)
+		case h.at + 1:
+			st.prev = max(0, st.prev+d)
+		}
+	case Concurrency:
+		delete(st.leases, h.lease)
+	}
+}
+
+// Extend implements Store.
+func (s *MemoryStore) Extend(_ context.Context, checks []Check, decisions []Decision) error {
+	if err := checkInput(checks, decisions); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	lost := 0
+	for i, c := range checks {
+		h := decisions[i].held
+		if h.lease == 0 {
+			continue
+		}
+		st := s.state[memoryKey{c.Zone, c.Key}]
+		if st == nil || st.kind != Concurrency || st.leases[h.lease] <= now {
+			decisions[i].held = holding{}
+			lost++
+			continue
+		}
+		exp := now + microseconds(c.Limit.Window)
+		st.leases[h.lease] = exp
+		st.expires = max(st.expires, exp)
+	}
+	if lost > 0 {
+		return fmt.Errorf("extending leases: %d of them: %w", lost, ErrLeaseLost)
+	}
+	return nil
 }
 
 func (s *MemoryStore) sweepEvery(interval time.Duration) {
@@ -245,9 +377,9 @@ func (s *MemoryStore) sweepEvery(interval time.Duration) {
 
 // sweep drops state that no longer weighs on any decision.
 func (s *MemoryStore) sweep() {
-	now := s.clock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
 	for k, st := range s.state {
 		if st.expires <= now {
 			delete(s.state, k)
@@ -269,8 +401,4 @@ func (s *MemoryStore) Close() error {
 }
 
 // Interface guards
-var (
-	_ Store     = (*MemoryStore)(nil)
-	_ Inspector = (*MemoryStore)(nil)
-	_ Refunder  = (*MemoryStore)(nil)
-)
+var _ Store = (*MemoryStore)(nil)

@@ -13,7 +13,7 @@ func TestMemoryStoreSweep(t *testing.T) {
 	s := NewMemoryStore()
 	defer s.Close()
 	var now time.Duration
-	s.clock = func() time.Duration { return now }
+	s.now = func() int64 { return now.Microseconds() }
 
 	const w = time.Second
 	logCheck := Check{Zone: "log", Key: "k", Limit: Limit{Window: w, Max: 5}}

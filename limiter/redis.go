@@ -2,7 +2,10 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -12,9 +15,9 @@ import (
 // RedisOptions say otherwise.
 const DefaultKeyPrefix = "srl:"
 
-// DefaultTimeout is how long a RedisStore call waits for Redis, unless
+// defaultTimeout is how long a RedisStore call waits for Redis, unless
 // RedisOptions say otherwise.
-const DefaultTimeout = 100 * time.Millisecond
+const defaultTimeout = 100 * time.Millisecond
 
 // RedisClient is what a RedisStore needs of a go-redis client: scripts,
 // pipelines and DEL. *redis.Client, *redis.ClusterClient, the failover
@@ -33,7 +36,7 @@ type RedisOptions struct {
 	KeyPrefix string
 	// Timeout bounds every call: it ends at its context's deadline or
 	// Timeout after it started, whichever is sooner, even while Redis does
-	// not answer. Zero means DefaultTimeout.
+	// not answer. Zero means 100ms.
 	Timeout time.Duration
 }
 
@@ -43,12 +46,22 @@ type RedisOptions struct {
 // was busy with the previous one (one call per hash slot on Redis Cluster).
 // The script reads Redis's clock, so the hosts' clocks do not matter. It is
 // safe for concurrent use; Close stops the batching, not the client.
+//
+// On Redis Cluster, a request whose zones are in different hash slots (zones
+// with different client keys) is decided slot by slot: what earlier slots
+// recorded is settled back to zero when a later one denies. Such a request
+// does not wait: its Wait counts as zero, since the slots' admission times
+// are known only one after the other and cannot be made one. Zones of one
+// client key always share a slot.
 type RedisStore struct {
 	client  RedisClient
 	prefix  string
 	timeout time.Duration
 	cluster bool
 	batch   *batcher
+	// leases numbers the leases this store takes; its high half is random,
+	// so two stores' leases of one client do not meet.
+	leases atomic.Uint64
 }
 
 // NewRedisStore returns a store on client and starts its batching.
@@ -57,21 +70,23 @@ func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 	}
 	_, cluster := client.(*redis.ClusterClient)
-	return &RedisStore{
+	s := &RedisStore{
 		client:  client,
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
 		cluster: cluster,
 		batch:   newBatcher(client, cluster, opts.Timeout),
 	}
+	s.leases.Store(uint64(rand.Uint32()|1) << 32)
+	return s
 }
 
 // Close stops the store's batching once the calls in flight return. Calls
 // waiting, and calls made after it, fail with ErrClosed. It does not close
-// the client.
+// the client, and releases no lease: they expire after their lease time.
 func (s *RedisStore) Close() error {
 	s.batch.close()
 	return nil
@@ -84,16 +99,15 @@ func (s *RedisStore) Key(zone, client string) string {
 	return s.prefix + "{" + client + "}:" + zone
 }
 
-// Allow implements Store. A request whose keys share a slot (always, on a
-// single server) is decided by one script call, batched with others. On a
-// cluster, a request over several slots is decided slot by slot: admissions
-// recorded in earlier slots are refunded when a later one denies, and slots
-// after a denial are only inspected.
+// Allow implements Store.
 func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
+	if err := checkInput(checks, decisions); err != nil {
+		return err
+	}
 	keys := s.keys(checks)
-	groups := s.slotGroups(keys)
-	if groups == nil {
-		return s.do(ctx, opAllow, keys, checks, decisions)
+	groups := s.slotGroups(keys, all(len(checks)))
+	if len(groups) == 1 {
+		return s.do(ctx, opAllow, keys, checks, decisions, groups[0], requestWait(checks))
 	}
 	admitted := true
 	for g, idx := range groups {
@@ -101,16 +115,16 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 		if admitted {
 			o = opAllow
 		}
-		if err := s.doGroup(ctx, o, keys, checks, decisions, idx); err != nil {
+		if err := s.do(ctx, o, keys, checks, decisions, idx, 0); err != nil {
 			if admitted && g > 0 {
 				// Best effort: the request fails either way.
-				_ = s.refundGroups(ctx, keys, checks, decisions, groups[:g])
+				_ = s.refund(ctx, keys, checks, decisions, groups[:g])
 			}
 			return err
 		}
 		if admitted && !admittedAt(decisions, idx) {
 			admitted = false
-			if err := s.refundGroups(ctx, keys, checks, decisions, groups[:g]); err != nil {
+			if err := s.refund(ctx, keys, checks, decisions, groups[:g]); err != nil {
 				return err
 			}
 		}
@@ -118,83 +132,128 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 	return nil
 }
 
-// Peek implements Inspector.
+// Peek implements Store. Across Redis Cluster slots it decides as Allow
+// would there: without a wait.
 func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decision) error {
+	if err := checkInput(checks, decisions); err != nil {
+		return err
+	}
 	keys := s.keys(checks)
-	groups := s.slotGroups(keys)
-	if groups == nil {
-		return s.do(ctx, opPeek, keys, checks, decisions)
+	groups := s.slotGroups(keys, all(len(checks)))
+	wait := requestWait(checks)
+	if len(groups) > 1 {
+		wait = 0
 	}
 	for _, idx := range groups {
-		if err := s.doGroup(ctx, opPeek, keys, checks, decisions, idx); err != nil {
+		if err := s.do(ctx, opPeek, keys, checks, decisions, idx, wait); err != nil {
 			return err
+		}
+	}
+	if !Admitted(decisions) {
+		for i := range decisions {
+			decisions[i].Delay = 0
 		}
 	}
 	return nil
 }
 
-// Refund implements Refunder: it takes back exactly the admissions that
-// the Allow which filled decisions recorded, even when later admissions
-// were recorded after them.
-func (s *RedisStore) Refund(ctx context.Context, checks []Check, decisions []Decision) error {
-	keys := s.keys(checks)
-	groups := s.slotGroups(keys)
-	if groups == nil {
-		return s.do(ctx, opRefund, keys, checks, decisions)
+// Settle implements Store: it changes exactly the admissions that the Allow
+// which filled decisions recorded, even when others were recorded after
+// them.
+func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
+	return s.spend(ctx, opSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
+}
+
+// Extend implements Store.
+func (s *RedisStore) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
+	return s.spend(ctx, opExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
+}
+
+// spend runs o, a settle or an extend, for the checks whose decisions hold
+// something for it, slot by slot.
+func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions []Decision, holds func(Decision) bool) error {
+	if err := checkInput(checks, decisions); err != nil {
+		return err
 	}
-	for _, idx := range groups {
-		if err := s.doGroup(ctx, opRefund, keys, checks, decisions, idx); err != nil {
+	var idx []int
+	for i, d := range decisions {
+		if holds(d) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	keys := s.keys(checks)
+	var lost error
+	for _, g := range s.slotGroups(keys, idx) {
+		err := s.do(ctx, o, keys, checks, decisions, g, 0)
+		if errors.Is(err, ErrLeaseLost) {
+			lost = err
+			continue
+		}
+		if err != nil {
 			return err
 		}
 	}
-	return nil
+	return lost
 }
 
-// Reset implements Inspector.
+// Reset implements Store.
 func (s *RedisStore) Reset(ctx context.Context, zone, key string) error {
 	return s.client.Del(ctx, s.Key(zone, key)).Err()
 }
 
-// do runs one request through the batcher: it ends at ctx's deadline or the
-// store's timeout, whichever is sooner, with one clock read.
-func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision) error {
-	if len(checks) == 0 || o == opRefund && !recorded(decisions) {
-		return nil
-	}
-	if len(checks) > 255 {
-		return fmt.Errorf("%d checks in one request, want at most 255", len(checks))
+// do runs o for the checks at idx (whose keys share a slot) through the
+// batcher, with their decisions as its input and, after it, its output. It
+// ends at ctx's deadline or the store's timeout, whichever is sooner, with one
+// clock read.
+func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
+	if len(idx) > 255 {
+		return fmt.Errorf("%d checks in one request, want at most 255", len(idx))
 	}
 	r := &request{
-		ctx:       ctx,
-		op:        o,
-		keys:      keys,
-		args:      appendRequest(make([]byte, 0, 2+zoneArgLen*len(checks)), o, checks, decisions),
-		decisions: decisions,
-		deadline:  time.Now().Add(s.timeout),
+		ctx:      ctx,
+		op:       o,
+		keys:     keys,
+		checks:   checks,
+		wait:     wait,
+		deadline: time.Now().Add(s.timeout),
 	}
+	sub := len(idx) != len(checks)
+	if sub {
+		r.keys, r.checks = make([]string, len(idx)), make([]Check, len(idx))
+		r.decisions = make([]Decision, len(idx))
+		for j, i := range idx {
+			r.keys[j], r.checks[j], r.decisions[j] = keys[i], checks[i], decisions[i]
+		}
+	} else {
+		r.decisions = decisions
+	}
+	if o == opAllow {
+		for j, c := range r.checks {
+			if c.Limit.Algorithm == Concurrency {
+				if r.leases == nil {
+					r.leases = make([]uint64, len(r.checks))
+				}
+				r.leases[j] = s.leases.Add(1)
+			}
+		}
+	}
+	r.args = appendRequest(make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks)), o, r.checks, r.decisions, wait, r.leases)
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
 		r.deadline = d
 	}
 	if s.cluster {
-		r.slot = hashSlot(keys[0])
+		r.slot = hashSlot(r.keys[0])
 	}
-	return s.batch.do(r)
-}
-
-// doGroup runs o for the checks of one slot group (indexes idx), with their
-// decisions as o's input and, after it, its output.
-func (s *RedisStore) doGroup(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision, idx []int) error {
-	subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
-	for j, i := range idx {
-		subDecisions[j] = decisions[i]
+	err := s.batch.do(r)
+	if sub && (err == nil || errors.Is(err, ErrLeaseLost)) {
+		for j, i := range idx {
+			decisions[i] = r.decisions[j]
+		}
 	}
-	if err := s.do(ctx, o, subKeys, sub, subDecisions); err != nil {
-		return err
-	}
-	for j, i := range idx {
-		decisions[i] = subDecisions[j]
-	}
-	return nil
+	return err
 }
 
 // admittedAt reports whether the decisions at idx all admit.
@@ -207,35 +266,26 @@ func admittedAt(decisions []Decision, idx []int) bool {
 	return true
 }
 
-// refundGroups takes back the admissions recorded for the checks of groups,
+// refund takes back what the checks of groups recorded (settles it to zero),
 // and reports their zones as not consumed.
-func (s *RedisStore) refundGroups(ctx context.Context, keys []string, checks []Check, decisions []Decision, groups [][]int) error {
+func (s *RedisStore) refund(ctx context.Context, keys []string, checks []Check, decisions []Decision, groups [][]int) error {
+	zero := make([]Check, len(checks))
+	for i, c := range checks {
+		zero[i] = c
+		zero[i].Cost = 0
+	}
 	for _, idx := range groups {
-		subKeys, sub, subDecisions := pickGroup(keys, checks, idx)
-		for j, i := range idx {
-			subDecisions[j] = decisions[i]
-		}
-		if err := s.do(ctx, opRefund, subKeys, sub, subDecisions); err != nil {
+		if err := s.do(ctx, opSettle, keys, zero, decisions, idx, 0); err != nil {
 			return fmt.Errorf("refunding admissions: %w", err)
 		}
 		for _, i := range idx {
-			if decisions[i].token >= 0 {
-				decisions[i].Remaining++
-				decisions[i].token = -1
-			}
+			decisions[i].Remaining += reserved(checks[i])
 		}
+	}
+	for i := range decisions {
+		decisions[i].Delay = 0
 	}
 	return nil
-}
-
-// recorded reports whether any decision recorded an admission.
-func recorded(decisions []Decision) bool {
-	for _, d := range decisions {
-		if d.token >= 0 {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *RedisStore) keys(checks []Check) []string {
@@ -246,29 +296,32 @@ func (s *RedisStore) keys(checks []Check) []string {
 	return keys
 }
 
-// slotGroups returns the indexes of keys grouped by Redis Cluster slot, in
-// the order the slots first appear; nil when all share one slot, as they
-// always do on a single server.
-func (s *RedisStore) slotGroups(keys []string) [][]int {
-	if !s.cluster || len(keys) < 2 {
-		return nil
+// all returns the indexes of n checks.
+func all(n int) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
 	}
-	slots := make([]uint16, len(keys))
-	same := true
-	for i, k := range keys {
-		slots[i] = hashSlot(k)
-		same = same && slots[i] == slots[0]
-	}
-	if same {
-		return nil
+	return idx
+}
+
+// slotGroups returns the indexes idx grouped by the Redis Cluster slot of
+// their keys, in the order the slots first appear: one group on a single
+// server.
+func (s *RedisStore) slotGroups(keys []string, idx []int) [][]int {
+	if !s.cluster || len(idx) < 2 {
+		return [][]int{idx}
 	}
 	var groups [][]int
-	seen := make(map[uint16]int)
-	for i, slot := range slots {
-		g, ok := seen[slot]
-		if !ok {
-			g = len(groups)
-			seen[slot] = g
+	var slots []uint16
+	for _, i := range idx {
+		slot := hashSlot(keys[i])
+		g := 0
+		for g < len(slots) && slots[g] != slot {
+			g++
+		}
+		if g == len(slots) {
+			slots = append(slots, slot)
 			groups = append(groups, nil)
 		}
 		groups[g] = append(groups[g], i)
@@ -276,19 +329,9 @@ func (s *RedisStore) slotGroups(keys []string) [][]int {
 	return groups
 }
 
-func pickGroup(keys []string, checks []Check, idx []int) ([]string, []Check, []Decision) {
-	subKeys, sub := make([]string, len(idx)), make([]Check, len(idx))
-	for j, i := range idx {
-		subKeys[j], sub[j] = keys[i], checks[i]
-	}
-	return subKeys, sub, make([]Decision, len(idx))
-}
-
 // Interface guards
 var (
 	_ Store       = (*RedisStore)(nil)
-	_ Inspector   = (*RedisStore)(nil)
-	_ Refunder    = (*RedisStore)(nil)
 	_ RedisClient = (*redis.Client)(nil)
 	_ RedisClient = (*redis.ClusterClient)(nil)
 	_ RedisClient = redis.UniversalClient(nil)

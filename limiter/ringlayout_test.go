@@ -5,107 +5,186 @@ import (
 	"encoding/binary"
 	"math"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// The ring's layout, as limit.lua writes it: a header of cap, head, count
-// and base (uint32 each; base in seconds), then the samples, then cap
-// slots; every time is an offset of W bytes in microseconds from base.
+// The ring's layout, as limit.lua writes it: a header of version, cap, head
+// and count (u8, then u32 each) and expiry (u40, milliseconds modulo 2^40);
+// for version 3 (a count ring of more than 80 entries) then the newest time;
+// for version 2 (units) the sequence number of the head (double), the sum
+// before it, the sum up to the newest and the newest time (u48 each). Then
+// cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version
+// 2, its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
+// each).
 const (
-	ringHeader = 16
-	ringW      = 6
-	ringSmall  = 512
+	ringSmall  = 512 // bytes read whole
+	ringBucket = 64
+	mod48      = 1 << 48
 )
-
-// ringSamples is how many samples a ring of cap holds, and its bucket size.
-func ringSamples(cap int) (b, s int) {
-	if cap <= ringSmall {
-		return 0, cap
-	}
-	s = int(math.Ceil(math.Sqrt(float64(cap))))
-	return (cap + s - 1) / s, s
-}
 
 // ringState is a log key's ring, decoded.
 type ringState struct {
-	cap, head int
-	// times are the kept admission times in microseconds, oldest first.
-	times []int64
-	// samples are the header's copies of slots b*S.
-	samples []int64
-	slots   []int64
+	version, cap, head int
+	// times and units are the kept admissions' times in microseconds and
+	// units, oldest first.
+	times, units []int64
+	// bytes is the value's length.
+	bytes int
 }
 
-func readOffset(b []byte) int64 {
+func readU48(b []byte) int64 {
 	var buf [8]byte
-	copy(buf[8-ringW:], b[:ringW])
+	copy(buf[2:], b[:6])
 	return int64(binary.BigEndian.Uint64(buf[:]))
 }
 
-// readRing decodes the ring at key, failing the test when the value is not
-// a well-formed ring: its length, strictly increasing times, samples equal to
-// the slots they copy.
-func readRing(tb testing.TB, client redis.Cmdable, key string) ringState {
+func putU48(b []byte, x int64) {
+	var buf [8]byte
+	binary.BigEndian.PutUint64(buf[:], uint64(x)%mod48)
+	copy(b, buf[2:])
+}
+
+// decodeTime is the time kept modulo 2^48 as o, read as limit.lua reads it
+// at now: the one in (now - 0.75*2^48, now + 0.25*2^48].
+func decodeTime(o, now int64) int64 {
+	base := now - mod48/4*3
+	return base + ((o-base)%mod48+mod48)%mod48
+}
+
+// readRing decodes the ring at key as the script would at now (microseconds),
+// failing the test when the value is not a well-formed ring: its length,
+// strictly increasing times, and for a units ring sums that add up: each
+// kept bucket's base and the newest sum agree with the units.
+func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringState {
 	tb.Helper()
 	v, err := client.Get(context.Background(), key).Bytes()
 	if err != nil {
 		tb.Fatalf("GET %s: %v", key, err)
 	}
-	if len(v) < ringHeader {
-		tb.Fatalf("ring %s: %d bytes, shorter than its header", key, len(v))
+	if len(v) < 18 {
+		tb.Fatalf("ring %s: %d bytes, shorter than a header", key, len(v))
 	}
-	r := ringState{cap: int(binary.BigEndian.Uint32(v[0:])), head: int(binary.BigEndian.Uint32(v[4:]))}
-	n := int(binary.BigEndian.Uint32(v[8:]))
-	base := int64(binary.BigEndian.Uint32(v[12:])) * 1_000_000
-	readTime := func(b []byte) int64 { return base + readOffset(b) }
-	b, s := ringSamples(r.cap)
-	if want := ringHeader + ringW*(b+r.cap); len(v) != want {
-		tb.Fatalf("ring %s of cap %d: %d bytes, want %d", key, r.cap, len(v), want)
+	r := ringState{version: int(v[0]), cap: int(binary.BigEndian.Uint32(v[1:])), head: int(binary.BigEndian.Uint32(v[5:])), bytes: len(v)}
+	n := int(binary.BigEndian.Uint32(v[9:]))
+	hdr, entry, want := 18, 6, 18+6*r.cap
+	B := r.cap/ringBucket + 2
+	switch r.version {
+	case 2:
+		hdr, entry, want = 44, 12, 44+12*r.cap+6*B
+	case 3:
+		hdr, want = 24, 24+6*r.cap
 	}
-	if n > r.cap || (r.cap > 0 && r.head >= r.cap) {
-		tb.Fatalf("ring %s: cap %d, head %d, count %d", key, r.cap, r.head, n)
-	}
-	for i := range b {
-		r.samples = append(r.samples, readTime(v[ringHeader+ringW*i:]))
-	}
-	for p := range r.cap {
-		r.slots = append(r.slots, readTime(v[ringHeader+ringW*(b+p):]))
+	if r.version < 1 || r.version > 3 || r.version == 1 && r.cap > 80 || r.version == 3 && r.cap <= 80 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
+		tb.Fatalf("ring %s: version %d, %d bytes (want %d), cap %d, head %d, count %d", key, r.version, len(v), want, r.cap, r.head, n)
 	}
 	for i := range n {
-		r.times = append(r.times, r.slots[(r.head+i)%r.cap])
+		e := v[hdr+entry*((r.head+i)%r.cap):]
+		r.times = append(r.times, decodeTime(readU48(e), now))
+		r.units = append(r.units, 1)
+		if r.version == 2 {
+			r.units[i] = readU48(e[6:])
+		}
 		if i > 0 && r.times[i] <= r.times[i-1] {
 			tb.Fatalf("ring %s: time %d (%d) not after time %d (%d)", key, i, r.times[i], i-1, r.times[i-1])
 		}
 	}
-	for i := range b {
-		p := i * s
-		if (p-r.head+r.cap)%r.cap < n && r.samples[i] != r.slots[p] {
-			tb.Fatalf("ring %s: sample %d = %d, slot %d = %d", key, i, r.samples[i], p, r.slots[p])
+	if r.version != 1 && n > 0 {
+		if newest := decodeTime(readU48(v[hdr-6:]), now); newest != r.times[n-1] {
+			tb.Fatalf("ring %s: the header's newest time %d, the newest entry's %d", key, newest, r.times[n-1])
+		}
+	}
+	if r.version == 2 {
+		seq := int64(math.Float64frombits(binary.BigEndian.Uint64(v[18:])))
+		floor, total := readU48(v[26:]), readU48(v[32:])
+		sum := floor
+		for i, u := range r.units {
+			if q := seq + int64(i); q%ringBucket == 0 && i > 0 {
+				if base := readU48(v[hdr+entry*r.cap+6*int((q/ringBucket)%int64(B)):]); base != sum%mod48 {
+					tb.Fatalf("ring %s: base of bucket %d = %d, want %d", key, q/ringBucket, base, sum%mod48)
+				}
+			}
+			sum += u
+		}
+		if sum%mod48 != total {
+			tb.Fatalf("ring %s: units add up to %d, header says %d", key, sum%mod48, total)
 		}
 	}
 	return r
 }
 
-// encodeRing returns the value of a full ring of cap holding times (oldest
+// encodeRing returns the value of a count ring of cap holding times (oldest
 // first, at most cap of them), head at slot 0, as limit.lua writes it.
 func encodeRing(cap int, times []int64) []byte {
-	b, s := ringSamples(cap)
-	v := make([]byte, ringHeader+ringW*(b+cap))
-	binary.BigEndian.PutUint32(v[0:], uint32(cap))
-	binary.BigEndian.PutUint32(v[8:], uint32(len(times)))
-	base := times[0] / 1_000_000
-	binary.BigEndian.PutUint32(v[12:], uint32(base))
-	put := func(off int, t int64) {
-		var buf [8]byte
-		binary.BigEndian.PutUint64(buf[:], uint64(t-base*1_000_000))
-		copy(v[off:off+ringW], buf[8-ringW:])
+	hdr := 18
+	if cap > 80 {
+		hdr = 24
 	}
+	v := make([]byte, hdr+6*cap)
+	v[0] = 1
+	if hdr == 24 {
+		v[0] = 3
+		putU48(v[18:], times[len(times)-1])
+	}
+	binary.BigEndian.PutUint32(v[1:], uint32(cap))
+	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
 	for i, t := range times {
-		put(ringHeader+ringW*(b+i), t)
-		if s > 0 && i%s == 0 && b > 0 {
-			put(ringHeader+ringW*(i/s), t)
-		}
+		putU48(v[hdr+6*i:], t)
 	}
 	return v
+}
+
+// redisNow returns Redis's clock in microseconds.
+func redisNow(tb testing.TB, client redis.Cmdable) int64 {
+	tb.Helper()
+	now, err := client.Time(context.Background()).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return now.UnixMicro()
+}
+
+// scriptReq is one request of a limit.lua call made by hand.
+type scriptReq struct {
+	op        op
+	keys      []string
+	checks    []Check
+	decisions []Decision
+	wait      time.Duration
+	leases    []uint64
+}
+
+// runScript runs limit.lua once for reqs at the time now (microseconds; 0
+// for Redis's clock) and fills their decisions.
+func runScript(tb testing.TB, client redis.Scripter, now int64, reqs ...*scriptReq) {
+	tb.Helper()
+	var keys []string
+	var args []byte
+	zones := 0
+	for _, r := range reqs {
+		keys = append(keys, r.keys...)
+		if r.decisions == nil {
+			r.decisions = make([]Decision, len(r.checks))
+		}
+		args = appendRequest(args, r.op, r.checks, r.decisions, r.wait, r.leases)
+		zones += len(r.checks)
+	}
+	argv := []any{args}
+	if now != 0 {
+		argv = append(argv, now)
+	}
+	reply, err := limitScript.Run(context.Background(), client, keys, argv...).Result()
+	if err != nil {
+		tb.Fatalf("limit.lua: %v", err)
+	}
+	s, err := checkReply(reply, replyLen(len(reqs), zones))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, r := range reqs {
+		n := replyLen(1, len(r.checks))
+		decodeReply(s[:n], r.op, r.checks, r.decisions, r.wait, r.leases)
+		s = s[n:]
+	}
 }

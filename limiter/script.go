@@ -11,7 +11,7 @@ import (
 )
 
 // limitScript decides a whole batch of requests in one call; limit.lua
-// documents its keys, arguments and reply.
+// documents its semantics, keys, arguments and reply.
 var (
 	//go:embed limit.lua
 	limitSource string
@@ -24,54 +24,116 @@ type op uint8
 const (
 	opPeek op = iota
 	opAllow
-	opRefund
+	opSettle
+	opExtend
 )
 
 const (
-	// zoneArgLen is the size of one zone's arguments: algorithm, window,
-	// max, token.
-	zoneArgLen = 1 + 3*8
-	// zoneReplyLen is the size of one zone's reply: allowed, remaining,
-	// reset, token.
+	// requestArgLen is the size of one request's own arguments: op, zones,
+	// wait.
+	requestArgLen = 2 + 8
+	// zoneArgLen is the size of one zone's arguments: kind, window, max,
+	// cost, token, aux.
+	zoneArgLen = 1 + 5*8
+	// requestReplyLen is the size of one request's own reply: its delay.
+	requestReplyLen = 8
+	// zoneReplyLen is the size of one zone's reply: flag, remaining, reset,
+	// token.
 	zoneReplyLen = 1 + 3*8
 )
 
-// appendRequest packs one request's arguments for limit.lua.
-func appendRequest(buf []byte, o op, checks []Check, decisions []Decision) []byte {
+// Reply flags of a zone.
+const (
+	flagDenied = iota
+	flagAllowed
+	flagNever
+)
+
+// appendRequest packs one request's arguments for limit.lua: the costs to
+// reserve for opAllow and opPeek (with leases, the ids of the leases to
+// take), the real costs and what decisions recorded for opSettle and
+// opExtend.
+func appendRequest(buf []byte, o op, checks []Check, decisions []Decision, wait time.Duration, leases []uint64) []byte {
 	buf = append(buf, byte(o), byte(len(checks)))
+	buf = appendFloat(buf, float64(microseconds(wait)))
 	for i, c := range checks {
-		token := int64(-1)
-		if o == opRefund {
-			token = decisions[i].token
+		cost, token, aux := float64(reserved(c)), -1.0, uint64(0)
+		switch {
+		case o >= opSettle:
+			h := decisions[i].held
+			cost, token, aux = float64(c.Cost), float64(h.at), math.Float64bits(float64(h.units))
+			if c.Limit.Algorithm == Concurrency {
+				aux = h.lease
+			}
+		case leases != nil:
+			aux = leases[i]
 		}
 		buf = append(buf, byte(c.Limit.Algorithm))
-		buf = binary.BigEndian.AppendUint64(buf, math.Float64bits(float64(c.Limit.Window.Microseconds())))
-		buf = binary.BigEndian.AppendUint64(buf, math.Float64bits(float64(c.Limit.Max)))
-		buf = binary.BigEndian.AppendUint64(buf, math.Float64bits(float64(token)))
+		buf = appendFloat(buf, float64(microseconds(c.Limit.Window)))
+		buf = appendFloat(buf, float64(c.Limit.Max))
+		buf = appendFloat(buf, cost)
+		buf = appendFloat(buf, token)
+		buf = binary.BigEndian.AppendUint64(buf, aux)
 	}
 	return buf
 }
 
+func appendFloat(buf []byte, f float64) []byte {
+	return binary.BigEndian.AppendUint64(buf, math.Float64bits(f))
+}
+
 // decodeReply fills one request's decisions from its part of the reply. A
-// refund only clears the tokens: what was refunded records nothing more.
-func decodeReply(reply string, o op, decisions []Decision) {
+// settle or an extend changes no exported figure: it spends what it settled,
+// and reports the leases that extend found expired.
+func decodeReply(reply string, o op, checks []Check, decisions []Decision, wait time.Duration, leases []uint64) (lost bool) {
+	delay := time.Duration(replyNumber(reply)) * time.Microsecond
+	reply = reply[requestReplyLen:]
+	if o >= opSettle {
+		for i := range decisions {
+			switch {
+			case o == opSettle:
+				decisions[i].held = holding{}
+			case decisions[i].held.lease != 0 && reply[i*zoneReplyLen] != 1:
+				decisions[i].held = holding{}
+				lost = true
+			}
+		}
+		return lost
+	}
+	admitted := true
 	for i := range decisions {
 		z := reply[i*zoneReplyLen:]
-		if o == opRefund {
-			decisions[i].token = -1
-			continue
-		}
 		d := Decision{
-			Allowed:   z[0] == 1,
+			Allowed:   z[0] == flagAllowed,
+			Never:     z[0] == flagNever,
 			Remaining: int64(replyNumber(z[1:])),
 			Reset:     time.Duration(replyNumber(z[9:])) * time.Microsecond,
-			token:     int64(replyNumber(z[17:])),
 		}
 		if !d.Allowed {
-			d.RetryAfter = d.Reset
+			admitted = false
+			if !d.Never {
+				d.RetryAfter = d.Reset
+				if checks[i].Limit.Algorithm == SlidingLog {
+					d.RetryAfter -= wait.Truncate(time.Microsecond)
+				}
+			}
+		}
+		if o == opAllow {
+			d.held = holding{recorded: true, at: int64(replyNumber(z[17:])), units: reserved(checks[i])}
+			if leases != nil {
+				d.held.lease = leases[i]
+			}
 		}
 		decisions[i] = d
 	}
+	for i := range decisions {
+		if admitted {
+			decisions[i].Delay = delay
+		} else {
+			decisions[i].held = holding{}
+		}
+	}
+	return false
 }
 
 // replyNumber reads a big-endian double from the first 8 bytes of b.
@@ -83,11 +145,14 @@ func replyNumber(b string) float64 {
 	return math.Float64frombits(u)
 }
 
-// checkReply reports a reply that does not hold zones decisions.
-func checkReply(reply any, zones int) (string, error) {
+// replyLen is the size of the reply to requests of zones zones in all.
+func replyLen(requests, zones int) int { return requests*requestReplyLen + zones*zoneReplyLen }
+
+// checkReply reports a reply that is not want bytes long.
+func checkReply(reply any, want int) (string, error) {
 	s, ok := reply.(string)
-	if !ok || len(s) != zones*zoneReplyLen {
-		return "", fmt.Errorf("rate limit script: unexpected reply of %T for %d zones", reply, zones)
+	if !ok || len(s) != want {
+		return "", fmt.Errorf("rate limit script: unexpected reply of %T (%d bytes, want %d)", reply, len(s), want)
 	}
 	return s, nil
 }

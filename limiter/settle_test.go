@@ -7,10 +7,11 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
-// TestRefund: on every store, Refund takes back exactly the admission an
-// earlier Allow recorded, even after later ones, on small and large rings
-// and on counters; a second Refund does nothing.
-func TestRefund(t *testing.T) {
+// TestSettleToZero: on every store, settling to zero takes back exactly the
+// admission an earlier Allow recorded, even after later ones, on small and
+// large rings and on counters, in zones of two clients (two Redis Cluster
+// slots); a second Settle does nothing.
+func TestSettleToZero(t *testing.T) {
 	stores := map[string]func(t *testing.T) Store{
 		"memory": func(t *testing.T) Store {
 			s := NewMemoryStore()
@@ -34,20 +35,18 @@ func TestRefund(t *testing.T) {
 				{"large-log", Limit{Window: time.Minute, Max: 2000}, 900},
 				{"counter", Limit{Window: time.Minute, Max: 5, Algorithm: SlidingCounter}, 2},
 			} {
-				t.Run(c.name, func(t *testing.T) { testRefund(t, newStore(t), c.limit, c.fill) })
+				t.Run(c.name, func(t *testing.T) { testSettleToZero(t, newStore(t), c.limit, c.fill) })
 			}
 		})
 	}
 }
 
-func testRefund(t *testing.T, s Store, lim Limit, fill int) {
-	refunder := s.(Refunder)
-	inspector := s.(Inspector)
+func testSettleToZero(t *testing.T, s Store, lim Limit, fill int) {
 	// Two zones of two clients: on a cluster, two slots.
 	checks := []Check{{Zone: "a", Key: testKey(t), Limit: lim}, {Zone: "b", Key: testKey(t), Limit: lim}}
 	remaining := func() [2]int64 {
 		ds := make([]Decision, 2)
-		if err := inspector.Peek(testContext(t), checks, ds); err != nil {
+		if err := s.Peek(testContext(t), checks, ds); err != nil {
 			t.Fatal(err)
 		}
 		return [2]int64{ds[0].Remaining, ds[1].Remaining}
@@ -57,20 +56,22 @@ func testRefund(t *testing.T, s Store, lim Limit, fill int) {
 		allowN(t, s, checks...)
 	}
 	before := remaining()
-	if err := refunder.Refund(testContext(t), checks, first); err != nil {
+	zero := []Check{checks[0], checks[1]}
+	zero[0].Cost, zero[1].Cost = 0, 0
+	if err := s.Settle(testContext(t), zero, first); err != nil {
 		t.Fatal(err)
 	}
 	after := remaining()
 	if after[0] != before[0]+1 || after[1] != before[1]+1 {
-		t.Errorf("remaining %v before the refund, %v after; want one more in each zone", before, after)
+		t.Errorf("remaining %v before settling to zero, %v after; want one more in each zone", before, after)
 	}
-	if err := refunder.Refund(testContext(t), checks, first); err != nil {
+	if err := s.Settle(testContext(t), zero, first); err != nil {
 		t.Fatal(err)
 	}
 	if again := remaining(); again != after {
-		t.Errorf("a second refund of the same admission: remaining %v, want %v", again, after)
+		t.Errorf("a second settle of the same admission: remaining %v, want %v", again, after)
 	}
-	// A denial records nothing, so its refund takes back nothing.
+	// A denial records nothing, so settling it takes back nothing.
 	denied := make([]Decision, 2)
 	for range lim.Max {
 		denied, _, _ = allowN(t, s, checks...)
@@ -79,10 +80,10 @@ func testRefund(t *testing.T, s Store, lim Limit, fill int) {
 		t.Fatalf("still admitted after max requests: %+v", denied)
 	}
 	full := remaining()
-	if err := refunder.Refund(testContext(t), checks, denied); err != nil {
+	if err := s.Settle(testContext(t), zero, denied); err != nil {
 		t.Fatal(err)
 	}
 	if got := remaining(); got != full {
-		t.Errorf("refund of a denial: remaining %v, want %v", got, full)
+		t.Errorf("settle of a denial: remaining %v, want %v", got, full)
 	}
 }

@@ -1,0 +1,589 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+)
+
+// model is the package's semantics written as plainly as they can be: every
+// admission of a log zone kept in a list, sums recomputed each time, the room
+// found by walking back from the newest admission. It decides one request at
+// a time at a time the test gives; with cluster set, a request whose zones
+// are in different Redis Cluster slots is decided slot by slot, as
+// RedisStore does there.
+type model struct {
+	state   map[memoryKey]*modelState
+	leases  uint64
+	cluster bool
+}
+
+type modelState struct {
+	log              []admission
+	index, cur, prev int64
+	leases           map[uint64]int64
+}
+
+func newModel(cluster bool) *model {
+	return &model{state: make(map[memoryKey]*modelState), cluster: cluster}
+}
+
+func (m *model) get(c Check) *modelState {
+	k := memoryKey{c.Zone, c.Key}
+	if m.state[k] == nil {
+		m.state[k] = &modelState{leases: make(map[uint64]int64)}
+	}
+	return m.state[k]
+}
+
+// allow decides checks at now (o is opAllow or opPeek).
+func (m *model) allow(now int64, o op, checks []Check, ds []Decision) {
+	groups := [][]int{all(len(checks))}
+	if m.cluster {
+		groups = (&RedisStore{cluster: true}).slotGroups(clientTags(checks), all(len(checks)))
+	}
+	if len(groups) == 1 {
+		m.decide(now, o, checks, ds, all(len(checks)), requestWait(checks))
+		return
+	}
+	admitted := true
+	for g, idx := range groups {
+		if o == opPeek || !admitted {
+			m.decide(now, opPeek, checks, ds, idx, 0)
+			continue
+		}
+		m.decide(now, opAllow, checks, ds, idx, 0)
+		if !admittedAt(ds, idx) {
+			admitted = false
+			for _, earlier := range groups[:g] {
+				for _, i := range earlier {
+					m.settleOne(checks[i], ds[i].held, 0)
+					ds[i].held = holding{}
+					ds[i].Remaining += reserved(checks[i])
+				}
+			}
+		}
+	}
+	if !Admitted(ds) {
+		for i := range ds {
+			ds[i].Delay, ds[i].held = 0, holding{}
+		}
+	}
+}
+
+// clientTags returns keys that hash to the Redis Cluster slots of checks.
+func clientTags(checks []Check) []string {
+	keys := make([]string, len(checks))
+	for i, c := range checks {
+		keys[i] = "{" + c.Key + "}"
+	}
+	return keys
+}
+
+// modelZone is one zone's part of a decision.
+type modelZone struct {
+	room, reset int64
+	held        float64
+	ok          bool
+}
+
+// decide decides the checks at idx together, all or nothing, with wait.
+func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int, wait time.Duration) {
+	zs := make([]modelZone, len(checks))
+	at, admit := now, true
+	for _, i := range idx {
+		c, z := checks[i], &zs[i]
+		w, cost := microseconds(c.Limit.Window), reserved(c)
+		st := m.get(c)
+		z.room = now
+		switch c.Limit.Algorithm {
+		case SlidingLog:
+			first := int64(-1)
+			var held int64
+			for _, a := range st.log {
+				if a.at > now-w {
+					held += a.units
+					if first < 0 {
+						first = a.at
+					}
+				}
+			}
+			z.held = float64(held)
+			if first >= 0 {
+				z.reset = first + w - now
+			}
+			if held+cost > c.Limit.Max && cost <= c.Limit.Max {
+				// Walk back from the newest: the first that does not fit
+				// with everything after it must age out.
+				var after int64
+				for j := len(st.log) - 1; j >= 0; j-- {
+					if after+st.log[j].units > c.Limit.Max-cost {
+						z.room = st.log[j].at + w
+						break
+					}
+					after += st.log[j].units
+				}
+			}
+		case SlidingCounter:
+			cur, prev := st.cur, st.prev
+			index := now / w
+			switch {
+			case st.index < index-1:
+				cur, prev = 0, 0
+			case st.index == index-1:
+				cur, prev = 0, st.cur
+			}
+			W, e := float64(w), float64(now-index*w)
+			z.held = float64(prev)*(W-e)/W + float64(cur)
+			need := c.Limit.Max - cost
+			if z.held > float64(need) && need >= 0 {
+				if cur <= need && prev > 0 {
+					z.room = now + int64(math.Ceil(W-float64(need-cur)*W/float64(prev)-e))
+				} else {
+					z.room = now + int64(math.Ceil((W-e)+W-float64(need)*W/float64(cur)))
+				}
+			}
+			z.reset = counterReset(cur, prev, W, e)
+		case Concurrency:
+			first := int64(math.MaxInt64)
+			for _, exp := range st.leases {
+				if exp > now {
+					z.held++
+					first = min(first, exp)
+				}
+			}
+			if z.held > 0 {
+				z.reset = first - now
+			}
+			if z.held+1 > float64(c.Limit.Max) {
+				z.room = now + z.reset
+			}
+		}
+		zoneWait := int64(0)
+		if c.Limit.Algorithm == SlidingLog {
+			zoneWait = microseconds(wait)
+		}
+		z.ok = cost <= c.Limit.Max && z.room-now <= zoneWait
+		if z.ok {
+			at = max(at, z.room)
+		} else {
+			admit = false
+		}
+	}
+	for _, i := range idx {
+		c, z := checks[i], &zs[i]
+		w, cost := microseconds(c.Limit.Window), reserved(c)
+		st := m.get(c)
+		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
+		if admit {
+			d.Delay = time.Duration(at-now) * time.Microsecond
+		}
+		if admit && o == opAllow {
+			z.held += float64(cost)
+			switch c.Limit.Algorithm {
+			case SlidingLog:
+				t := at
+				if n := len(st.log); n > 0 && st.log[n-1].at >= t {
+					t = st.log[n-1].at + 1
+				}
+				var kept []admission
+				for _, a := range st.log {
+					if a.at > now-w {
+						kept = append(kept, a)
+					}
+				}
+				st.log = append(kept, admission{t, cost})
+				if z.reset == 0 {
+					z.reset = t + w - now
+				}
+				d.held = holding{recorded: true, at: t, units: cost}
+			case SlidingCounter:
+				index := now / w
+				cur, prev := st.cur, st.prev
+				switch {
+				case st.index < index-1:
+					cur, prev = 0, 0
+				case st.index == index-1:
+					cur, prev = 0, st.cur
+				}
+				st.index, st.cur, st.prev = index, cur+cost, prev
+				if prev == 0 {
+					z.reset = counterReset(cur+cost, 0, float64(w), float64(now-index*w))
+				}
+				d.held = holding{recorded: true, at: index, units: cost}
+			case Concurrency:
+				for id, exp := range st.leases {
+					if exp <= now {
+						delete(st.leases, id)
+					}
+				}
+				m.leases++
+				st.leases[m.leases] = at + w
+				if z.reset == 0 || at+w-now < z.reset {
+					z.reset = at + w - now
+				}
+				d.held = holding{recorded: true, units: 1, lease: m.leases}
+			}
+		}
+		switch {
+		case d.Never:
+			z.reset = 0
+		case !z.ok:
+			z.reset = z.room - now
+			d.RetryAfter = time.Duration(z.reset) * time.Microsecond
+			if c.Limit.Algorithm == SlidingLog {
+				d.RetryAfter -= wait.Truncate(time.Microsecond)
+			}
+		}
+		d.Remaining = max(0, int64(math.Floor(float64(c.Limit.Max)-z.held)))
+		d.Reset = time.Duration(z.reset) * time.Microsecond
+		ds[i] = d
+	}
+}
+
+func (m *model) settle(checks []Check, ds []Decision) {
+	for i, c := range checks {
+		if ds[i].held.recorded {
+			m.settleOne(c, ds[i].held, c.Cost)
+		}
+		ds[i].held = holding{}
+	}
+}
+
+func (m *model) settleOne(c Check, h holding, cost int64) {
+	st := m.get(c)
+	switch c.Limit.Algorithm {
+	case SlidingLog:
+		for i, a := range st.log {
+			if a.at != h.at {
+				continue
+			}
+			if cost == 0 {
+				st.log = append(st.log[:i], st.log[i+1:]...)
+			} else {
+				st.log[i].units = cost
+			}
+			return
+		}
+	case SlidingCounter:
+		switch st.index {
+		case h.at:
+			st.cur = max(0, st.cur+cost-h.units)
+		case h.at + 1:
+			st.prev = max(0, st.prev+cost-h.units)
+		}
+	case Concurrency:
+		delete(st.leases, h.lease)
+	}
+}
+
+func (m *model) extend(now int64, checks []Check, ds []Decision) error {
+	var err error
+	for i, c := range checks {
+		id := ds[i].held.lease
+		if id == 0 {
+			continue
+		}
+		st := m.get(c)
+		if exp, ok := st.leases[id]; !ok || exp <= now {
+			ds[i].held = holding{}
+			err = ErrLeaseLost
+			continue
+		}
+		st.leases[id] = now + microseconds(c.Limit.Window)
+	}
+	return err
+}
+
+// modelStep is one call of a schedule.
+type modelStep struct {
+	// advance moves the clock before the call, in microseconds; it may be
+	// zero (two calls in one microsecond) or negative (the clock stepped
+	// back).
+	advance int64
+	op      op
+	checks  []Check
+	// of is, for a settle or an extend, the step whose decisions it uses.
+	of int
+	// want is the model's answer.
+	want    []Decision
+	wantErr bool
+}
+
+// The zones of the schedule: a count log whose max changes from call to call
+// (a tenant's quota), a log priced in units, a sliding counter priced in
+// units, and a cap on requests in flight.
+var (
+	modelCount   = Limit{Window: 10 * time.Second, Algorithm: SlidingLog}
+	modelUnits   = Limit{Window: 10 * time.Second, Max: 1000, Algorithm: SlidingLog}
+	modelCounter = Limit{Window: 10 * time.Second, Max: 40, Algorithm: SlidingCounter}
+	modelLeases  = Limit{Window: 2 * time.Second, Max: 3, Algorithm: Concurrency}
+	// modelBulk's ring outgrows what is read whole: it is read by ranges,
+	// grows, and turns into a units ring of many buckets when settled.
+	modelBulk = Limit{Window: time.Minute, Max: 100_000, Algorithm: SlidingLog}
+)
+
+// modelSchedule makes steps random calls with the model's answers.
+func modelSchedule(seed uint64, steps int) []modelStep {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	m := newModel(false)
+	now := int64(1_700_000_000_000_000)
+	var schedule []modelStep
+	var admitted []int // allow steps that recorded something not yet settled
+	decisions := map[int][]Decision{}
+	clients := []string{"c0", "c1", "c2", "c3"}
+	var advance int64 // since the last step made
+	for len(schedule) < steps {
+		st := modelStep{}
+		switch r := rng.IntN(1000); {
+		case r < 30:
+			advance += -1 - rng.Int64N(3000)
+		case r < 130:
+		case r < 140:
+			advance += 5_000_000
+		default:
+			advance += rng.Int64N(10_000)
+		}
+		if rng.IntN(4) == 0 {
+			// Decide later, at the same time or after another step.
+			continue
+		}
+		now += advance
+		st.advance, advance = advance, 0
+		switch r := rng.IntN(100); {
+		case r < 15 && len(admitted) > 0:
+			st.op, st.of = opSettle, admitted[rng.IntN(len(admitted))]
+		case r < 20 && len(admitted) > 0:
+			st.op, st.of = opExtend, admitted[rng.IntN(len(admitted))]
+		case r < 30:
+			st.op = opPeek
+		default:
+			st.op = opAllow
+		}
+		if st.op >= opSettle {
+			// The same checks, with the real costs.
+			from := schedule[st.of]
+			for _, c := range from.checks {
+				switch rng.IntN(4) {
+				case 0:
+					c.Cost = 0
+				case 1:
+					c.Cost = max(0, reserved(c)-1-rng.Int64N(5))
+				case 2:
+					c.Cost = reserved(c) + rng.Int64N(300)
+				}
+				if c.Limit.Algorithm == Concurrency {
+					c.Cost = 0
+				}
+				if c.Zone == "bulk" && len(schedule) < steps*2/3 {
+					// A count ring until late: refunds take entries out.
+					c.Cost = min(c.Cost, 1)
+				}
+				st.checks = append(st.checks, c)
+			}
+			ds := decisions[st.of]
+			if st.op == opSettle {
+				m.settle(st.checks, ds)
+				admitted = deleteValue(admitted, st.of)
+			} else {
+				st.wantErr = m.extend(now, st.checks, ds) != nil
+			}
+			schedule = append(schedule, st)
+			continue
+		}
+		client := clients[rng.IntN(len(clients))]
+		for _, zone := range []string{"count", "units", "counter", "leases", "bulk"} {
+			if zone == "bulk" && rng.IntN(3) != 0 {
+				// Mostly one client: its ring grows.
+				st.checks = append(st.checks, Check{Zone: zone, Key: "c0", Limit: modelBulk})
+				continue
+			}
+			if rng.IntN(3) != 0 {
+				continue
+			}
+			c := Check{Zone: zone, Key: client}
+			if rng.IntN(8) == 0 {
+				// Another client's zone: another slot on a cluster.
+				c.Key = clients[rng.IntN(len(clients))]
+			}
+			switch zone {
+			case "count":
+				c.Limit = modelCount
+				c.Limit.Max = []int64{3, 5, 8, 0}[rng.IntN(31)%4]
+			case "units":
+				c.Limit, c.Cost = modelUnits, 1+rng.Int64N(400)
+				if rng.IntN(20) == 0 {
+					c.Cost += c.Limit.Max // above max: never admitted
+				}
+			case "counter":
+				c.Limit, c.Cost = modelCounter, rng.Int64N(6)
+			case "leases":
+				c.Limit = modelLeases
+			case "bulk":
+				c.Limit = modelBulk
+			}
+			if c.Limit.Algorithm == SlidingLog && rng.IntN(2) == 0 {
+				c.Wait = time.Duration(rng.Int64N(12_000_000)) * time.Microsecond
+			}
+			st.checks = append(st.checks, c)
+		}
+		if len(st.checks) == 0 {
+			st.checks = append(st.checks, Check{Zone: "count", Key: client, Limit: modelCount})
+			st.checks[0].Limit.Max = 5
+		}
+		ds := make([]Decision, len(st.checks))
+		m.allow(now, st.op, st.checks, ds)
+		st.want = make([]Decision, len(ds))
+		for i, d := range ds {
+			st.want[i] = exported(d)
+		}
+		if st.op == opAllow && Admitted(ds) {
+			decisions[len(schedule)] = ds
+			admitted = append(admitted, len(schedule))
+		}
+		schedule = append(schedule, st)
+	}
+	return schedule
+}
+
+func deleteValue(s []int, v int) []int {
+	for i, x := range s {
+		if x == v {
+			return append(s[:i], s[i+1:]...)
+		}
+	}
+	return s
+}
+
+// TestStoresMatchModel runs random schedules on every store and compares
+// every answer with the model's: requests over several zones (count and
+// units logs, counters, leases; of one client or of several, so of several
+// Redis Cluster slots), costs, settling up, down and to zero, waits, leases
+// taken, extended, released and expiring, a max that changes between calls,
+// the clock standing still, creeping, jumping and stepping back. A cluster's
+// answers are those of the model deciding slot by slot.
+func TestStoresMatchModel(t *testing.T) {
+	steps := 3000
+	if testing.Short() {
+		steps = 500
+	}
+	stores := []struct {
+		name    string
+		cluster bool
+		make    func(t *testing.T, now func() int64) Store
+	}{
+		{"memory", false, func(t *testing.T, now func() int64) Store {
+			s := NewMemoryStore()
+			t.Cleanup(func() { s.Close() })
+			s.now = now
+			return s
+		}},
+		{"redis", false, func(t *testing.T, now func() int64) Store {
+			s := newRedisStore(t, testClient, testPrefix(t))
+			s.batch.now = now
+			return s
+		}},
+	}
+	if !testing.Short() {
+		cluster := redistest.StartCluster(t, 3)
+		stores = append(stores, struct {
+			name    string
+			cluster bool
+			make    func(t *testing.T, now func() int64) Store
+		}{"redis-cluster", true, func(t *testing.T, now func() int64) Store {
+			s := newRedisStore(t, cluster.Client(t), testPrefix(t))
+			s.batch.now = now
+			return s
+		}})
+	}
+	for _, seed := range []uint64{1, 2} {
+		schedule := modelSchedule(seed, steps)
+		for _, st := range stores {
+			t.Run(fmt.Sprintf("seed%d/%s", seed, st.name), func(t *testing.T) {
+				runSchedule(t, schedule, st.cluster, st.make)
+			})
+		}
+	}
+}
+
+func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore func(*testing.T, func() int64) Store) {
+	now := int64(1_700_000_000_000_000)
+	s := makeStore(t, func() int64 { return now })
+	m := newModel(cluster)
+	got := make([][]Decision, len(schedule))
+	mine := make([][]Decision, len(schedule))
+	ctx := context.Background()
+	var denied, delayed, never, lost int
+	for i, st := range schedule {
+		now += st.advance
+		ds := make([]Decision, len(st.checks))
+		want := st.want
+		var err error
+		switch st.op {
+		case opAllow, opPeek:
+			md := make([]Decision, len(st.checks))
+			m.allow(now, st.op, st.checks, md)
+			if cluster {
+				want = make([]Decision, len(md))
+				for j, d := range md {
+					want[j] = exported(d)
+				}
+			}
+			mine[i] = md
+			if st.op == opAllow {
+				err = s.Allow(ctx, st.checks, ds)
+			} else {
+				err = s.Peek(ctx, st.checks, ds)
+			}
+		case opSettle:
+			m.settle(st.checks, mine[st.of])
+			err = s.Settle(ctx, st.checks, got[st.of])
+		case opExtend:
+			wantErr := m.extend(now, st.checks, mine[st.of]) != nil
+			err = s.Extend(ctx, st.checks, got[st.of])
+			if errors.Is(err, ErrLeaseLost) != wantErr {
+				t.Fatalf("step %d: extend: %v, want lost %v", i, err, wantErr)
+			}
+			if errors.Is(err, ErrLeaseLost) {
+				lost++
+				err = nil
+			}
+		}
+		if err != nil {
+			t.Fatalf("step %d (%+v): %v", i, st, err)
+		}
+		got[i] = ds
+		for j := range want {
+			if exported(ds[j]) != want[j] {
+				t.Fatalf("step %d at %d, %s of %+v:\ncheck %d: got  %+v\n         want %+v",
+					i, now, []string{"peek", "allow"}[st.op], st.checks, j, exported(ds[j]), want[j])
+			}
+			switch {
+			case ds[j].Never:
+				never++
+			case !ds[j].Allowed:
+				denied++
+			case ds[j].Delay > 0:
+				delayed++
+			}
+		}
+	}
+	if r, ok := s.(*RedisStore); ok && !cluster {
+		ring := readRing(t, testClient, r.Key("bulk", "c0"), now)
+		t.Logf("bulk ring: version %d, cap %d, %d admissions, %d bytes", ring.version, ring.cap, len(ring.times), ring.bytes)
+		if ring.bytes <= ringSmall || ring.version != 2 {
+			t.Errorf("bulk ring: version %d of %d bytes, want a units ring of more than %d", ring.version, ring.bytes, ringSmall)
+		}
+	}
+	// The schedule must reach every case, or it tests little.
+	t.Logf("%d steps: %d denials, %d delayed, %d never, %d leases lost", len(schedule), denied, delayed, never, lost)
+	if denied == 0 || delayed == 0 || never == 0 || lost == 0 {
+		t.Errorf("the schedule missed a case: %d denials, %d delayed, %d never, %d leases lost", denied, delayed, never, lost)
+	}
+}
