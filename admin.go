@@ -101,19 +101,31 @@ type keyState struct {
 	// Identity names the zone's state: name, window, limit (zoneIdentity).
 	Identity string `json:"identity"`
 	// Key is the client key after normalisation, as stored.
-	Key           string  `json:"key"`
-	Limit         int64   `json:"limit"`
+	Key string `json:"key"`
+	// Limit is the zone's max_requests; where each request's comes from a
+	// placeholder (LimitFrom), its fallback.
+	Limit int64 `json:"limit"`
+	// LimitFrom is the placeholder of a zone whose max_requests is each
+	// tenant's own: Remaining and the times are then counted against
+	// Limit, the fallback.
+	LimitFrom     string  `json:"limit_from,omitempty"`
 	WindowSeconds float64 `json:"window_seconds"`
 	Algorithm     string  `json:"algorithm"`
-	// Count is the admissions in the window now; for the counter algorithm
-	// its estimate, rounded up.
-	Count     int64 `json:"count"`
+	// Unit is what Limit, Count and Remaining count: "requests",
+	// "content-bytes" (settle bytes) or "units" (a cost, settle header).
+	Unit string `json:"unit"`
+	// Count is the units used in the window now, past Limit included (a
+	// charge above a reservation); for the counter algorithm its estimate,
+	// rounded up.
+	Count int64 `json:"count"`
+	// Remaining is the units left now.
 	Remaining int64 `json:"remaining"`
-	// ResetSeconds is the time until a slot frees; 0 with no admission in
-	// the window.
+	// ResetSeconds is the time until units next free; 0 with no admission
+	// in the window.
 	ResetSeconds float64 `json:"reset_seconds"`
-	// RetryAfterSeconds is the time until a request would be admitted; 0 if
-	// one would be admitted now.
+	// RetryAfterSeconds is the time until a request would be admitted (of
+	// the zone's fixed cost, or of 1 where requests say their own); 0 if one
+	// would be admitted now.
 	RetryAfterSeconds float64 `json:"retry_after_seconds"`
 }
 
@@ -203,7 +215,12 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
 	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
-	d, err := h.backend.peek(r.Context(), limiter.Check{Zone: z.identity, Key: key, Limit: z.limit})
+	check := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit}
+	if z.units != nil {
+		// The times say when a request of the zone's fixed cost goes.
+		check.Cost = z.units.cost.fixed
+	}
+	d, used, err := h.backend.peek(r.Context(), check)
 	if err != nil {
 		return caddy.APIError{
 			HTTPStatus: http.StatusServiceUnavailable,
@@ -215,9 +232,11 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		Identity:          z.identity,
 		Key:               key,
 		Limit:             z.limit.Max,
+		LimitFrom:         z.MaxRequestsFrom,
 		WindowSeconds:     milliseconds(z.limit.Window),
 		Algorithm:         z.limit.Algorithm.String(),
-		Count:             max(z.limit.Max-d.Remaining, 0),
+		Unit:              z.units.name(),
+		Count:             used,
 		Remaining:         d.Remaining,
 		ResetSeconds:      milliseconds(d.Reset),
 		RetryAfterSeconds: milliseconds(d.RetryAfter),

@@ -126,7 +126,7 @@ http://localhost:9080 {
 	respond "ok"
 }`)
 	s := adminState(t, "adm_get", "alice")
-	if want := (keyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Remaining: 5}); s != want {
+	if want := (keyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
 		t.Errorf("fresh key: %+v, want %+v", s, want)
 	}
 

@@ -74,8 +74,8 @@ type backend struct {
 	timeout   time.Duration
 	failMode  string
 	zones     []string
-	// failures logs failed decisions, refundFailures failed refunds.
-	failures, refundFailures *failureLog
+	// failures logs failed decisions, settleFailures failed settles.
+	failures, settleFailures *failureLog
 	releases                 []func() error
 }
 
@@ -89,7 +89,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		failMode:       cfg.failMode,
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
-		refundFailures: newFailureLog(cfg.logger, "giving back count_status slots failed: they count until they age out", time.Second),
+		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle): their reservations count until they age out", time.Second),
 	}
 	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
@@ -192,33 +192,45 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 	return fromLocal, nil
 }
 
-// refund takes back admissions that src recorded and forgets the denials
-// they may have caused: here, and on every instance when an admission had
-// taken a client's last slot (only then can another instance have cached a
-// denial because of it). A failure is logged: the admissions then count
-// until they age out.
-func (b *backend) refund(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) {
-	if err := b.giveBack(ctx, checks, decisions, src); err != nil {
-		b.refundFailures.record(b.failMode, err)
+// lowering says which denials a settle that changes a check's cost may
+// undo.
+type lowering uint8
+
+const (
+	// notLowered: the cost is the same or higher; no denial lifts.
+	notLowered lowering = iota
+	// loweredHere: a denial this instance's cache holds may lift.
+	loweredHere
+	// loweredEverywhere: a denial any instance caches may lift, since one
+	// may rest on the admission (see Zone.denialMayRestOn).
+	loweredEverywhere
+)
+
+// settle replaces what src recorded for checks with each check's Cost, the
+// real cost (0 takes an admission back), and forgets the denials a lower
+// cost may undo, as lowered says for each: in this instance's deny cache,
+// and on every instance through an announcement. A failure is logged: the
+// reservations then count until they age out.
+func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
+	if err := b.settleIn(ctx, checks, decisions, lowered, src); err != nil {
+		b.settleFailures.record(b.failMode, err)
 	}
 }
 
-func (b *backend) giveBack(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
+func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {
 	var store limiter.Store = b.store
 	if src == fromLocal {
 		store = b.local
-	}
-	// A refund is a settle to zero units.
-	for i := range checks {
-		checks[i].Cost = 0
 	}
 	if err := store.Settle(ctx, checks, decisions); err != nil {
 		return err
 	}
 	for i, c := range checks {
+		if lowered[i] == notLowered {
+			continue
+		}
 		b.cache.Forget(c.Zone, c.Key)
-		lastSlot := decisions[i].Remaining == 0
-		if lastSlot && src == fromStore && b.redis != nil {
+		if lowered[i] == loweredEverywhere && src == fromStore && b.redis != nil {
 			if err := b.conn.AnnounceFreed(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
 				return err
 			}
@@ -236,13 +248,18 @@ func (b *backend) operatorTimeout() time.Duration {
 	return max(b.timeout, operatorMinTimeout)
 }
 
-// peek reads a client's state in a zone from the store, recording nothing.
-func (b *backend) peek(ctx context.Context, check limiter.Check) (limiter.Decision, error) {
+// peek reads a client's state in a zone from the store, recording nothing:
+// the decision a request of check would get, and the units the zone's
+// window holds, read in the same call as the room left under the largest
+// max, exact even past check's max (after a charge above a reservation).
+func (b *backend) peek(ctx context.Context, check limiter.Check) (d limiter.Decision, used int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, b.operatorTimeout())
 	defer cancel()
-	decisions := make([]limiter.Decision, 1)
-	err := b.store.Peek(ctx, []limiter.Check{check}, decisions)
-	return decisions[0], err
+	all := check
+	all.Limit.Max, all.Cost = maxMaxRequests, 0
+	decisions := make([]limiter.Decision, 2)
+	err = b.store.Peek(ctx, []limiter.Check{check, all}, decisions)
+	return decisions[0], maxMaxRequests - decisions[1].Remaining, err
 }
 
 // resetDone records the stores that one reset has reached, so that handlers

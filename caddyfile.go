@@ -31,13 +31,17 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	sliding_ratelimit [<matcher>] {
 //		window       <duration>
-//		max_requests <n>
+//		max_requests <n> | <placeholder> <fallback>
+//		cost         <n> | <placeholder>
+//		settle       header <name> | bytes
 //		key          <string>
 //		algorithm    log|counter
 //		count_status <code|class>...
 //		zone <name> [<window> <max_requests>] {
 //			window       <duration>
-//			max_requests <n>
+//			max_requests <n> | <placeholder> <fallback>
+//			cost         <n> | <placeholder>
+//			settle       header <name> | bytes
 //			key          <string>
 //			algorithm    log|counter
 //			count_status <code|class>...
@@ -58,8 +62,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 // window and max_requests define the zone named "default"; give them, or
 // one or more zones, or both. A zone may be given in short, with or without
-// a block: zone burst 1s 10. key and algorithm at the top are
-// the defaults of every zone. Defaults: key {client_ip}, algorithm log, mode
+// a block: zone burst 1s 10. key, algorithm, count_status, cost and settle
+// at the top are the defaults of every zone. Defaults: key {client_ip}, algorithm log, mode
 // enforce, ipv4_prefix 32, ipv6_prefix 64, fail_mode open, no redis
 // (in-process store), key_prefix srl:, timeout 100ms, headers
 // draft.
@@ -91,7 +95,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.LogKeys = true
 		default:
-			handled, err := parseLimitOption(d, name, &h.Window, &h.MaxRequests, &h.Key, &h.Algorithm, &h.CountStatus)
+			handled, err := parseUnitsOption(d, name, unitsFields{&h.MaxRequests, &h.MaxRequestsFrom, &h.Cost, &h.Settle})
+			if err == nil && !handled {
+				handled, err = parseLimitOption(d, name, &h.Window, &h.Key, &h.Algorithm, &h.CountStatus)
+			}
 			if err != nil {
 				return err
 			}
@@ -118,6 +125,9 @@ func (h *Handler) checkLimitsGiven(d *caddyfile.Dispenser, window, maxRequests b
 		return d.Err("window and max_requests are required (or at least one zone)")
 	}
 	if err := checkZoneNames(window, h.Zones); err != nil {
+		return d.Err(err.Error())
+	}
+	if err := checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom); window && err != nil {
 		return d.Err(err.Error())
 	}
 	return nil
@@ -176,25 +186,19 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 // cases of UnmarshalCaddyfile, parseOption and parseLimitOption (the
 // handler's block), and of parseZone and parseLimitOption (a zone's).
 var (
-	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status"}
+	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
 	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
 		"redis", "key_prefix", "timeout"}, limitSubdirectives...)
 	zoneSubdirectives = append([]string{"match"}, limitSubdirectives...)
 )
 
 // parseLimitOption parses a subdirective that both the handler and a zone
-// take. It reports false for any other name.
-func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duration, max *int64, key, algorithm *string, countStatus *[]int) (bool, error) {
+// take, but for those of units (parseUnitsOption). It reports false for any
+// other name.
+func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duration, key, algorithm *string, countStatus *[]int) (bool, error) {
 	switch name {
 	case "window":
 		return true, positiveDuration(d, name, window)
-	case "max_requests":
-		arg, err := oneArg(d)
-		if err != nil {
-			return true, err
-		}
-		*max, err = parseMaxRequests(d, arg)
-		return true, err
 	case "key":
 		arg, err := oneArg(d)
 		if err != nil {
@@ -252,7 +256,10 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			z.MatchersRaw = caddyhttp.RawMatcherSets{matchers}
 			continue
 		}
-		handled, err := parseLimitOption(d, name, &z.Window, &z.MaxRequests, &z.Key, &z.Algorithm, &z.CountStatus)
+		handled, err := parseUnitsOption(d, name, unitsFields{&z.MaxRequests, &z.MaxRequestsFrom, &z.Cost, &z.Settle})
+		if err == nil && !handled {
+			handled, err = parseLimitOption(d, name, &z.Window, &z.Key, &z.Algorithm, &z.CountStatus)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -270,37 +277,40 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	if !seen["max_requests"] {
 		return nil, d.Errf("zone %s: max_requests is required", z.Name)
 	}
+	if err := checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom); err != nil {
+		return nil, d.Errf("zone %s: %v", z.Name, err)
+	}
 	return z, nil
 }
 
 // subdirectiveSyntax is the form of each subdirective that takes one
 // argument, for errors that say what was expected.
 var subdirectiveSyntax = map[string]string{
-	"window":       "window <duration>",
-	"max_requests": "max_requests <n>",
-	"key":          "key <template>",
-	"algorithm":    "algorithm " + algorithmEnum.syntax(),
-	"mode":         "mode " + modeEnum.syntax(),
-	"fail_mode":    "fail_mode " + failModeEnum.syntax(),
-	"headers":      "headers " + headersEnum.syntax(),
-	"ipv4_prefix":  "ipv4_prefix <bits>",
-	"ipv6_prefix":  "ipv6_prefix <bits>",
-	"key_prefix":   "key_prefix <string>",
-	"timeout":      "timeout <duration>",
+	"window":      "window <duration>",
+	"key":         "key <template>",
+	"algorithm":   "algorithm " + algorithmEnum.syntax(),
+	"mode":        "mode " + modeEnum.syntax(),
+	"fail_mode":   "fail_mode " + failModeEnum.syntax(),
+	"headers":     "headers " + headersEnum.syntax(),
+	"ipv4_prefix": "ipv4_prefix <bits>",
+	"ipv6_prefix": "ipv6_prefix <bits>",
+	"key_prefix":  "key_prefix <string>",
+	"timeout":     "timeout <duration>",
 }
 
 // parseZoneShortForm reads the arguments after a zone's name, the short form
-// zone <name> <window> <max_requests>, and returns the fields it set.
+// zone <name> <window> <max_requests> (which may be a placeholder and its
+// fallback), and returns the fields it set.
 func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error) {
 	seen := make(map[string]bool)
 	switch args := d.RemainingArgs(); len(args) {
 	case 0:
-	case 2:
+	case 2, 3:
 		var err error
 		if z.Window, err = parseDuration(d, "window", args[0]); err != nil {
 			return nil, err
 		}
-		if z.MaxRequests, err = parseMaxRequests(d, args[1]); err != nil {
+		if err := parseMaxRequestsOption(d, args[1:], &z.MaxRequests, &z.MaxRequestsFrom); err != nil {
 			return nil, err
 		}
 		seen["window"], seen["max_requests"] = true, true
@@ -370,17 +380,6 @@ func parseDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Duration, er
 		return 0, d.Err(err.Error())
 	}
 	return caddy.Duration(dur), nil
-}
-
-func parseMaxRequests(d *caddyfile.Dispenser, arg string) (int64, error) {
-	n, err := strconv.ParseInt(arg, 10, 64)
-	if err != nil {
-		return 0, d.Errf("max_requests must be a whole number, got %q", arg)
-	}
-	if err := checkMaxRequests(n); err != nil {
-		return 0, d.Err(err.Error())
-	}
-	return n, nil
 }
 
 // prefixBits parses a prefix length from 1 to max.

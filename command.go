@@ -30,8 +30,9 @@ func init() {
 Reads and changes the state of sliding_ratelimit in a running Caddy through
 its admin API, which must be enabled.
 
-  status --zone <zone> --key <key>   a client's count, remaining requests and
-                                     wait in a zone; records nothing
+  status --zone <zone> --key <key>   a client's units used and left (requests,
+                                     content-bytes or units) and wait in a
+                                     zone; records nothing
   reset  --zone <zone> --key <key>   forgets the client's requests in a zone,
                                      on every instance that shares the store
   blocked [--limit <n>]              the clients this instance holds as blocked,
@@ -120,9 +121,9 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 		if err := json.Unmarshal(body, &s); err != nil {
 			return err
 		}
-		fmt.Fprintln(tw, "ZONE\tIDENTITY\tKEY\tCOUNT\tREMAINING\tRESET\tRETRY AFTER")
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", cell(s.Zone), cell(s.Identity), cell(s.Key),
-			s.Count, s.Remaining, seconds(s.ResetSeconds), seconds(s.RetryAfterSeconds))
+		fmt.Fprintln(tw, "ZONE\tIDENTITY\tKEY\tCOUNT\tREMAINING\tUNIT\tRESET\tRETRY AFTER")
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", cell(s.Zone), cell(s.Identity), cell(s.Key),
+			s.Count, s.Remaining, cell(s.Unit), seconds(s.ResetSeconds), seconds(s.RetryAfterSeconds))
 		return nil
 	})
 }

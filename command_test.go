@@ -118,8 +118,8 @@ func TestCommandSubcommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 ||
-		strings.Join(strings.Fields(lines[0]), " ") != "ZONE IDENTITY KEY COUNT REMAINING RESET RETRY AFTER" ||
-		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "cmd_zone cmd_zone:1m:2 =alice 1 1 ") ||
+		strings.Join(strings.Fields(lines[0]), " ") != "ZONE IDENTITY KEY COUNT REMAINING UNIT RESET RETRY AFTER" ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "cmd_zone cmd_zone:1m:2 =alice 1 1 requests ") ||
 		!strings.HasSuffix(lines[1], " 0s") {
 		t.Errorf("status printed:\n%s", out)
 	}

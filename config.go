@@ -45,9 +45,29 @@ type Handler struct {
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window of
-	// the "default" zone. Denied requests do not count. Required with Window;
-	// at least 1.
+	// the "default" zone, or with a Cost or Settle how many units. Denied
+	// requests do not count. Required with Window; from 1 to 2^48-1. With
+	// MaxRequestsFrom, the fallback.
 	MaxRequests int64 `json:"max_requests,omitempty"`
+
+	// MaxRequestsFrom is a placeholder alone, such as
+	// "{http.request.header.X-Quota}", whose value is each request's
+	// max_requests in the "default" zone: a tenant's own quota. When it is
+	// missing or not a whole number from 1 to 2^48-1, MaxRequests applies,
+	// and the request is counted and logged at most once a minute. Default:
+	// none, MaxRequests holds for every client. See the zone's field.
+	MaxRequestsFrom string `json:"max_requests_from,omitempty"`
+
+	// Cost is what one request spends of max_requests, in the "default"
+	// zone and in every zone that sets none: a whole number of at least 1,
+	// or a placeholder alone read per request (see the zone's field).
+	// Default: 1.
+	Cost string `json:"cost,omitempty"`
+
+	// Settle replaces, after the response, what a request reserved with
+	// what it really cost, in the "default" zone and in every zone that
+	// sets none (see Settle). Default: none, the reservation stands.
+	Settle *Settle `json:"settle,omitempty"`
 
 	// Key identifies the client, with placeholders expanded per request; it
 	// is also the key of every zone that sets none. Default:
@@ -145,12 +165,13 @@ type Handler struct {
 	// backend is the door to the stores: deny cache, store, breaker,
 	// fallback.
 	backend *backend
-	// countStatus is set when a zone has count_status, so that admitted
-	// requests are followed to their response.
-	countStatus bool
-	events      *caddyevents.App
-	ctx         caddy.Context
-	logger      *zap.Logger
+	// afterResponse is set when a zone acts after the response
+	// (count_status, settle) or counts units, so that admitted requests are
+	// followed to it.
+	afterResponse bool
+	events        *caddyevents.App
+	ctx           caddy.Context
+	logger        *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -267,18 +288,18 @@ func (h *Handler) setDefaults() {
 func (h *Handler) provisionZones(ctx caddy.Context) error {
 	h.zones = h.zones[:0]
 	if h.Window != 0 || h.MaxRequests != 0 {
-		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests, CountStatus: h.CountStatus})
+		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests, MaxRequestsFrom: h.MaxRequestsFrom, CountStatus: h.CountStatus})
 	}
 	h.zones = append(h.zones, h.Zones...)
-	h.countStatus = false
-	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus}
+	h.afterResponse = false
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, Settle: h.Settle}
 	for _, z := range h.zones {
 		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
 		}
 		z.prepareHeaders()
 		z.bindMetrics()
-		h.countStatus = h.countStatus || len(z.CountStatus) > 0
+		h.afterResponse = h.afterResponse || z.followsResponse() || z.units != nil
 	}
 	return nil
 }
@@ -292,7 +313,8 @@ func (h *Handler) Validate() error {
 	}
 	var errs []error
 	if hasDefault {
-		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests))
+		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
+			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom))
 	}
 	// Provision has set the defaults of the optional fields.
 	errs = append(errs,
@@ -308,7 +330,13 @@ func (h *Handler) Validate() error {
 		topologyEnum.check(h.RedisTopology),
 		checkZoneNames(hasDefault, h.Zones),
 		checkCountStatus(h.CountStatus),
+		checkCost(h.Cost),
+		checkSettle(h.Settle),
+		checkMaxRequestsFrom(h.MaxRequestsFrom),
 	)
+	if h.MaxRequestsFrom != "" && !hasDefault {
+		errs = append(errs, errors.New("max_requests_from needs window and max_requests (its fallback); a zone has its own"))
+	}
 	for _, z := range h.Zones {
 		errs = append(errs, z.validate())
 	}

@@ -38,12 +38,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.failed(w, r, next, &req, err)
 	}
 	shown := mostRestrictive(req.decisions)
-	writeHeaders(w.Header(), h.Headers, req.zones, req.decisions, shown)
-	setPlaceholders(r, repl, req.zones[shown], req.decisions[shown])
+	writeHeaders(w.Header(), h.Headers, req.zones, req.checks, req.decisions, shown)
+	setPlaceholders(r, repl, req.zones[shown], req.checks[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {
 		count(req.zones, source.allowed())
-		if h.countStatus {
-			return serveCounted(w, r, next, h.backend, &req, source)
+		if h.afterResponse {
+			return serveSettled(w, r, next, h.backend, &req, source)
 		}
 		return next.ServeHTTP(w, r)
 	}
@@ -81,7 +81,11 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 	if h.Mode == modeReport {
 		return next.ServeHTTP(w, r)
 	}
-	w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
+	if !d.Never {
+		// A request that costs more than the zone's max is never admitted:
+		// a Retry-After would send it back for nothing.
+		w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
+	}
 	return refuse(w, r, http.StatusTooManyRequests, errRateLimited)
 }
 
@@ -136,7 +140,8 @@ func count(zones []*Zone, result string) {
 }
 
 // mostRestrictive picks the decision the headers report: among denying zones
-// the one that admits last; else the one with the fewest requests left.
+// one that never admits the request (its cost is above the zone's max), else
+// the one that admits last; else the one with the fewest units left.
 func mostRestrictive(decisions []limiter.Decision) int {
 	shown := 0
 	for i, d := range decisions[1:] {
@@ -148,7 +153,7 @@ func mostRestrictive(decisions []limiter.Decision) int {
 				shown = i
 			}
 		case !d.Allowed:
-			if d.RetryAfter > s.RetryAfter {
+			if d.Never && !s.Never || d.Never == s.Never && d.RetryAfter > s.RetryAfter {
 				shown = i
 			}
 		case d.Remaining < s.Remaining || d.Remaining == s.Remaining && d.Reset > s.Reset:

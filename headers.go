@@ -14,28 +14,57 @@ import (
 func (z *Zone) prepareHeaders() {
 	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
 	z.quotedName = strconv.Quote(z.Name)
-	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+	z.policy = z.policyItem(z.maxText)
+}
+
+// policyItem is the zone's RateLimit-Policy item for a call whose max is
+// maxText, in the zone's units: the draft's quota-unit parameter qu where
+// the draft has a value for the unit ("content-bytes"), none for requests
+// (its default) and none for units it has no value for (tokens, a cost).
+func (z *Zone) policyItem(maxText string) string {
+	item := z.quotedName + ";q=" + maxText
+	if z.units.name() == unitContentBytes {
+		item += `;qu="content-bytes"`
+	}
+	return item + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+}
+
+// maxOf is the text of a call's max, precomputed for the zone's own.
+func (z *Zone) maxOf(max int64) string {
+	if max == z.limit.Max {
+		return z.maxText
+	}
+	return strconv.FormatInt(max, 10)
+}
+
+// policyOf is the RateLimit-Policy item of zone z in a call with check c:
+// precomputed unless the call has a max of its own (a tenant's quota).
+func policyOf(z *Zone, c limiter.Check) string {
+	if c.Limit.Max == z.limit.Max {
+		return z.policy
+	}
+	return z.policyItem(z.maxOf(c.Limit.Max))
 }
 
 // writeHeaders sets the rate-limit headers of a decision
-// (draft-ietf-httpapi-ratelimit-headers-11):
+// (draft-ietf-httpapi-ratelimit-headers-11), in each zone's units:
 //
-//	RateLimit-Policy: "<zone>";q=<max>;w=<window seconds>, ... (every zone applied)
-//	RateLimit: "<zone>";r=<remaining>;t=<seconds until a slot frees> (the most restrictive)
+//	RateLimit-Policy: "<zone>";q=<max>[;qu="<unit>"];w=<window seconds>, ... (every zone applied)
+//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free> (the most restrictive)
 //
 // and with mode legacy also X-RateLimit-Limit, X-RateLimit-Remaining and
 // X-RateLimit-Reset (seconds) of the most restrictive zone. It runs on every
 // request: the values share one backing array, and the RateLimit item is
 // built in one allocation.
-func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter.Decision, shown int) {
+func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Check, decisions []limiter.Decision, shown int) {
 	if mode == headersOff {
 		return
 	}
-	policy := zones[0].policy
+	policy := policyOf(zones[0], checks[0])
 	if len(zones) > 1 {
 		items := make([]string, len(zones))
 		for i, z := range zones {
-			items[i] = z.policy
+			items[i] = policyOf(z, checks[i])
 		}
 		policy = strings.Join(items, ", ")
 	}
@@ -56,7 +85,7 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter
 	}
 	values := make([]string, 5)
 	values[0], values[1] = policy, string(item)
-	values[2] = z.maxText
+	values[2] = z.maxOf(checks[shown].Limit.Max)
 	values[3] = strconv.FormatInt(d.Remaining, 10)
 	values[4] = formatSeconds(d.Reset)
 	h["Ratelimit-Policy"], h["Ratelimit"] = values[0:1:1], values[1:2:2]

@@ -65,7 +65,7 @@ func TestWriteHeaders(t *testing.T) {
 		{headersOff, http.Header{}},
 	} {
 		h := http.Header{}
-		writeHeaders(h, c.mode, []*Zone{burst, hourly}, decisions, 0)
+		writeHeaders(h, c.mode, []*Zone{burst, hourly}, []limiter.Check{{Limit: burst.limit}, {Limit: hourly.limit}}, decisions, 0)
 		if len(h) != len(c.want) {
 			t.Errorf("%s: headers %v, want %v", c.mode, h, c.want)
 		}
@@ -90,8 +90,8 @@ func TestPlaceholdersShowTheLastDecision(t *testing.T) {
 		if prepared {
 			r = caddyhttp.PrepareRequest(r, repl, httptest.NewRecorder(), nil)
 		}
-		setPlaceholders(r, repl, first, limiter.Decision{Allowed: true, Remaining: 4})
-		setPlaceholders(r, repl, second, limiter.Decision{RetryAfter: 1500 * time.Millisecond})
+		setPlaceholders(r, repl, first, limiter.Check{}, limiter.Decision{Allowed: true, Remaining: 4})
+		setPlaceholders(r, repl, second, limiter.Check{}, limiter.Decision{RetryAfter: 1500 * time.Millisecond})
 		got := repl.ReplaceAll("{http.sliding_ratelimit.zone} {http.sliding_ratelimit.limit} {http.sliding_ratelimit.remaining} {http.sliding_ratelimit.retry_after}", "")
 		if want := "second 9 0 2"; got != want {
 			t.Errorf("prepared %v: placeholders %q, want %q", prepared, got, want)

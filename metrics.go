@@ -55,6 +55,9 @@ func initMetrics(registry *prometheus.Registry) error {
 		})
 		m.circuitState = redisconn.CircuitState()
 	})
+	if err := initUnitMetrics(registry); err != nil {
+		return err
+	}
 	if registry == nil {
 		return nil
 	}

@@ -16,7 +16,7 @@ import (
 // used; a later decision on the same request (a second handler) replaces
 // the earlier one. The request's provider is found through its vars, a map
 // lookup, rather than through the replacer, which asks every provider.
-func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, d limiter.Decision) {
+func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, c limiter.Check, d limiter.Decision) {
 	vars, _ := r.Context().Value(caddyhttp.VarsCtxKey).(map[string]any)
 	if vars == nil {
 		// Not a request Caddy's server prepared; keep the provider in the
@@ -29,10 +29,10 @@ func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, d limiter.D
 		}
 	}
 	if p, ok := vars[placeholdersVar].(*decisionPlaceholders); ok {
-		p.zone, p.decision = z, d
+		p.zone, p.check, p.decision = z, c, d
 		return
 	}
-	p := &decisionPlaceholders{zone: z, decision: d}
+	p := &decisionPlaceholders{zone: z, check: c, decision: d}
 	vars[placeholdersVar] = p
 	repl.Map(p.replace)
 }
@@ -42,6 +42,7 @@ const placeholdersVar = "sliding_ratelimit.decision"
 
 type decisionPlaceholders struct {
 	zone     *Zone
+	check    limiter.Check
 	decision limiter.Decision
 }
 
@@ -59,7 +60,11 @@ func (p *decisionPlaceholders) replace(key string) (any, bool) {
 	case "zone":
 		return p.zone.Name, true
 	case "limit":
-		return p.zone.maxText, true
+		return p.zone.maxOf(p.check.Limit.Max), true
+	case "unit":
+		return p.zone.units.name(), true
+	case "cost":
+		return max(p.check.Cost, 1), true
 	case "remaining":
 		return p.decision.Remaining, true
 	case "retry_after":

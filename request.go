@@ -37,7 +37,11 @@ func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer
 		if !applies {
 			continue
 		}
-		req.checks = append(req.checks, limiter.Check{Zone: z.identity, Key: req.key(r, repl, z, ipv4Bits, ipv6Bits), Limit: z.limit})
+		c := limiter.Check{Zone: z.identity, Key: req.key(r, repl, z, ipv4Bits, ipv6Bits), Limit: z.limit}
+		if z.units != nil {
+			z.units.price(r, repl, &c)
+		}
+		req.checks = append(req.checks, c)
 		req.zones = append(req.zones, z)
 	}
 	if len(req.checks) <= maxInlineZones {
@@ -61,18 +65,4 @@ func (req *request) key(r *http.Request, repl *caddy.Replacer, z *Zone, ipv4Bits
 		z.fallbacks.record(z.Key)
 	}
 	return key
-}
-
-// uncounted returns the checks and decisions of the zones that do not count
-// a response with status (see Zone.counts).
-func (req *request) uncounted(status int) ([]limiter.Check, []limiter.Decision) {
-	var checks []limiter.Check
-	var decisions []limiter.Decision
-	for i, z := range req.zones {
-		if !z.counts(status) {
-			checks = append(checks, req.checks[i])
-			decisions = append(decisions, req.decisions[i])
-		}
-	}
-	return checks, decisions
 }

@@ -82,11 +82,74 @@ func checkPositive(field string, d time.Duration) error {
 	return nil
 }
 
+// maxMaxRequests is the largest max_requests: the engine keeps a zone's
+// running sums of units modulo 2^48.
+const maxMaxRequests = 1<<48 - 1
+
 func checkMaxRequests(n int64) error {
 	if n < 1 {
 		return fmt.Errorf("max_requests must be at least 1, got %d", n)
 	}
+	if n > maxMaxRequests {
+		return fmt.Errorf("max_requests must be at most 2^48-1 (%d), got %d", int64(maxMaxRequests), n)
+	}
 	return nil
+}
+
+// checkMaxRequestsFrom accepts a placeholder alone, whose value is each
+// request's max_requests.
+func checkMaxRequestsFrom(placeholder string) error {
+	if placeholder != "" && !isPlaceholder(placeholder) {
+		return fmt.Errorf("max_requests_from must be a placeholder alone, such as {http.request.header.X-Quota}, got %q", placeholder)
+	}
+	return nil
+}
+
+// checkCost accepts a whole number of at least 1, or a placeholder alone.
+func checkCost(cost string) error {
+	if cost == "" || isPlaceholder(cost) {
+		return nil
+	}
+	if n, ok := parseCount(cost); !ok || n < 1 {
+		return fmt.Errorf("cost must be a whole number of at least 1, or a placeholder alone such as {http.request.header.X-Cost}, got %q", cost)
+	}
+	return nil
+}
+
+// checkCostFits rejects a fixed cost above a fixed max_requests: no request
+// would ever be admitted.
+func checkCostFits(cost string, maxRequests int64, maxRequestsFrom string) error {
+	if n, ok := parseCount(cost); ok && maxRequestsFrom == "" && n > maxRequests {
+		return fmt.Errorf("cost %d is above max_requests %d: no request would ever be admitted", n, maxRequests)
+	}
+	return nil
+}
+
+// checkSettle accepts a header name or bytes, one of them.
+func checkSettle(s *Settle) error {
+	switch {
+	case s == nil:
+		return nil
+	case s.Bytes && s.Header != "":
+		return fmt.Errorf("settle takes a header or bytes, not both (header %q)", s.Header)
+	case !s.Bytes && s.Header == "":
+		return errors.New("settle needs a header (settle header X-Usage) or bytes (settle bytes)")
+	case !isToken(s.Header) && !s.Bytes:
+		return fmt.Errorf("settle header: %q is not a header name", s.Header)
+	}
+	return nil
+}
+
+// isToken reports whether s is an HTTP token, as header names are
+// (RFC 9110, section 5.6.2).
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
 }
 
 func checkPrefixBits(field string, n, most int) error {

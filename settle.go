@@ -5,19 +5,120 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// serveCounted passes an admitted request on and then, when its response
-// has a status that a zone's count_status does not list, gives back the
-// admission that zone recorded, in the store that recorded it (the backend
-// also forgets the denials it may have caused).
-func serveCounted(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, b *backend, req *request, src source) error {
-	sw := newStatusWriter(w)
-	err := next.ServeHTTP(sw, r)
-	if checks, decisions := req.uncounted(sw.finalStatus(err)); len(checks) > 0 {
-		// The client may be gone; the admission is given back all the
-		// same.
-		b.refund(context.WithoutCancel(r.Context()), checks, decisions, src)
+// followsResponse reports whether the zone acts once the response is done:
+// it counts by status, or settles.
+func (z *Zone) followsResponse() bool {
+	return len(z.CountStatus) > 0 || z.units != nil && z.units.settle != nil
+}
+
+// serveSettled passes an admitted request on and then settles, in one store
+// call, what each zone's admission really cost: zero when the response's
+// status is one that the zone's count_status does not list, the usage or
+// the bytes that settle reads, and otherwise the reservation, which stands
+// and needs no call. It settles in the store that recorded the admissions;
+// the backend also forgets the denials that a lower cost may undo.
+//
+// The step is deferred, so that it runs when a later handler panics too:
+// reverse_proxy aborts a stream that breaks mid-way with
+// http.ErrAbortHandler, and the bytes sent until then are paid for.
+func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, b *backend, req *request, src source) (err error) {
+	if !req.followsResponse() {
+		req.spent()
+		return next.ServeHTTP(w, r)
 	}
-	return err
+	m := newResponseMeter(w)
+	defer func() {
+		s := req.settlement(m, m.finalStatus(err))
+		if len(s.checks) > 0 {
+			// The client may be gone; the request is settled all the same.
+			b.settle(context.WithoutCancel(r.Context()), s.checks, s.decisions, s.lowered, src)
+		}
+	}()
+	return next.ServeHTTP(m, r)
+}
+
+// followsResponse reports whether any of the request's zones acts once the
+// response is done.
+func (req *request) followsResponse() bool {
+	for _, z := range req.zones {
+		if z.followsResponse() {
+			return true
+		}
+	}
+	return false
+}
+
+// settlement is what the settle step changes: the checks whose cost is not
+// what they reserved, with the real cost, and their decisions; lowered says
+// which denials each may undo.
+type settlement struct {
+	checks    []limiter.Check
+	decisions []limiter.Decision
+	lowered   []lowering
+}
+
+// settlement returns what the response that m metered, with status, really
+// cost in each zone, and counts the units each zone admitted.
+func (req *request) settlement(m *responseMeter, status int) settlement {
+	var s settlement
+	for i, z := range req.zones {
+		c := req.checks[i]
+		reserved := max(c.Cost, 1)
+		cost := reserved
+		switch {
+		case !z.counts(status):
+			cost = 0
+		case z.units != nil && z.units.settle != nil:
+			if n, ok, why := z.units.settle.cost(m, c.Limit.Max); ok {
+				cost = n
+			} else {
+				z.units.settleFallbacks.record(z.units.settleSource, why)
+			}
+		}
+		if z.units != nil {
+			z.units.admitted.Add(float64(cost))
+		}
+		if cost == reserved {
+			continue
+		}
+		c.Cost = cost
+		s.checks = append(s.checks, c)
+		s.decisions = append(s.decisions, req.decisions[i])
+		lowered := notLowered
+		if cost < reserved {
+			lowered = loweredHere
+			if z.denialMayRestOn(req.checks[i], req.decisions[i]) {
+				lowered = loweredEverywhere
+			}
+		}
+		s.lowered = append(s.lowered, lowered)
+	}
+	return s
+}
+
+// spent counts the units each zone admitted with the request, when they are
+// known as it goes on: its reservations.
+func (req *request) spent() {
+	for i, z := range req.zones {
+		if z.units != nil {
+			z.units.admitted.Add(float64(max(req.checks[i].Cost, 1)))
+		}
+	}
+}
+
+// denialMayRestOn reports whether a denial that another instance caches may
+// rest on the admission of check c that decision d recorded, so that taking
+// some of it back must be announced (backend.settle): when the room it left
+// (d.Remaining) was less than what a request of the zone may reserve, or
+// when the zone settles, since another request's charge above its
+// reservation can take the room left afterwards.
+func (z *Zone) denialMayRestOn(c limiter.Check, d limiter.Decision) bool {
+	if z.units == nil {
+		return d.Remaining < max(c.Cost, 1)
+	}
+	return z.units.settle != nil || d.Remaining < z.units.cost.largest(c.Limit.Max)
 }

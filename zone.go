@@ -34,9 +34,41 @@ type Zone struct {
 	// zero.
 	Window caddy.Duration `json:"window,omitempty"`
 
-	// MaxRequests is how many requests one client may make in any Window.
-	// Denied requests do not count. Required; at least 1.
+	// MaxRequests is how many requests one client may make in any Window,
+	// or with a Cost or Settle how many units (tokens, bytes). Denied
+	// requests do not count. Required; from 1 to 2^48-1. With
+	// MaxRequestsFrom, the fallback.
 	MaxRequests int64 `json:"max_requests,omitempty"`
+
+	// MaxRequestsFrom is a placeholder alone whose value is each request's
+	// max_requests: a tenant's own quota, such as
+	// "{http.request.header.X-Quota}" that forward_auth copies from the auth
+	// service's answer (deleting the client's own first), a map output or
+	// "{http.vars.quota}". A header, query parameter or cookie counts by its
+	// first value. When the value is missing or not a whole number from 1 to
+	// 2^48-1, MaxRequests applies (never "unlimited"), and the request is
+	// counted (max_requests_fallbacks_total) and logged at most once a
+	// minute. The zone's identity says "per-tenant" instead of a number, so a
+	// tenant whose quota changes keeps its window. Default: none.
+	MaxRequestsFrom string `json:"max_requests_from,omitempty"`
+
+	// Cost is what one request spends of MaxRequests, which is then a
+	// budget in units: a whole number of at least 1, or a placeholder alone
+	// read per request, such as "{http.request.header.X-Cost}" (its first
+	// value) or "{http.vars.cost}" set by an earlier handler. A request value
+	// never makes a request free or negative: a value that is missing or
+	// not a whole number of at least 1 ("0", "-5", "1e9", "NaN") reserves 1,
+	// counted (cost_fallbacks_total) and logged at most once a minute; a
+	// value above the call's max_requests, however large, is denied with 429
+	// and no Retry-After, since no wait admits it. Default: the handler's
+	// cost, else 1.
+	Cost string `json:"cost,omitempty"`
+
+	// Settle replaces, after the response, what a request reserved (Cost)
+	// with what it really cost: a response header or trailer, or the
+	// response body's bytes (see Settle). Default: the handler's settle,
+	// else none: the reservation stands.
+	Settle *Settle `json:"settle,omitempty"`
 
 	// Key identifies the client in this zone, with placeholders expanded per
 	// request (see the handler's key). Default: the handler's key.
@@ -72,6 +104,9 @@ type Zone struct {
 	// cache hits (see bindMetrics).
 	decisions map[string]prometheus.Counter
 	cacheHits prometheus.Counter
+	// units is what a request costs and settles to when that is not one
+	// request of MaxRequests; nil otherwise (see provisionUnits).
+	units *zoneUnits
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
@@ -86,6 +121,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	}
 	if z.CountStatus == nil {
 		z.CountStatus = defaults.CountStatus
+	}
+	if z.Cost == "" {
+		z.Cost = defaults.Cost
+	}
+	if z.Settle == nil {
+		z.Settle = defaults.Settle
 	}
 	if z.MatchersRaw != nil {
 		mods, err := ctx.LoadModule(z, "MatchersRaw")
@@ -104,7 +145,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 				zap.String("zone", z.Name), zap.Int64("max_requests", z.MaxRequests))
 		}
 	}
-	z.identity = zoneIdentity(z.Name, z.limit, z.CountStatus)
+	z.units = newZoneUnits(z.Name, z.Cost, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
+	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
 	z.key = parseKeyTemplate(z.Key)
 	for _, name := range z.key.placeholderNames() {
 		if !knownPlaceholder(name) {
@@ -149,6 +191,10 @@ func (z *Zone) validate() error {
 		checkKeyTemplate(z.Key),
 		algorithmEnum.check(z.Algorithm),
 		checkCountStatus(z.CountStatus),
+		checkCost(z.Cost),
+		checkSettle(z.Settle),
+		checkMaxRequestsFrom(z.MaxRequestsFrom),
+		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
 	} {
 		if err != nil {
 			if z.Name == "" {

@@ -9,21 +9,29 @@ import (
 )
 
 // zoneIdentity names a zone's state in Redis keys and deny caches: its name,
-// window, max_requests and, for the counter, its algorithm, and what its
-// count_status counts, as in "default:1m:100", "api:1h:1000:counter" or
-// "login:10m:3:401,4xx". Two handlers share a zone's state
-// exactly when their zones agree on all of these (and on the Redis and the
-// key prefix), so two sites that both use the three-line form with different
+// window, max_requests (or "per-tenant" when each request's max comes from
+// a placeholder), then for the counter its algorithm, what its count_status
+// counts, and what it settles to, as in "default:1m:100",
+// "api:1h:1000:counter", "login:10m:3:401,4xx", "tenants:1m:per-tenant" or
+// "downloads:1h:1000000000:bytes". Two handlers share a zone's state exactly
+// when their zones agree on all of these (and on the Redis and the key
+// prefix), so two sites that both use the three-line form with different
 // limits never count each other's requests, while handlers that are meant to
 // share one limit say so by giving their zones the same name and limit.
-// Changing a zone's limit or algorithm on a reload starts its clients over.
-func zoneIdentity(name string, limit limiter.Limit, countStatus []int) string {
+// Changing a zone's limit, algorithm or unit on a reload starts its clients
+// over; a tenant's quota that changes does not, nor does a cost (requests
+// priced differently still spend one budget).
+func zoneIdentity(name string, limit limiter.Limit, perTenant bool, countStatus []int, settle *Settle) string {
 	var b strings.Builder
 	b.WriteString(name)
 	b.WriteByte(':')
 	b.WriteString(formatWindow(limit.Window))
 	b.WriteByte(':')
-	b.WriteString(strconv.FormatInt(limit.Max, 10))
+	if perTenant {
+		b.WriteString("per-tenant")
+	} else {
+		b.WriteString(strconv.FormatInt(limit.Max, 10))
+	}
 	if limit.Algorithm == limiter.SlidingCounter {
 		b.WriteString(":counter")
 	}
@@ -37,6 +45,13 @@ func zoneIdentity(name string, limit limiter.Limit, countStatus []int) string {
 		if status < 10 {
 			b.WriteString("xx")
 		}
+	}
+	switch {
+	case settle == nil:
+	case settle.Bytes:
+		b.WriteString(":bytes")
+	default:
+		b.WriteString(":header-" + strings.ToLower(settle.Header))
 	}
 	return b.String()
 }

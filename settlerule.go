@@ -1,0 +1,73 @@
+package slidingratelimit
+
+import (
+	"net/http"
+	"net/textproto"
+)
+
+// Settle says how a zone learns what a request really cost, which is known
+// only once its response is: the request reserves its cost (see the zone's
+// cost, default 1) before it goes on, and is admitted while the window has
+// room for that reservation; after the response, the reservation is replaced
+// by the real cost, so the client pays in full for what it used, even past
+// max_requests (it then waits until enough ages out). Set one of its fields.
+type Settle struct {
+	// Header names a response header, or trailer, whose value is the real
+	// cost, such as the token usage an LLM upstream reports. reverse_proxy
+	// copies an upstream's trailers into the response's header map at the
+	// end of the body, where the value is read once the response is done;
+	// a trailer wins over a header of the same name. The value is a whole
+	// number of units, 0 included; a value above the call's max_requests
+	// counts as max_requests (a charge above it blocks for one window,
+	// whatever its size). No value, or one that is not a whole number
+	// ("-5", "1.5", "abc"): the reservation stands, and the request is
+	// counted and logged at most once a minute per zone.
+	Header string `json:"header,omitempty"`
+
+	// Bytes settles a request to the bytes of its response body as they
+	// leave this handler (compressed, when encode runs after it, as it does
+	// in Caddy's directive order), at most the call's max_requests. A
+	// response with no body (HEAD, 304) costs 0; bytes after a protocol
+	// switch (a WebSocket) are not counted.
+	Bytes bool `json:"bytes,omitempty"`
+
+	// header is Header in canonical form.
+	header string
+}
+
+// provision precomputes what each response needs.
+func (s *Settle) provision() {
+	s.header = textproto.CanonicalMIMEHeaderKey(s.Header)
+}
+
+// cost returns what the response m metered cost, at most max. ok is false
+// when it says nothing usable: the reservation then stands, and why says
+// why.
+func (s *Settle) cost(m *responseMeter, max int64) (cost int64, ok bool, why string) {
+	if s.Bytes {
+		return min(m.bytes, max), true, ""
+	}
+	v := usage(m.Header(), s.header)
+	n, ok := parseCount(v)
+	if !ok {
+		if v == "" {
+			return 0, false, valueMissing
+		}
+		return 0, false, valueNotWhole
+	}
+	return min(n, max), true, ""
+}
+
+// usage reads the value of header name (canonical) once a response is done:
+// a trailer that was not announced in the Trailer header (kept under
+// http.TrailerPrefix), else the header's last value (an announced trailer is
+// added after the header of its name).
+func usage(h http.Header, name string) string {
+	if v := h[http.TrailerPrefix+name]; len(v) > 0 {
+		return v[len(v)-1]
+	}
+	if v := h[name]; len(v) > 0 {
+		return v[len(v)-1]
+	}
+	return ""
+}
