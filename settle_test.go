@@ -1,0 +1,300 @@
+package slidingratelimit
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// TestSettleHeaderFromUpstream: through Caddy, reverse_proxy and Redis, a
+// request reserves 1 unit and is settled to the usage its upstream reports
+// in a header or a trailer (announced or not; a trailer wins over the
+// header of its name). An upstream that reports nothing or garbage leaves
+// the reservation, counted in the metric; an enormous number is capped at
+// max_requests, which blocks the client for the window; 0 is a refund.
+func TestSettleHeaderFromUpstream(t *testing.T) {
+	upstream := usageUpstream(t)
+	zone := uniqueZone("tokens")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 100 {
+			settle header X-Usage
+			key {http.request.header.X-Client}
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+`
+}`)
+	fallbacks := 0
+	for _, c := range []struct {
+		name     string
+		ask      map[string][]string
+		want     int64
+		fallback bool
+	}{
+		{"header", map[string][]string{"X-Test-Usage": {"30"}}, 30, false},
+		{"trailer", map[string][]string{"X-Test-Trailer": {"20"}}, 20, false},
+		{"late-trailer", map[string][]string{"X-Test-Late-Trailer": {"25"}}, 25, false},
+		{"streamed-trailer", map[string][]string{"X-Test-Trailer": {"45"}, "X-Test-Bytes": {"3000"}, "X-Test-Chunk": {"100"}}, 45, false},
+		{"trailer-wins", map[string][]string{"X-Test-Usage": {"10"}, "X-Test-Trailer": {"40"}}, 40, false},
+		{"zero", map[string][]string{"X-Test-Usage": {"0"}}, 0, false},
+		{"error-status", map[string][]string{"X-Test-Usage": {"12"}, "X-Test-Status": {"500"}}, 12, false},
+		{"none", nil, 1, true},
+		{"garbage", map[string][]string{"X-Test-Usage": {"lots"}}, 1, true},
+		{"negative", map[string][]string{"X-Test-Usage": {"-5"}}, 1, true},
+		{"fraction", map[string][]string{"X-Test-Usage": {"1.5"}}, 1, true},
+		{"enormous", map[string][]string{"X-Test-Usage": {"99999999999999999999"}}, 100, false},
+	} {
+		client := "c-" + c.name
+		res := send(t, site, from("127.0.0.2"), withHeader("X-Client", client), withHeaders(c.ask))
+		if !strings.HasPrefix(res.header.Get("RateLimit"), `"`+zone+`";r=99;`) {
+			t.Errorf("%s: RateLimit %q, want r=99: the reservation of 1", c.name, res.header.Get("RateLimit"))
+		}
+		if got := unitsUsed(t, zone, client, c.want); got != c.want {
+			t.Errorf("%s: %d units used after the response, want %d", c.name, got, c.want)
+		}
+		if c.fallback {
+			fallbacks++
+		}
+	}
+	if got := testutil.ToFloat64(unitMetrics.settleFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
+		t.Errorf("settle_fallbacks_total %v, want %d", got, fallbacks)
+	}
+	// A charge of the whole budget blocks the client for the window.
+	res := send(t, site, from("127.0.0.2"), withHeader("X-Client", "c-enormous"))
+	if retry, _ := strconv.Atoi(res.header.Get("Retry-After")); res.status != http.StatusTooManyRequests || retry < 55 {
+		t.Errorf("after a charge of the whole budget: %d, Retry-After %q; want 429 for about the window", res.status, res.header.Get("Retry-After"))
+	}
+	if s := adminState(t, zone, "c-header"); s.Unit != "units" || s.Remaining != 70 {
+		t.Errorf("admin state %+v, want 70 units remaining", s)
+	}
+}
+
+// TestSettleWithCountStatus: count_status is the case of settling where the
+// status makes the cost zero: a response whose status the zone does not
+// count costs nothing, whatever its upstream reports; one it counts costs
+// what its upstream reports.
+func TestSettleWithCountStatus(t *testing.T) {
+	upstream := usageUpstream(t)
+	zone := uniqueZone("ok")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 100 {
+			settle header X-Usage
+			count_status 2xx
+			key {http.request.header.X-Client}
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+`
+}`)
+	send(t, site, withHeader("X-Client", "a"), withHeader("X-Test-Usage", "40"), withHeader("X-Test-Status", "503"))
+	if got := unitsUsed(t, zone, "a", 0); got != 0 {
+		t.Errorf("a 503 with a usage of 40: %d units, want 0", got)
+	}
+	send(t, site, withHeader("X-Client", "a"), withHeader("X-Test-Usage", "40"))
+	if got := unitsUsed(t, zone, "a", 40); got != 40 {
+		t.Errorf("a 200 with a usage of 40: %d units, want 40", got)
+	}
+}
+
+// TestSettleOneMoreCall: a request whose cost is settled after the response
+// costs one more script call, and no announcement when it costs more than
+// it reserved; one whose reservation stands costs none more; and count
+// zones cost what they did.
+func TestSettleOneMoreCall(t *testing.T) {
+	prefix := uniquePrefix(t)
+	rc := sharedRedis.Client(t)
+	for _, c := range []struct {
+		name           string
+		zone, usage    string
+		calls, publish int64
+	}{
+		{"count zone", `"window": "1m", "max_requests": 1000000`, "", 1, 0},
+		{"cost", `"window": "1m", "max_requests": 1000000, "cost": "3"`, "", 1, 0},
+		{"settled up", `"window": "1m", "max_requests": 1000000, "settle": {"header": "X-Usage"}`, "7", 2, 0},
+		{"settled to the reservation", `"window": "1m", "max_requests": 1000000, "cost": "7", "settle": {"header": "X-Usage"}`, "7", 1, 0},
+		{"settled down", `"window": "1m", "max_requests": 1000000, "cost": "9", "settle": {"header": "X-Usage"}`, "7", 2, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := newInstance(t, `{`+c.zone+`, "redis": "`+sharedRedis.URL()+`", "key_prefix": "`+prefix+`", "timeout": "1s"}`)
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				if c.usage != "" {
+					w.Header().Set("X-Usage", c.usage)
+				}
+				w.WriteHeader(http.StatusOK)
+				return nil
+			})
+			// The first call of a process may load the script (NOSCRIPT,
+			// then EVAL): not counted.
+			send(t, "/", to(in), from("192.0.2.99"), withNext(next))
+			const requests = 20
+			calls, publishes := commandCalls(t, rc, "evalsha", "eval"), commandCalls(t, rc, "publish")
+			for i := range requests {
+				if status := send(t, "/", to(in), from("192.0.2."+strconv.Itoa(100+i)), withNext(next)).status; status != 200 {
+					t.Fatalf("request %d: %d", i+1, status)
+				}
+			}
+			if got := commandCalls(t, rc, "evalsha", "eval") - calls; got != c.calls*requests {
+				t.Errorf("%d script calls for %d requests, want %d each", got, requests, c.calls)
+			}
+			if got := commandCalls(t, rc, "publish") - publishes; got != c.publish*requests {
+				t.Errorf("%d announcements for %d requests, want %d each", got, requests, c.publish)
+			}
+		})
+	}
+}
+
+// commandCalls is how many calls of the commands the shared Redis has run
+// (INFO commandstats).
+func commandCalls(t testing.TB, rc *redis.Client, names ...string) int64 {
+	t.Helper()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range names {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+name+":calls="); ok {
+				n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// TestSettleDownLiftsADenialElsewhere: two instances on one Redis. Requests
+// in flight on one reserve a client's whole budget, so the other denies the
+// client and caches the denial; when the responses report that they cost
+// less than they reserved, the settle announces it, and the other instance
+// admits the client at once instead of for the rest of the window.
+func TestSettleDownLiftsADenialElsewhere(t *testing.T) {
+	prefix := uniquePrefix(t)
+	zone := uniqueZone("est")
+	config := `{"zones": [{"name": "` + zone + `", "window": "10m", "max_requests": 100, "cost": "50", "settle": {"header": "X-Usage"}}],
+		"redis": "` + sharedRedis.URL() + `", "key_prefix": "` + prefix + `", "timeout": "1s"}`
+	a := newInstance(t, config)
+	b := newInstance(t, config[:len(config)-1]+`, "redis": "`+sharedRedis.URL()+`?client_name=b"}`)
+	release := make(chan struct{})
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		<-release
+		w.Header().Set("X-Usage", "10")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	var inFlight sync.WaitGroup
+	for range 2 {
+		inFlight.Add(1)
+		go func() { defer inFlight.Done(); send(t, "/", to(b), from("192.0.2.60"), withNext(held)) }()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for unitsHeld(t, b, zone, "192.0.2.60") < 100 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	hits := cacheHits(zone)
+	for i := range 2 {
+		if status := send(t, "/", to(a), from("192.0.2.60")).status; status != http.StatusTooManyRequests {
+			t.Fatalf("with the budget reserved, request %d on a: %d, want 429", i+1, status)
+		}
+	}
+	if cacheHits(zone) == hits {
+		t.Fatal("the second denial did not come from a's deny cache; the test would not cross it")
+	}
+	close(release)
+	inFlight.Wait()
+	deadline = time.Now().Add(2 * time.Second)
+	status := 0
+	for time.Now().Before(deadline) {
+		if status = send(t, "/", to(a), from("192.0.2.60")).status; status == http.StatusOK {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if status != http.StatusOK {
+		t.Errorf("after the two requests settled to 10 units each on b: a answers %d, want 200", status)
+	}
+}
+
+// TestSettleAfterAnAbortedStream: a client that stops reading a streamed
+// response and hangs up makes reverse_proxy abort the handler chain with a
+// panic (http.ErrAbortHandler); the bytes sent until then are paid for all
+// the same, so hanging up early is no way around a bandwidth limit.
+func TestSettleAfterAnAbortedStream(t *testing.T) {
+	upstream := usageUpstream(t)
+	zone := uniqueZone("stream")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1h 1000000000 {
+			settle bytes
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+` {
+		flush_interval -1
+	}
+}`)
+	req, err := http.NewRequest(http.MethodGet, site, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Test-Bytes", strconv.Itoa(64<<20))
+	req.Header.Set("X-Test-Chunk", strconv.Itoa(64<<10))
+	req.Header.Set("X-Test-Chunk-Delay", "2ms")
+	res, err := clientAt(t, "127.0.0.4").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const read = 256 << 10
+	if _, err := io.CopyN(io.Discard, res.Body, read); err != nil {
+		t.Fatal(err)
+	}
+	// Closing a body not read to its end closes the connection.
+	res.Body.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	var used int64
+	for time.Now().Before(deadline) {
+		if used = adminState(t, zone, "127.0.0.4").Count; used > 1 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if used < read || used >= 64<<20 {
+		t.Errorf("a client that hung up after %d bytes of a 64 MiB stream was charged %d bytes, want at least what it read and less than the whole", read, used)
+	}
+}
+
+// unitsHeld reads, through an instance's backend, the units its zone of that
+// name holds for a client key (an address, or "=value").
+func unitsHeld(t *testing.T, in *instance, zone, key string) int64 {
+	t.Helper()
+	for _, z := range in.zones {
+		if z.Name == zone {
+			_, used, err := in.backend.peek(context.Background(), limiter.Check{Zone: z.identity, Key: key, Limit: z.limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return used
+		}
+	}
+	t.Fatalf("no zone %s", zone)
+	return 0
+}
