@@ -172,7 +172,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	say("warm-up: %s on each port", cfg.warmup)
-	for _, url := range []string{site.plain, site.limited, site.far, site.local} {
+	for _, url := range append([]string{site.plain, site.limited, site.far, site.local}, site.extraURLs()...) {
 		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
@@ -275,6 +275,8 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 		limitedURL = site.far
 	case sc.local:
 		limitedURL = site.local
+	case sc.site != nil:
+		limitedURL = site.extra[sc.slug]
 	}
 	for i := 0; i < cfg.runs; i++ {
 		var p pair

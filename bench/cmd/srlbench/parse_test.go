@@ -84,10 +84,14 @@ func TestMedianSkipsNaN(t *testing.T) {
 // TestCaddyfile checks what each site limits, so that the report's setup
 // text and the memory sizes say what was measured.
 func TestCaddyfile(t *testing.T) {
-	ports := []int{2019, 1, 2, 3, 4, 5, 6, 7}
+	own, _ := extraSites()
+	ports := make([]int, 5+len(memSizes)+len(own))
+	for i := range ports {
+		ports[i] = 2019 + i
+	}
 	text := caddyfile(sites{}, ports, "redis://r:1", "redis://far:2", []string{"timeout 50ms"})
 	blocks := strings.Split(text, "\n# ")[1:]
-	if got, want := len(blocks), 4+len(memSizes); got != want {
+	if got, want := len(blocks), 4+len(memSizes)+len(own); got != want {
 		t.Fatalf("%d sites, want %d:\n%s", got, want, text)
 	}
 	if strings.Contains(blocks[0], "sliding_ratelimit") {

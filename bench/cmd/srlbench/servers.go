@@ -131,6 +131,26 @@ type sites struct {
 	admin   string // Caddy's admin endpoint (metrics, pprof)
 	// memory is one site per memory size, in the order of memSizes.
 	memory []string
+	// extra are the scenarios' own sites, by scenario slug.
+	extra map[string]string
+}
+
+// extraSite is a limited site of a scenario's own.
+type extraSite struct {
+	comment string
+	// body returns the site's directives, one per line, on the Redis of
+	// redisURL.
+	body func(redisURL string) []string
+}
+
+// extraSites are the scenarios' own sites, in the order of scenarios.
+func extraSites() (slugs []string, ss []*extraSite) {
+	for _, sc := range scenarios {
+		if sc.site != nil {
+			slugs, ss = append(slugs, sc.slug), append(ss, sc.site)
+		}
+	}
+	return slugs, ss
 }
 
 // limitedMax is max_requests of the limited sites, and the anchor's limit.
@@ -175,6 +195,10 @@ func caddyfile(s sites, ports []int, redisURL, farURL string, extra []string) st
 		text += siteBlock(fmt.Sprintf("Memory phase, %d admissions per client: its own zone and key_prefix, so its keys can be counted apart.", ms.max),
 			ports[5+i], []string{"window " + memWindow, fmt.Sprintf("max_requests %d", ms.max), "key {http.request.header.X-Client}", "redis " + redisURL, "key_prefix " + ms.prefix()})
 	}
+	_, own := extraSites()
+	for i, es := range own {
+		text += fmt.Sprintf("\n# %s\n:%d {\n\tbind 127.0.0.1\n\t%s\n}\n", es.comment, ports[5+len(memSizes)+i], strings.Join(es.body(redisURL), "\n\t"))
+	}
 	return text
 }
 
@@ -182,7 +206,8 @@ func caddyfile(s sites, ports []int, redisURL, farURL string, extra []string) st
 // and the admin endpoint answer. limiterOptions are extra subdirectives for
 // the limited sites (the -limiter flag), one per line.
 func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, limiterOptions []string) (*proc, sites, error) {
-	ports := make([]int, 5+len(memSizes))
+	extraSlugs, _ := extraSites()
+	ports := make([]int, 5+len(memSizes)+len(extraSlugs))
 	for i := range ports {
 		p, err := freePort()
 		if err != nil {
@@ -195,6 +220,10 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, lim
 	for i := range memSizes {
 		s.memory = append(s.memory, url(ports[5+i]))
 	}
+	s.extra = make(map[string]string)
+	for i, slug := range extraSlugs {
+		s.extra[slug] = url(ports[5+len(memSizes)+i])
+	}
 	path := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(path, []byte(caddyfile(s, ports, redisURL, farURL, limiterOptions)), 0o644); err != nil {
 		return nil, s, err
@@ -206,7 +235,7 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, lim
 		return nil, s, err
 	}
 	err = p.waitReady(ctx, func() error {
-		for _, u := range []string{s.plain, s.limited, s.far, s.local, s.admin + "/config/"} {
+		for _, u := range append([]string{s.plain, s.limited, s.far, s.local, s.admin + "/config/"}, s.extraURLs()...) {
 			if err := getOK(ctx, u, "srlbench-ready"); err != nil {
 				return err
 			}
@@ -222,13 +251,24 @@ func startCaddy(ctx context.Context, caddyBin, dir, redisURL, farURL string, lim
 	return p, s, nil
 }
 
-// getOK sends one GET with X-Client set and wants a 200.
+// extraURLs are the scenarios' own sites.
+func (s sites) extraURLs() []string {
+	var urls []string
+	for _, u := range s.extra {
+		urls = append(urls, u)
+	}
+	return urls
+}
+
+// getOK sends one GET with X-Client (and X-Units, which the units site
+// reports as its usage) set and wants a 200.
 func getOK(ctx context.Context, url, client string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
 	req.Header.Set("X-Client", client)
+	req.Header.Set("X-Units", "1")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err

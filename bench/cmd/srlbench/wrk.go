@@ -31,6 +31,12 @@ type scenario struct {
 	// prime are keys to push to the limit before the first run, so that
 	// bots are over it from the first measured second, as a real bot is.
 	prime []string
+	// site, when set, is a limited site of the scenario's own, which its
+	// limited side runs on (a scenario file adds both, see units.go).
+	site *extraSite
+	// extraTarget, when set, is a row of the report's targets: the
+	// scenario's stats against the many clients scenario's.
+	extraTarget func(s, many stats) (target, measured string, ok bool)
 }
 
 // Keys per scenario never overlap, so one scenario's admissions cannot push
@@ -74,7 +80,7 @@ const manySlug = "many"
 // warmupSlug names the script of the unmeasured warm-up runs (own keys).
 const warmupSlug = "warmup"
 
-var warmup = scenario{slug: warmupSlug, keyLua: `n = n + 1; local key = "warm-" .. (n % 10000)`}
+var warmup = scenario{slug: warmupSlug, keyLua: `n = n + 1; local key = "warm-" .. (n % 10000); wrk.headers["X-Units"] = "1"`}
 
 // luaTemplate is a wrk script. setup gives each thread its own starting
 // point, request sets the header, and done prints one line we parse:
