@@ -23,6 +23,9 @@ func FuzzCaddyfile(f *testing.F) {
 		"window -1\nmax_requests ten",
 		"zone {\n}",
 		"ipv6_prefix 200\nheaders legacy\nlog_keys",
+		"window 1m\nmax_requests {http.request.header.X-Quota} 5\ncost {http.request.header.X-Cost}\nsettle header X-Usage",
+		"zone t 1m {header.Q} 5 {\nsettle bytes\ncost 2\n}",
+		"window 1m\nmax_requests {x}\ncost 0\nsettle header",
 	} {
 		f.Add(seed)
 	}

@@ -119,3 +119,19 @@ func scriptCalls(b *testing.B) int64 {
 	}
 	return total
 }
+
+// BenchmarkServeHTTPSettle is what a cost settled after the response costs
+// on Redis: each request reserves 1 unit and is settled to the 5 its
+// response reports, with one more script call, batched as decisions are.
+// It reports Redis script calls per request.
+func BenchmarkServeHTTPSettle(b *testing.B) {
+	config := `{"window": "1m", "max_requests": 1000000000, "settle": {"header": "X-Usage"}, "redis": "` + sharedRedis.URL() + `", "key_prefix": "bench:", "timeout": "1s"}`
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("X-Usage", "5")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	before := scriptCalls(b)
+	benchmarkServeHTTPWith(b, config, 10000, next)
+	b.ReportMetric(float64(scriptCalls(b)-before)/float64(b.N), "script-calls/op")
+}

@@ -298,3 +298,22 @@ func unitsHeld(t *testing.T, in *instance, zone, key string) int64 {
 	t.Fatalf("no zone %s", zone)
 	return 0
 }
+
+// TestSettleInProcess: without Redis, the in-process store settles as Redis
+// does: a client is charged its usage and denied once its budget is spent.
+func TestSettleInProcess(t *testing.T) {
+	in := newInstance(t, `{"window": "1m", "max_requests": 20, "settle": {"header": "X-Usage"}}`)
+	usage := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("X-Usage", "8")
+		w.WriteHeader(http.StatusOK)
+		return nil
+	})
+	for i, want := range []int{200, 200, 200, 429} {
+		if got := send(t, "/", to(in), from("192.0.2.80"), withNext(usage)).status; got != want {
+			t.Errorf("request %d: %d, want %d", i+1, got, want)
+		}
+	}
+	if held := unitsHeld(t, in, "default", "192.0.2.80"); held != 24 {
+		t.Errorf("%d units held, want 24", held)
+	}
+}
