@@ -169,9 +169,10 @@ type Handler struct {
 	// (count_status, settle) or counts units, so that admitted requests are
 	// followed to it.
 	afterResponse bool
-	events        *caddyevents.App
-	ctx           caddy.Context
-	logger        *zap.Logger
+
+	events *caddyevents.App
+	ctx    caddy.Context
+	logger *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.

@@ -105,13 +105,13 @@ type Zone struct {
 	decisions map[string]prometheus.Counter
 	cacheHits prometheus.Counter
 	// units is what a request costs and settles to when that is not one
-	// request of MaxRequests; nil otherwise (see provisionUnits).
+	// request of MaxRequests; nil otherwise (see newZoneUnits).
 	units *zoneUnits
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
-// The key, algorithm and count_status of defaults (the handler's) stand for
-// those the zone leaves empty.
+// The key, algorithm, count_status, cost and settle of defaults (the
+// handler's) stand for those the zone leaves empty.
 func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) error {
 	if z.Key == "" {
 		z.Key = defaults.Key
