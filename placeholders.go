@@ -29,10 +29,10 @@ func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, c limiter.C
 		}
 	}
 	if p, ok := vars[placeholdersVar].(*decisionPlaceholders); ok {
-		p.zone, p.check, p.decision = z, c, d
+		p.zone, p.max, p.cost, p.decision = z, c.Limit.Max, c.Cost, d
 		return
 	}
-	p := &decisionPlaceholders{zone: z, check: c, decision: d}
+	p := &decisionPlaceholders{zone: z, max: c.Limit.Max, cost: c.Cost, decision: d}
 	vars[placeholdersVar] = p
 	repl.Map(p.replace)
 }
@@ -41,9 +41,10 @@ func setPlaceholders(r *http.Request, repl *caddy.Replacer, z *Zone, c limiter.C
 const placeholdersVar = "sliding_ratelimit.decision"
 
 type decisionPlaceholders struct {
-	zone     *Zone
-	check    limiter.Check
-	decision limiter.Decision
+	zone *Zone
+	// max and cost are the call's.
+	max, cost int64
+	decision  limiter.Decision
 }
 
 // String keeps the decision readable where vars are printed.
@@ -60,11 +61,11 @@ func (p *decisionPlaceholders) replace(key string) (any, bool) {
 	case "zone":
 		return p.zone.Name, true
 	case "limit":
-		return p.zone.maxOf(p.check.Limit.Max), true
+		return p.zone.maxOf(p.max), true
 	case "unit":
 		return p.zone.units.name(), true
 	case "cost":
-		return max(p.check.Cost, 1), true
+		return max(p.cost, 1), true
 	case "remaining":
 		return p.decision.Remaining, true
 	case "retry_after":

@@ -32,8 +32,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 	}
 	m := newResponseMeter(w)
 	defer func() {
-		s := req.settlement(m, m.finalStatus(err))
-		if len(s.checks) > 0 {
+		if s := req.settlement(m, m.finalStatus(err)); s != nil {
 			// The client may be gone; the request is settled all the same.
 			b.settle(context.WithoutCancel(r.Context()), s.checks, s.decisions, s.lowered, src)
 		}
@@ -54,17 +53,23 @@ func (req *request) followsResponse() bool {
 
 // settlement is what the settle step changes: the checks whose cost is not
 // what they reserved, with the real cost, and their decisions; lowered says
-// which denials each may undo.
+// which denials each may undo. Its buffers hold the common case in one
+// allocation.
 type settlement struct {
 	checks    []limiter.Check
 	decisions []limiter.Decision
 	lowered   []lowering
+
+	checksBuf    [maxInlineZones]limiter.Check
+	decisionsBuf [maxInlineZones]limiter.Decision
+	loweredBuf   [maxInlineZones]lowering
 }
 
 // settlement returns what the response that m metered, with status, really
-// cost in each zone, and counts the units each zone admitted.
-func (req *request) settlement(m *responseMeter, status int) settlement {
-	var s settlement
+// cost in each zone whose cost changed, nil when none did, and counts the
+// units each zone admitted.
+func (req *request) settlement(m *responseMeter, status int) *settlement {
+	var s *settlement
 	for i, z := range req.zones {
 		c := req.checks[i]
 		reserved := max(c.Cost, 1)
@@ -84,6 +89,10 @@ func (req *request) settlement(m *responseMeter, status int) settlement {
 		}
 		if cost == reserved {
 			continue
+		}
+		if s == nil {
+			s = new(settlement)
+			s.checks, s.decisions, s.lowered = s.checksBuf[:0], s.decisionsBuf[:0], s.loweredBuf[:0]
 		}
 		c.Cost = cost
 		s.checks = append(s.checks, c)
