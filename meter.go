@@ -11,21 +11,65 @@ import (
 // responseMeter records what the client gets of a response: its status and
 // the bytes of its body, as they leave this handler (compressed, when an
 // encoder runs after it, as it does in Caddy's directive order). Headers and
-// trailers stay in the header map, where the settle step reads them.
+// trailers stay in the header map, where the settle step reads them; the
+// headers it watches are also kept as the status goes out, since a handler
+// before this one may delete them from the map then (a deferred
+// `header -X-Usage`, which keeps an upstream's usage from clients).
 type responseMeter struct {
 	*caddyhttp.ResponseWriterWrapper
 	status int
 	bytes  int64
+	// watched are the names of the headers to keep, sent their last values
+	// as the status went out ("" for none).
+	watched, sent     []string
+	watchBuf, sentBuf [2]string
 }
 
 func newResponseMeter(w http.ResponseWriter) *responseMeter {
 	return &responseMeter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 }
 
+// watch adds a header (canonical name) to keep as the status goes out.
+func (m *responseMeter) watch(name string) {
+	if m.watched == nil {
+		m.watched = m.watchBuf[:0]
+	}
+	m.watched = append(m.watched, name)
+}
+
+// sentValue is the last value that header name (watched) had as the status
+// went out, "" if none.
+func (m *responseMeter) sentValue(name string) string {
+	for i, w := range m.watched {
+		if w == name && i < len(m.sent) {
+			return m.sent[i]
+		}
+	}
+	return ""
+}
+
+// final records the final status and keeps the watched headers.
+func (m *responseMeter) final(status int) {
+	m.status = status
+	if len(m.watched) == 0 {
+		return
+	}
+	h := m.Header()
+	m.sent = m.sentBuf[:0]
+	for range m.watched {
+		m.sent = append(m.sent, "")
+	}
+	for i, name := range m.watched {
+		if v := h[name]; len(v) > 0 {
+			m.sent[i] = v[len(v)-1]
+		}
+	}
+}
+
 // WriteHeader records the first final status (1xx are interim, but for 101).
 func (m *responseMeter) WriteHeader(status int) {
 	if m.status == 0 && (status >= 200 || status == http.StatusSwitchingProtocols) {
-		m.status = status
+		m.final(status)
 	}
 	m.ResponseWriterWrapper.WriteHeader(status)
 }
@@ -34,7 +78,7 @@ func (m *responseMeter) WriteHeader(status int) {
 // was written.
 func (m *responseMeter) Write(b []byte) (int, error) {
 	if m.status == 0 {
-		m.status = http.StatusOK
+		m.final(http.StatusOK)
 	}
 	n, err := m.ResponseWriterWrapper.Write(b)
 	m.bytes += int64(n)
@@ -46,7 +90,7 @@ func (m *responseMeter) Write(b []byte) (int, error) {
 // this, a file served that way would cost nothing.
 func (m *responseMeter) ReadFrom(r io.Reader) (int64, error) {
 	if m.status == 0 {
-		m.status = http.StatusOK
+		m.final(http.StatusOK)
 	}
 	n, err := m.ResponseWriterWrapper.ReadFrom(r)
 	m.bytes += n

@@ -31,6 +31,11 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 		return next.ServeHTTP(w, r)
 	}
 	m := newResponseMeter(w)
+	for _, z := range req.zones {
+		if z.units != nil && z.units.settle != nil && z.units.settle.header != "" {
+			m.watch(z.units.settle.header)
+		}
+	}
 	defer func() {
 		if s := req.settlement(m, m.finalStatus(err)); s != nil {
 			// The client may be gone; the request is settled all the same.

@@ -317,3 +317,31 @@ func TestSettleInProcess(t *testing.T) {
 		t.Errorf("%d units held, want 24", held)
 	}
 }
+
+// TestSettleReadsAUsageHiddenFromClients: a site that keeps its upstream's
+// usage header from clients (`header -X-Usage`, deferred until the status
+// goes out, by a handler that runs before the limiter) is still charged the
+// usage.
+func TestSettleReadsAUsageHiddenFromClients(t *testing.T) {
+	upstream := usageUpstream(t)
+	zone := uniqueZone("hidden")
+	startCaddy(t, `
+:9080 {
+	header -X-Usage
+	sliding_ratelimit {
+		zone `+zone+` 1m 100 {
+			settle header X-Usage
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+`
+}`)
+	res := send(t, site, from("127.0.0.5"), withHeader("X-Test-Usage", "33"))
+	if v := res.header.Values("X-Usage"); res.status != http.StatusOK || len(v) != 0 {
+		t.Fatalf("%d with X-Usage %q, want 200 without it", res.status, v)
+	}
+	if got := unitsUsed(t, zone, "127.0.0.5", 33); got != 33 {
+		t.Errorf("%d units used, want the 33 the upstream reported", got)
+	}
+}

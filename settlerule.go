@@ -47,7 +47,7 @@ func (s *Settle) cost(m *responseMeter, max int64) (cost int64, ok bool, why str
 	if s.Bytes {
 		return min(m.bytes, max), true, ""
 	}
-	v := usage(m.Header(), s.header)
+	v := usage(m, s.header)
 	n, ok := parseCount(v)
 	if !ok {
 		if v == "" {
@@ -58,16 +58,18 @@ func (s *Settle) cost(m *responseMeter, max int64) (cost int64, ok bool, why str
 	return min(n, max), true, ""
 }
 
-// usage reads the value of header name (canonical) once a response is done:
-// a trailer that was not announced in the Trailer header (kept under
-// http.TrailerPrefix), else the header's last value (an announced trailer is
-// added after the header of its name).
-func usage(h http.Header, name string) string {
+// usage reads the value of header name (canonical) once the response that m
+// metered is done: a trailer that was not announced in the Trailer header
+// (kept under http.TrailerPrefix), else the header's last value (an
+// announced trailer is added after the header of its name), else the value
+// it had as the status went out (deleted since from the response).
+func usage(m *responseMeter, name string) string {
+	h := m.Header()
 	if v := h[http.TrailerPrefix+name]; len(v) > 0 {
 		return v[len(v)-1]
 	}
 	if v := h[name]; len(v) > 0 {
 		return v[len(v)-1]
 	}
-	return ""
+	return m.sentValue(name)
 }
