@@ -16,7 +16,9 @@ type Settle struct {
 	// cost, such as the token usage an LLM upstream reports. reverse_proxy
 	// copies an upstream's trailers into the response's header map at the
 	// end of the body, where the value is read once the response is done;
-	// a trailer wins over a header of the same name. The value is a whole
+	// a trailer wins over a header of the same name; a header that a handler
+	// before this one deletes as the status goes out (header -X-Usage, to
+	// keep it from clients) is read as it was then. The value is a whole
 	// number of units, 0 included; a value above the call's max_requests
 	// counts as max_requests (a charge above it blocks for one window,
 	// whatever its size). No value, or one that is not a whole number
