@@ -160,3 +160,50 @@ func TestFixedCost(t *testing.T) {
 		t.Errorf("RateLimit-Policy %q, want %q (no quota unit: the draft has none for units)", got, want)
 	}
 }
+
+// TestCostFromAMap: a cost that a map sets per path, as an earlier handler
+// prices requests: an export costs 10, anything else 1.
+func TestCostFromAMap(t *testing.T) {
+	zone := uniqueZone("priced")
+	logFile := startCaddy(t, `
+:9080 {
+	map {path} {price} {
+		/export 10
+		default 1
+	}
+	sliding_ratelimit {
+		zone `+zone+` 1m 30 {
+			cost {price}
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	for i, c := range []struct{ path, r string }{{"export", "20"}, {"list", "19"}, {"export", "9"}} {
+		if got := send(t, site+c.path, from("127.0.0.6")).header.Get("RateLimit"); !strings.HasPrefix(got, `"`+zone+`";r=`+c.r+";") {
+			t.Errorf("request %d, /%s: RateLimit %q, want r=%s", i+1, c.path, got, c.r)
+		}
+	}
+	if lines := logLines(t, logFile, "placeholder is not one Caddy provides", zone); len(lines) > 0 {
+		t.Errorf("a map's output is warned about as unknown: %s", lines[0])
+	}
+}
+
+// TestUnknownCostPlaceholderWarns: a cost placeholder in one of Caddy's
+// namespaces that Caddy does not provide (a typo) is warned about at start.
+func TestUnknownCostPlaceholderWarns(t *testing.T) {
+	zone := uniqueZone("typo")
+	logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 30 {
+			cost {http.request.heder.X-Cost}
+		}
+	}
+	respond "ok"
+}`)
+	if lines := logLines(t, logFile, "placeholder is not one Caddy provides", zone, "heder"); len(lines) != 1 {
+		t.Errorf("%d warnings about the misspelt placeholder, want 1", len(lines))
+	}
+}

@@ -2,6 +2,7 @@ package slidingratelimit
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,7 +78,10 @@ func newZoneUnits(zone, cost, maxRequestsFrom string, maxRequests int64, settle 
 		u.settleFallbacks = newValueFallbacks(logger, zone, "settle found no whole number: the reservation stands", m.settleFallbacks.WithLabelValues(zone))
 	}
 	for _, p := range u.placeholders() {
-		if !knownPlaceholder(p.name()) {
+		// A name without a dot is a map's output or another handler's
+		// placeholder, which a price or a quota often is: only names in
+		// Caddy's namespaces can be checked.
+		if strings.Contains(p.name(), ".") && !knownPlaceholder(p.name()) {
 			logger.Warn("placeholder is not one Caddy provides to a request handler: it will expand to \"\" and the fallback apply (a typo?)",
 				zap.String("zone", zone), zap.String("placeholder", p.raw))
 		}
