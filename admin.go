@@ -113,8 +113,18 @@ type keyState struct {
 	// the window.
 	ResetSeconds float64 `json:"reset_seconds"`
 	// RetryAfterSeconds is the time until a request would be admitted; 0 if
-	// one would be admitted now.
+	// one would be admitted now (after waiting WaitSeconds, in a zone with a
+	// wait).
 	RetryAfterSeconds float64 `json:"retry_after_seconds"`
+	// WaitSeconds is, in a zone with a wait, how long a request now would be
+	// held for its slot (0: it would go on at once); absent in other zones.
+	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
+	// LeasesHeld is, in a concurrency zone, the leases the client holds on
+	// every instance (its requests in flight, as Count), and LeasesHeldHere
+	// those that its requests running through this handler hold; absent in
+	// other zones.
+	LeasesHeld     *int64 `json:"leases_held,omitempty"`
+	LeasesHeldHere *int64 `json:"leases_held_here,omitempty"`
 }
 
 // resetAnswer is the answer to DELETE.
@@ -203,14 +213,17 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
 	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
-	d, err := h.backend.peek(r.Context(), limiter.Check{Zone: z.identity, Key: key, Limit: z.limit})
+	d, err := h.backend.peek(r.Context(), limiter.Check{Zone: z.identity, Key: key, Limit: z.limit, Wait: z.wait})
 	if err != nil {
 		return caddy.APIError{
 			HTTPStatus: http.StatusServiceUnavailable,
 			Err:        fmt.Errorf("zone %s: reading the client's state: %w", z.Name, err),
 		}
 	}
-	return writeJSON(w, http.StatusOK, keyState{
+	decisions := []limiter.Decision{d}
+	leaseAnswers([]*Zone{z}, decisions)
+	d = decisions[0]
+	state := keyState{
 		Zone:              z.Name,
 		Identity:          z.identity,
 		Key:               key,
@@ -221,7 +234,16 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		Remaining:         d.Remaining,
 		ResetSeconds:      milliseconds(d.Reset),
 		RetryAfterSeconds: milliseconds(d.RetryAfter),
-	})
+	}
+	if z.wait > 0 {
+		wait := milliseconds(d.Delay)
+		state.WaitSeconds = &wait
+	}
+	if z.limit.Algorithm == limiter.Concurrency {
+		held, here := state.Count, h.leases.held(z.identity, key)
+		state.LeasesHeld, state.LeasesHeldHere = &held, &here
+	}
+	return writeJSON(w, http.StatusOK, state)
 }
 
 // milliseconds is d in seconds, rounded to the millisecond, so that JSON

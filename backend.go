@@ -217,7 +217,9 @@ func (b *backend) giveBack(ctx context.Context, checks []limiter.Check, decision
 	}
 	for i, c := range checks {
 		b.cache.Forget(c.Zone, c.Key)
-		lastSlot := decisions[i].Remaining == 0
+		// No instance caches a denial by a concurrency zone: no one to
+		// tell of its released lease.
+		lastSlot := decisions[i].Remaining == 0 && c.Limit.Algorithm != limiter.Concurrency
 		if lastSlot && src == fromStore && b.redis != nil {
 			if err := b.conn.AnnounceFreed(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
 				return err
@@ -225,6 +227,16 @@ func (b *backend) giveBack(ctx context.Context, checks []limiter.Check, decision
 		}
 	}
 	return nil
+}
+
+// extend restarts the lease time of the leases that decisions hold, in the
+// store that src says took them.
+func (b *backend) extend(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
+	var store limiter.Store = b.store
+	if src == fromLocal {
+		store = b.local
+	}
+	return store.Extend(ctx, checks, decisions)
 }
 
 // operatorMinTimeout is the least time an operator's call (the admin API)

@@ -74,6 +74,26 @@ type Handler struct {
 	// counts.
 	CountStatus []int `json:"count_status,omitempty"`
 
+	// Wait is how long a request that cannot be admitted now, but can be
+	// within this time, is held for its slot and then passed on, instead of
+	// denied (nginx's burst with delay, exact across instances): its
+	// admission is recorded at that later time, so no other request takes
+	// its slot. It is the default zone's, and that of every zone of
+	// algorithm log that sets none; a request waits only if every zone that
+	// applies to it has a wait, and at most the least of them (and at most
+	// the zone's window). Never past the request's deadline or the server's
+	// write timeout (or its read timeout, when a body is still to be read).
+	// A held request whose client goes away gives its slot back. Default 0:
+	// no wait, a request that cannot be admitted now is denied.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// MaxWaiting bounds how many requests this handler holds for their
+	// slot at once, on this instance, over all its zones: a request that
+	// finds it full is decided without a wait (so denied with 429 if it
+	// cannot be admitted now), rather than promised a slot it might not
+	// use. Each held request keeps its connection. Default 1000; at least 1.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
 	// Zones are further named limits. A request is admitted only if every
 	// zone that applies to it admits it, and a denial by one zone consumes
 	// nothing in the others.
@@ -145,12 +165,19 @@ type Handler struct {
 	// backend is the door to the stores: deny cache, store, breaker,
 	// fallback.
 	backend *backend
-	// countStatus is set when a zone has count_status, so that admitted
-	// requests are followed to their response.
+	// countStatus is set when a zone has count_status or is a concurrency
+	// zone, so that admitted requests are followed to their response: to
+	// give back what the status does not count, and leases.
 	countStatus bool
 	events      *caddyevents.App
 	ctx         caddy.Context
 	logger      *zap.Logger
+
+	// waits holds requests admitted for a later time (nil: no zone waits),
+	// and leases extends the leases of running requests (nil: no
+	// concurrency zone).
+	waits  *waitRoom
+	leases *leaseKeeper
 }
 
 // CaddyModule returns the Caddy module information.
@@ -182,6 +209,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.backend = b
+	h.waits = newWaitRoom(h.zones, h.MaxWaiting, time.Duration(h.Timeout), h.Mode == modeReport, b)
+	h.leases = newLeaseKeeper(h.zones, b, h.logger)
 	handlers.add(h)
 	if h.Window != 0 {
 		// The zone of the three-line form, which nobody named.
@@ -259,6 +288,9 @@ func (h *Handler) setDefaults() {
 	if h.Headers == "" {
 		h.Headers = headersDraft
 	}
+	if h.MaxWaiting == 0 {
+		h.MaxWaiting = defaultMaxWaiting
+	}
 }
 
 // provisionZones builds the zone list: the "default" zone of the top-level
@@ -271,14 +303,14 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.countStatus = false
-	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus}
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Wait: h.Wait}
 	for _, z := range h.zones {
 		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
 		}
 		z.prepareHeaders()
 		z.bindMetrics()
-		h.countStatus = h.countStatus || len(z.CountStatus) > 0
+		h.countStatus = h.countStatus || len(z.CountStatus) > 0 || z.concurrency()
 	}
 	return nil
 }
@@ -292,7 +324,8 @@ func (h *Handler) Validate() error {
 	}
 	var errs []error
 	if hasDefault {
-		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests))
+		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
+			checkWait(time.Duration(h.Wait), h.Algorithm))
 	}
 	// Provision has set the defaults of the optional fields.
 	errs = append(errs,
@@ -308,6 +341,8 @@ func (h *Handler) Validate() error {
 		topologyEnum.check(h.RedisTopology),
 		checkZoneNames(hasDefault, h.Zones),
 		checkCountStatus(h.CountStatus),
+		checkWait(time.Duration(h.Wait), ""),
+		checkMaxWaiting(h.MaxWaiting),
 	)
 	for _, z := range h.Zones {
 		errs = append(errs, z.validate())
@@ -324,6 +359,9 @@ func (h *Handler) Validate() error {
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
 	handlers.remove(h)
+	// Before the stores go: leases of requests still running then expire
+	// after their lease time.
+	h.leases.stop()
 	if h.backend == nil {
 		return nil
 	}

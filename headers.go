@@ -15,6 +15,10 @@ func (z *Zone) prepareHeaders() {
 	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
 	z.quotedName = strconv.Quote(z.Name)
 	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+	if z.limit.Algorithm == limiter.Concurrency {
+		// Requests in flight have a quota unit of their own and no window.
+		z.policy = z.quotedName + ";q=" + z.maxText + `;qu="concurrent-requests"`
+	}
 }
 
 // writeHeaders sets the rate-limit headers of a decision
@@ -44,8 +48,11 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, decisions []limiter
 	item := append(buf[:0], z.quotedName...)
 	item = append(item, ";r="...)
 	item = strconv.AppendInt(item, d.Remaining, 10)
-	item = append(item, ";t="...)
-	item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	if z.limit.Algorithm != limiter.Concurrency {
+		// A slot in flight frees when a request ends: no time to say.
+		item = append(item, ";t="...)
+		item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	}
 	if mode != headersLegacy {
 		values := make([]string, 2)
 		values[0], values[1] = policy, string(item)

@@ -11,13 +11,19 @@ import (
 // zoneIdentity names a zone's state in Redis keys and deny caches: its name,
 // window, max_requests and, for the counter, its algorithm, and what its
 // count_status counts, as in "default:1m:100", "api:1h:1000:counter" or
-// "login:10m:3:401,4xx". Two handlers share a zone's state
+// "login:10m:3:401,4xx"; a concurrency zone's is its name and how many
+// requests may run at once. Two handlers share a zone's state
 // exactly when their zones agree on all of these (and on the Redis and the
 // key prefix), so two sites that both use the three-line form with different
 // limits never count each other's requests, while handlers that are meant to
 // share one limit say so by giving their zones the same name and limit.
 // Changing a zone's limit or algorithm on a reload starts its clients over.
 func zoneIdentity(name string, limit limiter.Limit, countStatus []int) string {
+	if limit.Algorithm == limiter.Concurrency {
+		// "reports:concurrent:2": the lease time is not part of the limit,
+		// so instances with different lease times share its slots.
+		return name + ":concurrent:" + strconv.FormatInt(limit.Max, 10)
+	}
 	var b strings.Builder
 	b.WriteString(name)
 	b.WriteByte(':')

@@ -1,0 +1,256 @@
+package slidingratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// A concurrency zone's admitted request holds a lease: a slot that the store
+// counts until the request gives it back or its lease time passes. The
+// request takes it with its other zones (all or nothing, one store call),
+// gives it back when its response ends (the after-response settle, see
+// Zone.counts), and the leaseKeeper extends it while the response runs, so
+// that only the leases of an instance that died expire.
+
+// leaseKeeper extends the leases of one handler's running requests, from one
+// goroutine, every sixth of the shortest lease time of its zones: a lease
+// is extended once a third of its lease time has passed since it was taken
+// or last extended, so at the latest half way, leaving the other half for
+// an extension that fails (Redis away) to be tried again. The extensions due
+// at a tick are sent at once, a few at a time from each of a few workers, so
+// the store batches them (one script call for many) whatever the number of
+// long requests.
+type leaseKeeper struct {
+	backend *backend
+	every   time.Duration
+
+	mu      sync.Mutex
+	running map[*runningLease]struct{}
+
+	quit, done chan struct{}
+	inUse      map[*Zone]prometheus.Gauge
+	lost       map[*Zone]prometheus.Counter
+	failures   *failureLog
+	lostLog    *failureLog
+}
+
+// runningLease is one lease of a running request, with copies of its check
+// and decision: extending changes a decision, so the keeper has its own.
+type runningLease struct {
+	zone     *Zone
+	check    limiter.Check
+	decision limiter.Decision
+	src      source
+	// due is when the lease is next extended; lost is set when it expired
+	// first. Both are guarded by the keeper's mu.
+	due  time.Time
+	lost bool
+}
+
+// leaseExtenders is how many extensions a keeper has in flight at most.
+const leaseExtenders = 16
+
+// newLeaseKeeper starts the keeper of a handler with zones on b, or returns
+// nil when no zone is a concurrency zone.
+func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper {
+	k := &leaseKeeper{
+		backend:  b,
+		running:  make(map[*runningLease]struct{}),
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+		inUse:    make(map[*Zone]prometheus.Gauge),
+		lost:     make(map[*Zone]prometheus.Counter),
+		failures: newFailureLog(logger, "extending the leases of running requests failed: they expire after their lease time unless a later extension succeeds", time.Second),
+		lostLog:  newFailureLog(logger, "a running request's lease expired before it was extended (the store was away for more than half the lease time?): another request may take its slot", time.Second),
+	}
+	for _, z := range zones {
+		if z.limit.Algorithm != limiter.Concurrency {
+			continue
+		}
+		if k.every == 0 || z.limit.Window/6 < k.every {
+			k.every = z.limit.Window / 6
+		}
+		k.inUse[z] = limiterMetrics.leasesInUse.WithLabelValues(z.Name)
+		k.lost[z] = limiterMetrics.leasesLost.WithLabelValues(z.Name)
+	}
+	if len(k.inUse) == 0 {
+		return nil
+	}
+	k.every = max(k.every, time.Millisecond)
+	go k.run()
+	return k
+}
+
+// around returns next, wrapped so that the leases req holds are kept while
+// next runs: from when it starts (after any wait) until it returns, which is
+// before the after-response settle releases them. Without a lease it is next.
+func (k *leaseKeeper) around(next caddyhttp.Handler, req *request, src source) caddyhttp.Handler {
+	if k == nil {
+		return next
+	}
+	var leases []*runningLease
+	for i, z := range req.zones {
+		if z.limit.Algorithm == limiter.Concurrency {
+			leases = append(leases, &runningLease{zone: z, check: req.checks[i], decision: req.decisions[i], src: src})
+		}
+	}
+	if len(leases) == 0 {
+		return next
+	}
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		k.add(leases)
+		defer k.remove(leases)
+		return next.ServeHTTP(w, r)
+	})
+}
+
+func (k *leaseKeeper) add(leases []*runningLease) {
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range leases {
+		l.due = now.Add(l.check.Limit.Window / 3)
+		k.running[l] = struct{}{}
+		k.inUse[l.zone].Inc()
+	}
+}
+
+func (k *leaseKeeper) remove(leases []*runningLease) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range leases {
+		delete(k.running, l)
+		k.inUse[l.zone].Dec()
+	}
+}
+
+// held counts the leases that requests of this handler run under in the
+// zone of that identity for the client key.
+func (k *leaseKeeper) held(identity, key string) int64 {
+	if k == nil {
+		return 0
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var n int64
+	for l := range k.running {
+		if l.check.Zone == identity && l.check.Key == key {
+			n++
+		}
+	}
+	return n
+}
+
+func (k *leaseKeeper) run() {
+	defer close(k.done)
+	tick := time.NewTicker(k.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-k.quit:
+			return
+		case now := <-tick.C:
+			k.extendDue(now)
+		}
+	}
+}
+
+// stop ends the keeper; the leases of requests still running then expire
+// after their lease time.
+func (k *leaseKeeper) stop() {
+	if k == nil {
+		return
+	}
+	close(k.quit)
+	<-k.done
+}
+
+// extendDue extends the leases due at now, and returns when every extension
+// has been answered.
+func (k *leaseKeeper) extendDue(now time.Time) {
+	var due []*runningLease
+	k.mu.Lock()
+	for l := range k.running {
+		if !l.lost && !now.Before(l.due) {
+			due = append(due, l)
+		}
+	}
+	k.mu.Unlock()
+	if len(due) == 0 {
+		return
+	}
+	work := make(chan *runningLease)
+	var wg sync.WaitGroup
+	for range min(len(due), leaseExtenders) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for l := range work {
+				k.extend(l)
+			}
+		}()
+	}
+	for _, l := range due {
+		work <- l
+	}
+	close(work)
+	wg.Wait()
+}
+
+// extend extends one lease and notes the outcome: due again a third of its
+// lease time later, lost, or (a store error) due at the next tick.
+func (k *leaseKeeper) extend(l *runningLease) {
+	start := time.Now()
+	decisions := []limiter.Decision{l.decision}
+	err := k.backend.extend(context.Background(), []limiter.Check{l.check}, decisions, l.src)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l.decision = decisions[0]
+	_, running := k.running[l]
+	switch {
+	case err == nil:
+		l.due = start.Add(l.check.Limit.Window / 3)
+	case !running:
+		// Its request ended meanwhile, and gave the lease back.
+	case errors.Is(err, limiter.ErrLeaseLost):
+		l.lost = true
+		k.lost[l.zone].Inc()
+		k.lostLog.record(k.backend.failMode, err)
+	default:
+		k.failures.record(k.backend.failMode, err)
+	}
+}
+
+// leaseRetryAfter is what a denial by a concurrency zone tells the client to
+// wait: the shortest time Retry-After can say.
+const leaseRetryAfter = time.Second
+
+// leaseAnswers sets what the decisions of concurrency zones tell the client.
+// No time until a slot frees is true for them: one frees when a request in
+// flight ends, which may be at any moment; the store's RetryAfter is when
+// the oldest lease expires, which is true only of a lease that nobody
+// extends any more (its instance died). So a denial says Retry-After: 1,
+// the shortest wait the header can say, its reset is that second too, and
+// an admission has no reset (the RateLimit header leaves t out for such a
+// zone).
+func leaseAnswers(zones []*Zone, decisions []limiter.Decision) {
+	for i, z := range zones {
+		if z.limit.Algorithm != limiter.Concurrency {
+			continue
+		}
+		d := &decisions[i]
+		d.Reset = 0
+		if !d.Allowed && !d.Never {
+			d.RetryAfter, d.Reset = leaseRetryAfter, leaseRetryAfter
+		}
+	}
+}

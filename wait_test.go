@@ -1,0 +1,188 @@
+package slidingratelimit
+
+import (
+	"context"
+	"encoding/binary"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
+)
+
+// admissionTimes returns the admission times a sliding-log key of a count
+// zone holds, oldest first, in microseconds of Redis's clock: what the
+// store recorded, promised admissions at their future times included. It
+// reads the ring as limiter/limit.lua lays it out: a header of version (u8),
+// cap, head and count (u32 each) and expiry (u40), then for version 3 the
+// newest time (u48); then cap entries of 6 bytes, each a time in
+// microseconds modulo 2^48, read as the one nearest to now.
+func admissionTimes(t *testing.T, c *redis.Client, key string) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	v, err := c.Get(ctx, key).Bytes()
+	if err != nil {
+		t.Fatalf("reading %s: %v", key, err)
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v) < 18 {
+		t.Fatalf("%s: %d bytes, not a ring", key, len(v))
+	}
+	header := map[byte]int{1: 18, 3: 24}[v[0]]
+	capacity, head, count := int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:])), int(binary.BigEndian.Uint32(v[9:]))
+	if header == 0 || len(v) != header+6*capacity || count > capacity {
+		t.Fatalf("%s: not a count ring of a layout this test reads (version %d, %d bytes, cap %d, count %d)", key, v[0], len(v), capacity, count)
+	}
+	const mod48 = 1 << 48
+	base := now.UnixMicro() - mod48/4*3
+	times := make([]int64, count)
+	for i := range times {
+		off := header + 6*((head+i)%capacity)
+		var b [8]byte
+		copy(b[2:], v[off:off+6])
+		times[i] = base + ((int64(binary.BigEndian.Uint64(b[:]))-base)%mod48+mod48)%mod48
+	}
+	return times
+}
+
+// checkPacing checks that admission times (microseconds, oldest first)
+// never put more than max admissions in any span of window, which is the
+// limit's promise, and returns the gaps between each admission and the
+// one max after it (exactly the window when requests waited for the oldest
+// to age out).
+func checkPacing(t *testing.T, what string, times []int64, max int, window time.Duration) []time.Duration {
+	t.Helper()
+	var gaps []time.Duration
+	for i := 0; i+max < len(times); i++ {
+		gap := time.Duration(times[i+max]-times[i]) * time.Microsecond
+		gaps = append(gaps, gap)
+		if gap < window {
+			t.Errorf("%s: admissions %d and %d are %v apart: %d admissions within %v, want at most %d",
+				what, i+1, i+max+1, gap, max+1, window, max)
+		}
+	}
+	return gaps
+}
+
+// docCaddyfile returns the caddyfile block of a docs page that contains
+// marker, so that a test runs the very Caddyfile the page shows.
+func docCaddyfile(t *testing.T, page, marker string) string {
+	t.Helper()
+	doc, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fences(string(doc)) {
+		if f.lang == "caddyfile" && strings.Contains(f.text, marker) {
+			return f.text
+		}
+	}
+	t.Fatalf("%s has no caddyfile block with %q", page, marker)
+	return ""
+}
+
+// arrivals is an upstream, or the next handler of an instance, that records
+// when each request reaches it, in microseconds of the wall clock, which
+// Redis's TIME reads too.
+type arrivals struct {
+	mu    sync.Mutex
+	times []int64
+}
+
+func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	a.times = append(a.times, time.Now().UnixMicro())
+	a.mu.Unlock()
+	w.WriteHeader(http.StatusOK)
+}
+
+// next is a as an instance's next handler.
+func (a *arrivals) next() caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		a.ServeHTTP(w, r)
+		return nil
+	})
+}
+
+// checkHeld checks that no request went on before its admission time: before
+// the k-th admission (microseconds, oldest first) at most k-1 requests may
+// have arrived, since each arrives no earlier than its own admission.
+func checkHeld(t *testing.T, what string, admissions, arrived []int64) {
+	t.Helper()
+	for k, at := range admissions {
+		early := 0
+		for _, a := range arrived {
+			if a < at {
+				early++
+			}
+		}
+		if early > k {
+			t.Errorf("%s: %d requests went on before admission %d, want at most %d: a held request went on before its slot", what, early, k+1, k)
+		}
+	}
+}
+
+// TestWebhooksRecipe runs the recipe of docs/waits.md: a sender bursts 20
+// requests against 10 per second with wait 2s, 10 to each of two instances
+// (real Caddy and a handler provisioned alone, on one Redis): all 20 go
+// through, none is denied, and the admission times Redis recorded are
+// paced exactly by the window.
+func TestWebhooksRecipe(t *testing.T) {
+	upstream, second := new(arrivals), new(arrivals)
+	srv := httptest.NewServer(upstream)
+	defer srv.Close()
+	prefix := uniquePrefix(t)
+	recipe := docCaddyfile(t, "docs/waits.md", "wait 2s")
+	config := strings.NewReplacer(
+		"hooks.example.com", ":9080",
+		"{env.REDIS_URL}", sharedRedis.URL()+"\n\t\tkey_prefix "+prefix,
+		"127.0.0.1:3000", strings.TrimPrefix(srv.URL, "http://"),
+	).Replace(recipe)
+	startCaddy(t, config)
+	other := newInstance(t, `{"window": "1s", "max_requests": 10, "wait": "2s",
+		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
+	waited := `caddy_sliding_ratelimit_wait_seconds_count{zone="default"}`
+	before := scrape(t, waited)
+
+	sender := from("127.0.0.2")
+	statuses := make([]int, 20)
+	var wg sync.WaitGroup
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				statuses[i] = send(t, site+"hook", sender).status
+			} else {
+				statuses[i] = send(t, "/hook", sender, to(other), withNext(second.next())).status
+			}
+		}()
+	}
+	wg.Wait()
+	for i, s := range statuses {
+		if s != http.StatusOK {
+			t.Errorf("request %d: status %d, want 200 (held for its slot, not denied)", i+1, s)
+		}
+	}
+	times := admissionTimes(t, sharedRedis.Client(t), prefix+"{127.0.0.2}:default:1s:10")
+	if len(times) != 20 {
+		t.Fatalf("Redis holds %d admissions of the sender, want 20", len(times))
+	}
+	gaps := checkPacing(t, "sender", times, 10, time.Second)
+	t.Logf("admission i+10 after admission i: %v", gaps)
+	checkHeld(t, "sender", times, append(upstream.times, second.times...))
+	if got := scrape(t, waited) - before; got != 10 {
+		t.Errorf("%s grew by %v, want 10: the second ten waited for the first ten to age out", waited, got)
+	}
+	if got := len(upstream.times); got != 10 {
+		t.Errorf("the Caddy instance passed %d requests upstream, want its 10", got)
+	}
+}
