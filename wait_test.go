@@ -3,9 +3,11 @@ package slidingratelimit
 import (
 	"context"
 	"encoding/binary"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -90,24 +92,42 @@ func docCaddyfile(t *testing.T, page, marker string) string {
 }
 
 // arrivals is an upstream, or the next handler of an instance, that records
-// when each request reaches it, in microseconds of the wall clock, which
-// Redis's TIME reads too.
+// when each request reaches it, by client, in microseconds of the wall
+// clock, which Redis's TIME reads too.
 type arrivals struct {
-	mu    sync.Mutex
-	times []int64
+	mu       sync.Mutex
+	byClient map[string][]int64
 }
 
-func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (a *arrivals) record(client string) {
 	a.mu.Lock()
-	a.times = append(a.times, time.Now().UnixMicro())
-	a.mu.Unlock()
+	defer a.mu.Unlock()
+	if a.byClient == nil {
+		a.byClient = make(map[string][]int64)
+	}
+	a.byClient[client] = append(a.byClient[client], time.Now().UnixMicro())
+}
+
+// of returns the arrivals of a client.
+func (a *arrivals) of(client string) []int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.byClient[client])
+}
+
+// ServeHTTP serves as an upstream of reverse_proxy, which names the client
+// in X-Forwarded-For.
+func (a *arrivals) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	a.record(r.Header.Get("X-Forwarded-For"))
 	w.WriteHeader(http.StatusOK)
 }
 
 // next is a as an instance's next handler.
 func (a *arrivals) next() caddyhttp.Handler {
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		a.ServeHTTP(w, r)
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		a.record(host)
+		w.WriteHeader(http.StatusOK)
 		return nil
 	})
 }
@@ -178,11 +198,109 @@ func TestWebhooksRecipe(t *testing.T) {
 	}
 	gaps := checkPacing(t, "sender", times, 10, time.Second)
 	t.Logf("admission i+10 after admission i: %v", gaps)
-	checkHeld(t, "sender", times, append(upstream.times, second.times...))
+	checkHeld(t, "sender", times, append(upstream.of("127.0.0.2"), second.of("127.0.0.2")...))
 	if got := scrape(t, waited) - before; got != 10 {
 		t.Errorf("%s grew by %v, want 10: the second ten waited for the first ten to age out", waited, got)
 	}
-	if got := len(upstream.times); got != 10 {
+	if got := len(upstream.of("127.0.0.2")); got != 10 {
 		t.Errorf("the Caddy instance passed %d requests upstream, want its 10", got)
+	}
+}
+
+// TestWaitsExactAcrossInstances: two clients (real second and third
+// addresses) burst twice their limit, each over two instances on one
+// Redis: every request is held for its slot rather than denied, none goes
+// on before its slot, each client's admissions are paced by the window,
+// and neither client's admissions count against the other.
+func TestWaitsExactAcrossInstances(t *testing.T) {
+	upstream, second := new(arrivals), new(arrivals)
+	srv := httptest.NewServer(upstream)
+	defer srv.Close()
+	prefix := uniquePrefix(t)
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone paced 1s 5 {
+			wait 1s
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`
+	}
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
+}`)
+	other := newInstance(t, `{"zones": [{"name": "paced", "window": "1s", "max_requests": 5, "wait": "1s"}],
+		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
+	clients := []string{"127.0.0.2", "127.0.0.3"}
+	statuses := make([][]int, len(clients))
+	var wg sync.WaitGroup
+	for c, ip := range clients {
+		statuses[c] = make([]int, 10)
+		for i := range statuses[c] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i%2 == 0 {
+					statuses[c][i] = send(t, site, from(ip)).status
+				} else {
+					statuses[c][i] = send(t, "/", from(ip), to(other), withNext(second.next())).status
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for c, ip := range clients {
+		for i, s := range statuses[c] {
+			if s != http.StatusOK {
+				t.Errorf("%s, request %d: status %d, want 200", ip, i+1, s)
+			}
+		}
+		times := admissionTimes(t, sharedRedis.Client(t), prefix+"{"+ip+"}:paced:1s:5")
+		if len(times) != 10 {
+			t.Fatalf("%s: Redis holds %d admissions, want its 10 (and none of the other client's)", ip, len(times))
+		}
+		gaps := checkPacing(t, ip, times, 5, time.Second)
+		t.Logf("%s: admission i+5 after admission i: %v", ip, gaps)
+		checkHeld(t, ip, times, append(upstream.of(ip), second.of(ip)...))
+	}
+}
+
+// TestWaitOnlyIfEveryZoneWaits: a request waits only if every zone that
+// applies to it has a wait; a zone without one admits now or not at all.
+// The admin API shows how long a request now would wait.
+func TestWaitOnlyIfEveryZoneWaits(t *testing.T) {
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone waits 3s 1 {
+			wait 3s
+		}
+		zone nowait 3s 5 {
+			match {
+				path /strict
+			}
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	for _, c := range []string{"a", "b"} {
+		if s := send(t, site+"strict", withHeader("X-Client", c)).status; s != http.StatusOK {
+			t.Fatalf("client %s's first request: status %d", c, s)
+		}
+	}
+	// nowait applies too: denied at once, not held.
+	if s := send(t, site+"strict", withHeader("X-Client", "a")).status; s != http.StatusTooManyRequests {
+		t.Errorf("a request that nowait applies to: status %d, want 429 (no wait without every zone's)", s)
+	}
+	state := adminState(t, "waits", "b")
+	if state.WaitSeconds == nil || *state.WaitSeconds <= 0 || *state.WaitSeconds > 3 || state.RetryAfterSeconds != 0 || state.Remaining != 0 {
+		t.Errorf("admin view of b in waits: %+v, want a request now to wait up to 3s, not to be denied", state)
+	}
+	// Without nowait, b's next request waits for its slot (without a wait
+	// it would be denied: the zone's one slot is taken).
+	if s := send(t, site, withHeader("X-Client", "b")).status; s != http.StatusOK {
+		t.Errorf("b's request that only waits applies to: status %d, want 200 after its slot's wait", s)
 	}
 }
