@@ -17,6 +17,7 @@ func (z *Zone) prepareHeaders() {
 	z.policy = z.quotedName + ";q=" + z.maxText + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
 	if z.limit.Algorithm == limiter.Concurrency {
 		// Requests in flight have a quota unit of their own and no window.
+		z.maxText = strconv.FormatInt(z.Concurrent, 10)
 		z.policy = z.quotedName + ";q=" + z.maxText + `;qu="concurrent-requests"`
 	}
 }

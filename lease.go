@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,9 +27,8 @@ import (
 // is extended once a third of its lease time has passed since it was taken
 // or last extended, so at the latest half way, leaving the other half for
 // an extension that fails (Redis away) to be tried again. The extensions due
-// at a tick are sent at once, a few at a time from each of a few workers, so
-// the store batches them (one script call for many) whatever the number of
-// long requests.
+// at a tick are sent together, many leases per call (see leaseBatch), so
+// their cost grows with the long requests by a script call per few hundred.
 type leaseKeeper struct {
 	backend *backend
 	every   time.Duration
@@ -56,8 +56,14 @@ type runningLease struct {
 	lost bool
 }
 
-// leaseExtenders is how many extensions a keeper has in flight at most.
-const leaseExtenders = 16
+// Extensions due at one tick go to the store in calls of at most
+// leaseBatch leases, leaseCalls of them at once: the store puts concurrent
+// calls into one script call, so a few hundred long requests cost one or
+// two script calls a tick.
+const (
+	leaseBatch = 64
+	leaseCalls = 4
+)
 
 // newLeaseKeeper starts the keeper of a handler with zones on b, or returns
 // nil when no zone is a concurrency zone.
@@ -185,48 +191,70 @@ func (k *leaseKeeper) extendDue(now time.Time) {
 		}
 	}
 	k.mu.Unlock()
-	if len(due) == 0 {
-		return
-	}
-	work := make(chan *runningLease)
+	// A call goes to one store: the fallback's leases apart.
+	slices.SortFunc(due, func(a, b *runningLease) int { return int(a.src) - int(b.src) })
+	batches := make(chan []*runningLease)
 	var wg sync.WaitGroup
-	for range min(len(due), leaseExtenders) {
+	for range min(leaseCalls, (len(due)+leaseBatch-1)/leaseBatch) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for l := range work {
-				k.extend(l)
+			for batch := range batches {
+				k.extend(batch)
 			}
 		}()
 	}
-	for _, l := range due {
-		work <- l
+	for len(due) > 0 {
+		n := min(len(due), leaseBatch)
+		for i := 1; i < n; i++ {
+			if due[i].src != due[0].src {
+				n = i
+				break
+			}
+		}
+		batches <- due[:n]
+		due = due[n:]
 	}
-	close(work)
+	close(batches)
 	wg.Wait()
 }
 
-// extend extends one lease and notes the outcome: due again a third of its
-// lease time later, lost, or (a store error) due at the next tick.
-func (k *leaseKeeper) extend(l *runningLease) {
+// extend extends the leases of one store in one call and notes the
+// outcome: each due again a third of its lease time later; or, when the
+// store says that one expired first, each extended alone to find which; or,
+// on a store error, all due at the next tick.
+func (k *leaseKeeper) extend(batch []*runningLease) {
 	start := time.Now()
-	decisions := []limiter.Decision{l.decision}
-	err := k.backend.extend(context.Background(), []limiter.Check{l.check}, decisions, l.src)
+	checks := make([]limiter.Check, len(batch))
+	decisions := make([]limiter.Decision, len(batch))
+	for i, l := range batch {
+		// Copies: the store marks a lost lease's decision, and the lease's
+		// own is kept for finding it.
+		checks[i], decisions[i] = l.check, l.decision
+	}
+	err := k.backend.extend(context.Background(), checks, decisions, batch[0].src)
+	if errors.Is(err, limiter.ErrLeaseLost) && len(batch) > 1 {
+		for _, l := range batch {
+			k.extend([]*runningLease{l})
+		}
+		return
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	l.decision = decisions[0]
-	_, running := k.running[l]
-	switch {
-	case err == nil:
-		l.due = start.Add(l.check.Limit.Window / 3)
-	case !running:
-		// Its request ended meanwhile, and gave the lease back.
-	case errors.Is(err, limiter.ErrLeaseLost):
-		l.lost = true
-		k.lost[l.zone].Inc()
-		k.lostLog.record(k.backend.failMode, err)
-	default:
-		k.failures.record(k.backend.failMode, err)
+	for _, l := range batch {
+		_, running := k.running[l]
+		switch {
+		case err == nil:
+			l.due = start.Add(l.check.Limit.Window / 3)
+		case !running:
+			// Its request ended meanwhile, and gave the lease back.
+		case errors.Is(err, limiter.ErrLeaseLost):
+			l.lost = true
+			k.lost[l.zone].Inc()
+			k.lostLog.record(k.backend.failMode, err)
+		default:
+			k.failures.record(k.backend.failMode, err)
+		}
 	}
 }
 
