@@ -308,6 +308,9 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	if !seen["max_requests"] {
 		return nil, d.Errf("zone %s: max_requests is required", z.Name)
 	}
+	if err := checkWait(time.Duration(z.Wait), z.Algorithm); err != nil {
+		return nil, d.Errf("zone %s: %v", z.Name, err)
+	}
 	return z, nil
 }
 
