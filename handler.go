@@ -35,15 +35,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The client went away while held; its slots were given back.
 		return nil
 	}
-	if h.leases != nil {
-		leaseAnswers(req.zones, req.decisions)
-	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away: nothing failed, and no one waits.
 			return nil
 		}
 		return h.failed(w, r, next, &req, err)
+	}
+	if h.leases != nil {
+		leaseAnswers(req.zones, req.decisions)
 	}
 	shown := mostRestrictive(req.decisions)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.decisions, shown)

@@ -36,11 +36,12 @@ type leaseKeeper struct {
 	mu      sync.Mutex
 	running map[*runningLease]struct{}
 
-	quit, done chan struct{}
-	inUse      map[*Zone]prometheus.Gauge
-	lost       map[*Zone]prometheus.Counter
-	failures   *failureLog
-	lostLog    *failureLog
+	quit     chan struct{}
+	stopped  sync.Once
+	inUse    map[*Zone]prometheus.Gauge
+	lost     map[*Zone]prometheus.Counter
+	failures *failureLog
+	lostLog  *failureLog
 }
 
 // runningLease is one lease of a running request, with copies of its check
@@ -72,7 +73,6 @@ func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper 
 		backend:  b,
 		running:  make(map[*runningLease]struct{}),
 		quit:     make(chan struct{}),
-		done:     make(chan struct{}),
 		inUse:    make(map[*Zone]prometheus.Gauge),
 		lost:     make(map[*Zone]prometheus.Counter),
 		failures: newFailureLog(logger, "extending the leases of running requests failed: they expire after their lease time unless a later extension succeeds", time.Second),
@@ -157,27 +157,39 @@ func (k *leaseKeeper) held(identity, key string) int64 {
 }
 
 func (k *leaseKeeper) run() {
-	defer close(k.done)
 	tick := time.NewTicker(k.every)
 	defer tick.Stop()
+	quit := k.quit
 	for {
 		select {
-		case <-k.quit:
-			return
+		case <-quit:
+			quit = nil
 		case now := <-tick.C:
 			k.extendDue(now)
+		}
+		if quit == nil && k.idle() {
+			return
 		}
 	}
 }
 
-// stop ends the keeper; the leases of requests still running then expire
-// after their lease time.
+// idle reports whether no request holds a lease of the keeper's.
+func (k *leaseKeeper) idle() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.running) == 0
+}
+
+// stop ends the keeper once no request holds a lease of its: after a
+// config reload, a request of the old config may run on (a WebSocket that
+// reverse_proxy keeps with stream_close_delay), and keeps its slot while
+// it runs. A lease that the store behind the old config no longer takes
+// (its Redis changed) expires after its lease time.
 func (k *leaseKeeper) stop() {
 	if k == nil {
 		return
 	}
-	close(k.quit)
-	<-k.done
+	k.stopped.Do(func() { close(k.quit) })
 }
 
 // extendDue extends the leases due at now, and returns when every extension

