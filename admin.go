@@ -112,7 +112,8 @@ type keyState struct {
 	WindowSeconds float64 `json:"window_seconds"`
 	Algorithm     string  `json:"algorithm"`
 	// Unit is what Limit, Count and Remaining count: "requests",
-	// "content-bytes" (settle bytes) or "units" (a cost, settle header).
+	// "content-bytes" (settle bytes), "units" (a cost, settle header) or
+	// "concurrent-requests" (a concurrency zone).
 	Unit string `json:"unit"`
 	// Count is the units used in the window now, past Limit included (a
 	// charge above a reservation); for the counter algorithm its estimate,
@@ -125,8 +126,18 @@ type keyState struct {
 	ResetSeconds float64 `json:"reset_seconds"`
 	// RetryAfterSeconds is the time until a request would be admitted (of
 	// the zone's fixed cost, or of 1 where requests say their own); 0 if one
-	// would be admitted now.
+	// would be admitted now (after waiting WaitSeconds, in a zone with a
+	// wait).
 	RetryAfterSeconds float64 `json:"retry_after_seconds"`
+	// WaitSeconds is, in a zone with a wait, how long a request now would be
+	// held for its slot (0: it would go on at once); absent in other zones.
+	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
+	// LeasesHeld is, in a concurrency zone, the leases the client holds on
+	// every instance (its requests in flight, as Count), and LeasesHeldHere
+	// those that its requests running through this handler hold; absent in
+	// other zones.
+	LeasesHeld     *int64 `json:"leases_held,omitempty"`
+	LeasesHeldHere *int64 `json:"leases_held_here,omitempty"`
 }
 
 // resetAnswer is the answer to DELETE.
@@ -215,7 +226,7 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
 	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
-	check := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit}
+	check := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit, Wait: z.wait}
 	if z.units != nil {
 		// The times say when a request of the zone's fixed cost goes.
 		check.Cost = z.units.cost.fixed
@@ -227,7 +238,10 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 			Err:        fmt.Errorf("zone %s: reading the client's state: %w", z.Name, err),
 		}
 	}
-	return writeJSON(w, http.StatusOK, keyState{
+	decisions := []limiter.Decision{d}
+	leaseAnswers([]*Zone{z}, decisions)
+	d = decisions[0]
+	state := keyState{
 		Zone:              z.Name,
 		Identity:          z.identity,
 		Key:               key,
@@ -235,12 +249,21 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		LimitFrom:         z.MaxRequestsFrom,
 		WindowSeconds:     milliseconds(z.limit.Window),
 		Algorithm:         z.limit.Algorithm.String(),
-		Unit:              z.units.name(),
+		Unit:              z.unit(),
 		Count:             used,
 		Remaining:         d.Remaining,
 		ResetSeconds:      milliseconds(d.Reset),
 		RetryAfterSeconds: milliseconds(d.RetryAfter),
-	})
+	}
+	if z.wait > 0 {
+		wait := milliseconds(d.Delay)
+		state.WaitSeconds = &wait
+	}
+	if z.limit.Algorithm == limiter.Concurrency {
+		held, here := state.Count, h.leases.held(z.identity, key)
+		state.LeasesHeld, state.LeasesHeldHere = &held, &here
+	}
+	return writeJSON(w, http.StatusOK, state)
 }
 
 // milliseconds is d in seconds, rounded to the millisecond, so that JSON

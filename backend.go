@@ -89,7 +89,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		failMode:       cfg.failMode,
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
-		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle): their reservations count until they age out", time.Second),
+		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
 	}
 	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
@@ -239,6 +239,16 @@ func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decision
 	return nil
 }
 
+// extend restarts the lease time of the leases that decisions hold, in the
+// store that src says took them.
+func (b *backend) extend(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
+	var store limiter.Store = b.store
+	if src == fromLocal {
+		store = b.local
+	}
+	return store.Extend(ctx, checks, decisions)
+}
+
 // operatorMinTimeout is the least time an operator's call (the admin API)
 // gives a store: more than a request's decision gets, since nobody waits
 // behind it.
@@ -255,8 +265,14 @@ func (b *backend) operatorTimeout() time.Duration {
 func (b *backend) peek(ctx context.Context, check limiter.Check) (d limiter.Decision, used int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, b.operatorTimeout())
 	defer cancel()
+	if check.Limit.Algorithm == limiter.Concurrency {
+		// Its leases are requests: what is used is what is not left.
+		decisions := make([]limiter.Decision, 1)
+		err = b.store.Peek(ctx, []limiter.Check{check}, decisions)
+		return decisions[0], max(check.Limit.Max-decisions[0].Remaining, 0), err
+	}
 	all := check
-	all.Limit.Max, all.Cost = maxMaxRequests, 0
+	all.Limit.Max, all.Cost, all.Wait = maxMaxRequests, 0, 0
 	decisions := make([]limiter.Decision, 2)
 	err = b.store.Peek(ctx, []limiter.Check{check, all}, decisions)
 	return decisions[0], maxMaxRequests - decisions[1].Remaining, err

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -37,6 +38,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		key          <string>
 //		algorithm    log|counter
 //		count_status <code|class>...
+//		wait         <duration>
 //		zone <name> [<window> <max_requests>] {
 //			window       <duration>
 //			max_requests <n> | <placeholder> <fallback>
@@ -45,10 +47,20 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			key          <string>
 //			algorithm    log|counter
 //			count_status <code|class>...
+//			wait         <duration>
 //			match {
 //				<matchers>
 //			}
 //		}
+//		zone <name> {
+//			concurrent   <n>
+//			lease        <duration>
+//			key          <string>
+//			match {
+//				<matchers>
+//			}
+//		}
+//		max_waiting  <n>
 //		mode         enforce|report
 //		ipv4_prefix  <bits>
 //		ipv6_prefix  <bits>
@@ -62,8 +74,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 // window and max_requests define the zone named "default"; give them, or
 // one or more zones, or both. A zone may be given in short, with or without
-// a block: zone burst 1s 10. key, algorithm, count_status, cost and settle
-// at the top are the defaults of every zone. Defaults: key {client_ip}, algorithm log, mode
+// a block: zone burst 1s 10. key, algorithm, count_status, cost, settle
+// and wait at the top are the defaults of every zone. A zone with concurrent
+// limits requests in flight instead, and has no window, max_requests, cost
+// or settle. Defaults: key {client_ip}, algorithm log, cost 1, no wait,
+// lease 1m, max_waiting 1000, mode
 // enforce, ipv4_prefix 32, ipv6_prefix 64, fail_mode open, no redis
 // (in-process store), key_prefix srl:, timeout 100ms, headers
 // draft.
@@ -174,6 +189,20 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		h.KeyPrefix = arg
 	case "timeout":
 		return positiveDuration(d, name, &h.Timeout)
+	case "wait":
+		return positiveDuration(d, name, &h.Wait)
+	case "max_waiting":
+		arg, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(arg)
+		if err != nil || n < 1 {
+			return d.Errf("max_waiting must be a whole number of at least 1, got %q", arg)
+		}
+		h.MaxWaiting = n
+	case "concurrent", "lease":
+		return d.Errf("%s belongs in a zone, which it makes a concurrency zone: zone <name> { concurrent <n> }", name)
 	case "autopipeline":
 		return d.Errf("autopipeline was removed: the module's own batching decides each batch in one script call; delete the line")
 	default:
@@ -188,8 +217,8 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 var (
 	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
 	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
-		"redis", "key_prefix", "timeout"}, limitSubdirectives...)
-	zoneSubdirectives = append([]string{"match"}, limitSubdirectives...)
+		"redis", "key_prefix", "timeout", "wait", "max_waiting"}, limitSubdirectives...)
+	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease"}, limitSubdirectives...)
 )
 
 // parseLimitOption parses a subdirective that both the handler and a zone
@@ -260,6 +289,9 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 		if err == nil && !handled {
 			handled, err = parseLimitOption(d, name, &z.Window, &z.Key, &z.Algorithm, &z.CountStatus)
 		}
+		if err == nil && !handled {
+			handled, err = parseZoneTimeOption(d, name, z)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -271,16 +303,51 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			return nil, d.Errf("zone %s: unrecognized subdirective '%s'%s", z.Name, name, hint)
 		}
 	}
+	if z.concurrency() {
+		err := checkConcurrencyZone(z.Concurrent, time.Duration(z.Lease), z.countingFields(), z.Algorithm, time.Duration(z.Wait))
+		if err != nil {
+			return nil, d.Errf("zone %s: %v", z.Name, err)
+		}
+		return z, nil
+	}
 	if !seen["window"] {
 		return nil, d.Errf("zone %s: window is required", z.Name)
 	}
 	if !seen["max_requests"] {
 		return nil, d.Errf("zone %s: max_requests is required", z.Name)
 	}
-	if err := checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom); err != nil {
-		return nil, d.Errf("zone %s: %v", z.Name, err)
+	for _, err := range []error{
+		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
+		checkWait(time.Duration(z.Wait), z.Algorithm),
+	} {
+		if err != nil {
+			return nil, d.Errf("zone %s: %v", z.Name, err)
+		}
 	}
 	return z, nil
+}
+
+// parseZoneTimeOption parses a zone's wait, concurrent and lease. It
+// reports false for any other name.
+func parseZoneTimeOption(d *caddyfile.Dispenser, name string, z *Zone) (bool, error) {
+	switch name {
+	case "wait":
+		return true, positiveDuration(d, name, &z.Wait)
+	case "lease":
+		return true, positiveDuration(d, name, &z.Lease)
+	case "concurrent":
+		arg, err := oneArg(d)
+		if err != nil {
+			return true, err
+		}
+		n, err := strconv.ParseInt(arg, 10, 64)
+		if err != nil || n < 1 {
+			return true, d.Errf("concurrent must be a whole number of at least 1, got %q", arg)
+		}
+		z.Concurrent = n
+		return true, nil
+	}
+	return false, nil
 }
 
 // subdirectiveSyntax is the form of each subdirective that takes one
@@ -296,6 +363,10 @@ var subdirectiveSyntax = map[string]string{
 	"ipv6_prefix": "ipv6_prefix <bits>",
 	"key_prefix":  "key_prefix <string>",
 	"timeout":     "timeout <duration>",
+	"wait":        "wait <duration>",
+	"max_waiting": "max_waiting <n>",
+	"concurrent":  "concurrent <n>",
+	"lease":       "lease <duration>",
 }
 
 // parseZoneShortForm reads the arguments after a zone's name, the short form

@@ -32,7 +32,9 @@ its admin API, which must be enabled.
 
   status --zone <zone> --key <key>   a client's units used and left (requests,
                                      content-bytes or units) and wait in a
-                                     zone; records nothing
+                                     zone, the wait of a request now (a zone
+                                     with a wait) and the leases held (a
+                                     concurrency zone); records nothing
   reset  --zone <zone> --key <key>   forgets the client's requests in a zone,
                                      on every instance that shares the store
   blocked [--limit <n>]              the clients this instance holds as blocked,
@@ -124,8 +126,20 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 		fmt.Fprintln(tw, "ZONE\tIDENTITY\tKEY\tCOUNT\tREMAINING\tUNIT\tRESET\tRETRY AFTER")
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", cell(s.Zone), cell(s.Identity), cell(s.Key),
 			s.Count, s.Remaining, cell(s.Unit), seconds(s.ResetSeconds), seconds(s.RetryAfterSeconds))
+		printWaitAndLeases(tw, s)
 		return nil
 	})
+}
+
+// printWaitAndLeases adds, below the status table, the wait of a request
+// now in a zone with a wait, and the leases held in a concurrency zone.
+func printWaitAndLeases(tw io.Writer, s keyState) {
+	if s.WaitSeconds != nil {
+		fmt.Fprintf(tw, "\nWAIT NOW\n%s\n", seconds(*s.WaitSeconds))
+	}
+	if s.LeasesHeld != nil && s.LeasesHeldHere != nil {
+		fmt.Fprintf(tw, "\nLEASES HELD\tON THIS INSTANCE\n%d\t%d\n", *s.LeasesHeld, *s.LeasesHeldHere)
+	}
 }
 
 func cmdReset(fl caddycmd.Flags, out io.Writer) (int, error) {

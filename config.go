@@ -94,6 +94,26 @@ type Handler struct {
 	// counts.
 	CountStatus []int `json:"count_status,omitempty"`
 
+	// Wait is how long a request that cannot be admitted now, but can be
+	// within this time, is held for its slot and then passed on, instead of
+	// denied (nginx's burst with delay, exact across instances): its
+	// admission is recorded at that later time, so no other request takes
+	// its slot. It is the default zone's, and that of every zone of
+	// algorithm log that sets none; a request waits only if every zone that
+	// applies to it has a wait, and at most the least of them (and at most
+	// the zone's window). Never past the request's deadline or the server's
+	// write timeout (or its read timeout, when a body is still to be read).
+	// A held request whose client goes away gives its slot back. Default 0:
+	// no wait, a request that cannot be admitted now is denied.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// MaxWaiting bounds how many requests this handler holds for their
+	// slot at once, on this instance, over all its zones: a request that
+	// finds it full is decided without a wait (so denied with 429 if it
+	// cannot be admitted now), rather than promised a slot it might not
+	// use. Each held request keeps its connection. Default 1000; at least 1.
+	MaxWaiting int `json:"max_waiting,omitempty"`
+
 	// Zones are further named limits. A request is admitted only if every
 	// zone that applies to it admits it, and a denial by one zone consumes
 	// nothing in the others.
@@ -166,13 +186,19 @@ type Handler struct {
 	// fallback.
 	backend *backend
 	// afterResponse is set when a zone acts after the response
-	// (count_status, settle) or counts units, so that admitted requests are
-	// followed to it.
+	// (count_status, settle, a lease to release) or counts units, so that
+	// admitted requests are followed to it.
 	afterResponse bool
 
 	events *caddyevents.App
 	ctx    caddy.Context
 	logger *zap.Logger
+
+	// waits holds requests admitted for a later time (nil: no zone waits),
+	// and leases extends the leases of running requests (nil: no
+	// concurrency zone).
+	waits  *waitRoom
+	leases *leaseKeeper
 }
 
 // CaddyModule returns the Caddy module information.
@@ -204,6 +230,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.backend = b
+	h.waits = newWaitRoom(h.zones, h.MaxWaiting, time.Duration(h.Timeout), h.Mode == modeReport, b)
+	h.leases = newLeaseKeeper(h.zones, b, h.logger)
 	handlers.add(h)
 	if h.Window != 0 {
 		// The zone of the three-line form, which nobody named.
@@ -281,6 +309,9 @@ func (h *Handler) setDefaults() {
 	if h.Headers == "" {
 		h.Headers = headersDraft
 	}
+	if h.MaxWaiting == 0 {
+		h.MaxWaiting = defaultMaxWaiting
+	}
 }
 
 // provisionZones builds the zone list: the "default" zone of the top-level
@@ -293,7 +324,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.afterResponse = false
-	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, Settle: h.Settle}
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, Settle: h.Settle, Wait: h.Wait}
 	for _, z := range h.zones {
 		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
@@ -315,7 +346,7 @@ func (h *Handler) Validate() error {
 	var errs []error
 	if hasDefault {
 		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
-			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom))
+			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), h.Algorithm))
 	}
 	// Provision has set the defaults of the optional fields.
 	errs = append(errs,
@@ -334,6 +365,8 @@ func (h *Handler) Validate() error {
 		checkCost(h.Cost),
 		checkSettle(h.Settle),
 		checkMaxRequestsFrom(h.MaxRequestsFrom),
+		checkWait(time.Duration(h.Wait), ""),
+		checkMaxWaiting(h.MaxWaiting),
 	)
 	if h.MaxRequestsFrom != "" && !hasDefault {
 		errs = append(errs, errors.New("max_requests_from needs window and max_requests (its fallback); a zone has its own"))
@@ -353,6 +386,9 @@ func (h *Handler) Validate() error {
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
 	handlers.remove(h)
+	// Before the stores go: leases of requests still running then expire
+	// after their lease time.
+	h.leases.stop()
 	if h.backend == nil {
 		return nil
 	}

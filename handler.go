@@ -29,7 +29,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(req.checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
+	waiting := h.waits.enter(&req, r)
 	source, err := h.backend.decide(r.Context(), req.checks, req.decisions)
+	if waiting && !h.waits.hold(r, &req, source, err) {
+		// The client went away while held; its slots were given back.
+		return nil
+	}
 	if err != nil {
 		if r.Context().Err() != nil {
 			// The client went away: nothing failed, and no one waits.
@@ -37,11 +42,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return h.failed(w, r, next, &req, err)
 	}
+	if h.leases != nil {
+		leaseAnswers(req.zones, req.decisions)
+	}
 	shown := mostRestrictive(req.decisions)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.checks, req.decisions, shown)
 	setPlaceholders(r, repl, req.zones[shown], req.checks[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {
 		count(req.zones, source.allowed())
+		next = h.leases.around(next, &req, source)
 		if h.afterResponse {
 			return serveSettled(w, r, next, h.backend, &req, source)
 		}

@@ -14,16 +14,24 @@ import (
 func (z *Zone) prepareHeaders() {
 	z.maxText = strconv.FormatInt(z.MaxRequests, 10)
 	z.quotedName = strconv.Quote(z.Name)
+	if z.limit.Algorithm == limiter.Concurrency {
+		z.maxText = strconv.FormatInt(z.Concurrent, 10)
+	}
 	z.policy = z.policyItem(z.maxText)
 }
 
 // policyItem is the zone's RateLimit-Policy item for a call whose max is
 // maxText, in the zone's units: the draft's quota-unit parameter qu where
-// the draft has a value for the unit ("content-bytes"), none for requests
-// (its default) and none for units it has no value for (tokens, a cost).
+// the draft has a value for the unit ("content-bytes",
+// "concurrent-requests"), none for requests (its default) and none for
+// units it has no value for (tokens, a cost). Requests in flight have no
+// window.
 func (z *Zone) policyItem(maxText string) string {
 	item := z.quotedName + ";q=" + maxText
-	if z.units.name() == unitContentBytes {
+	switch z.unit() {
+	case unitConcurrentRequests:
+		return item + `;qu="concurrent-requests"`
+	case unitContentBytes:
 		item += `;qu="content-bytes"`
 	}
 	return item + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
@@ -73,8 +81,11 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Ch
 	item := append(buf[:0], z.quotedName...)
 	item = append(item, ";r="...)
 	item = strconv.AppendInt(item, d.Remaining, 10)
-	item = append(item, ";t="...)
-	item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	if z.limit.Algorithm != limiter.Concurrency {
+		// A slot in flight frees when a request ends: no time to say.
+		item = append(item, ";t="...)
+		item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	}
 	if mode != headersLegacy {
 		values := make([]string, 2)
 		values[0], values[1] = policy, string(item)

@@ -28,6 +28,13 @@ var limiterMetrics struct {
 	denyCacheHits *prometheus.CounterVec
 	keyFallbacks  *prometheus.CounterVec
 	redisDuration prometheus.Histogram
+	// Waits and leases: see wait.go and lease.go.
+	waitSeconds    *prometheus.HistogramVec
+	waitsAbandoned *prometheus.CounterVec
+	waitRoomFull   prometheus.Counter
+	waiting        prometheus.Gauge
+	leasesInUse    *prometheus.GaugeVec
+	leasesLost     *prometheus.CounterVec
 	// circuitState is the connections' (see redisconn.CircuitState).
 	circuitState *prometheus.GaugeVec
 }
@@ -54,6 +61,31 @@ func initMetrics(registry *prometheus.Registry) error {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		})
 		m.circuitState = redisconn.CircuitState()
+		m.waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "wait_seconds",
+			Help:    "How long admitted requests were held for their slot (wait), by the zone with the least room left; its count is the requests that waited.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"zone"})
+		m.waitsAbandoned = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "waits_abandoned_total",
+			Help: "Held requests whose client went away before their slot: their admissions were given back.",
+		}, []string{"zone"})
+		m.waitRoomFull = prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "wait_room_full_total",
+			Help: "Requests decided without a wait because their handler held max_waiting requests already.",
+		})
+		m.waiting = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "waiting",
+			Help: "Requests held for their slot now, or being decided with a wait, on this instance.",
+		})
+		m.leasesInUse = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "leases_in_use",
+			Help: "Leases of concurrency zones that requests running on this instance hold.",
+		}, []string{"zone"})
+		m.leasesLost = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "leases_lost_total",
+			Help: "Leases of running requests that expired before they could be extended.",
+		}, []string{"zone"})
 	})
 	if err := initUnitMetrics(registry); err != nil {
 		return err
@@ -61,7 +93,8 @@ func initMetrics(registry *prometheus.Registry) error {
 	if registry == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState} {
+	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
+		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

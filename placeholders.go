@@ -63,7 +63,7 @@ func (p *decisionPlaceholders) replace(key string) (any, bool) {
 	case "limit":
 		return p.zone.maxOf(p.max), true
 	case "unit":
-		return p.zone.units.name(), true
+		return p.zone.unit(), true
 	case "cost":
 		return max(p.cost, 1), true
 	case "remaining":

@@ -231,3 +231,42 @@ func checkCountStatus(list []int) error {
 	}
 	return nil
 }
+
+// checkWait is the rule of wait: not negative; and only a zone of
+// algorithm log (the handler's algorithm when the zone sets none) waits,
+// since a counter cannot promise a slot at a later time.
+func checkWait(wait time.Duration, algorithm string) error {
+	if wait < 0 {
+		return fmt.Errorf("wait must not be negative, got %v", wait)
+	}
+	if wait > 0 && algorithm == algorithmCounter {
+		return fmt.Errorf("wait needs algorithm log: a counter cannot promise a later slot (wait %v)", wait)
+	}
+	return nil
+}
+
+func checkMaxWaiting(n int) error {
+	if n < 0 {
+		return fmt.Errorf("max_waiting must be at least 1, got %d", n)
+	}
+	return nil
+}
+
+// checkConcurrencyZone is the rule of a zone with concurrent or lease: a
+// number of requests in flight and how long a slot outlives news of its
+// request, and nothing of a zone that counts admissions in a window.
+func checkConcurrencyZone(concurrent int64, lease time.Duration, counts, algorithm string, wait time.Duration) error {
+	switch {
+	case concurrent < 1:
+		return fmt.Errorf("concurrent must be at least 1, got %d (lease goes with concurrent)", concurrent)
+	case lease < 0:
+		return fmt.Errorf("lease must not be negative, got %v", lease)
+	case counts != "":
+		return fmt.Errorf("a concurrency zone counts requests in flight, not in a window: remove %s (or concurrent)", counts)
+	case algorithm != "":
+		return fmt.Errorf("a concurrency zone takes no algorithm, got %q", algorithm)
+	case wait != 0:
+		return fmt.Errorf("a concurrency zone takes no wait: a request takes its slot at once or is denied (wait %v)", wait)
+	}
+	return nil
+}

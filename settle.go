@@ -10,9 +10,9 @@ import (
 )
 
 // followsResponse reports whether the zone acts once the response is done:
-// it counts by status, or settles.
+// it counts by status, settles, or releases a lease.
 func (z *Zone) followsResponse() bool {
-	return len(z.CountStatus) > 0 || z.units != nil && z.units.settle != nil
+	return len(z.CountStatus) > 0 || z.units != nil && z.units.settle != nil || z.concurrency()
 }
 
 // serveSettled passes an admitted request on and then settles, in one store
@@ -77,8 +77,7 @@ func (req *request) settlement(m *responseMeter, status int) *settlement {
 	var s *settlement
 	for i, z := range req.zones {
 		c := req.checks[i]
-		reserved := max(c.Cost, 1)
-		cost := reserved
+		cost := max(c.Cost, 1)
 		switch {
 		case !z.counts(status):
 			cost = 0
@@ -92,25 +91,45 @@ func (req *request) settlement(m *responseMeter, status int) *settlement {
 		if z.units != nil {
 			z.units.admitted.Add(float64(cost))
 		}
-		if cost == reserved {
-			continue
-		}
-		if s == nil {
-			s = new(settlement)
-			s.checks, s.decisions, s.lowered = s.checksBuf[:0], s.decisionsBuf[:0], s.loweredBuf[:0]
-		}
-		c.Cost = cost
-		s.checks = append(s.checks, c)
-		s.decisions = append(s.decisions, req.decisions[i])
-		lowered := notLowered
-		if cost < reserved {
-			lowered = loweredHere
-			if z.denialMayRestOn(req.checks[i], req.decisions[i]) {
-				lowered = loweredEverywhere
-			}
-		}
-		s.lowered = append(s.lowered, lowered)
+		s = s.add(z, c, req.decisions[i], cost)
 	}
+	return s
+}
+
+// givenBack is the settlement of a request that was admitted but never
+// served (its client went away while it waited): every admission settled
+// to zero, so that its slots go to other requests.
+func (req *request) givenBack() *settlement {
+	var s *settlement
+	for i, z := range req.zones {
+		s = s.add(z, req.checks[i], req.decisions[i], 0)
+	}
+	return s
+}
+
+// add adds the admission that decision d recorded for check c of zone z,
+// settled to cost, unless that is what it reserved; s may be nil, and add
+// returns the settlement, created on the first change.
+func (s *settlement) add(z *Zone, c limiter.Check, d limiter.Decision, cost int64) *settlement {
+	reserved := max(c.Cost, 1)
+	if cost == reserved {
+		return s
+	}
+	if s == nil {
+		s = new(settlement)
+		s.checks, s.decisions, s.lowered = s.checksBuf[:0], s.decisionsBuf[:0], s.loweredBuf[:0]
+	}
+	lowered := notLowered
+	if cost < reserved {
+		lowered = loweredHere
+		if z.denialMayRestOn(c, d) {
+			lowered = loweredEverywhere
+		}
+	}
+	c.Cost = cost
+	s.checks = append(s.checks, c)
+	s.decisions = append(s.decisions, d)
+	s.lowered = append(s.lowered, lowered)
 	return s
 }
 
@@ -131,6 +150,11 @@ func (req *request) spent() {
 // when the zone settles, since another request's charge above its
 // reservation can take the room left afterwards.
 func (z *Zone) denialMayRestOn(c limiter.Check, d limiter.Decision) bool {
+	if z.limit.Algorithm == limiter.Concurrency {
+		// No instance caches a denial by a concurrency zone: a released
+		// lease has no one to tell.
+		return false
+	}
 	if z.units == nil {
 		return d.Remaining < max(c.Cost, 1)
 	}

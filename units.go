@@ -21,6 +21,8 @@ const (
 	// unitUnits: what requests say they cost (cost) or what their
 	// responses report (settle header): tokens, a query's complexity.
 	unitUnits = "units"
+	// unitConcurrentRequests: requests in flight (a concurrency zone).
+	unitConcurrentRequests = "concurrent-requests"
 )
 
 // zoneUnits is what a zone needs per request when a request is not simply
@@ -107,6 +109,14 @@ func (u *zoneUnits) price(r *http.Request, repl *caddy.Replacer, c *limiter.Chec
 		c.Limit.Max = u.quota.of(r, repl)
 	}
 	c.Cost = u.cost.of(r, repl)
+}
+
+// unit is what the zone counts in.
+func (z *Zone) unit() string {
+	if z.limit.Algorithm == limiter.Concurrency {
+		return unitConcurrentRequests
+	}
+	return z.units.name()
 }
 
 // name is what the zone counts in; a zone without units counts requests.

@@ -1,8 +1,10 @@
 package slidingratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -83,6 +85,27 @@ type Zone struct {
 	// zone's limit (see the handler's count_status). Default: the handler's.
 	CountStatus []int `json:"count_status,omitempty"`
 
+	// Wait is how long a request that this zone cannot admit now may be
+	// held for its slot instead of denied (see the handler's wait); only a
+	// zone of algorithm log waits. Default: the handler's wait.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// Concurrent makes this a concurrency zone: at most Concurrent requests
+	// of one client in flight at once, on every instance that shares the
+	// store. Each admitted request takes a slot (a lease) that it gives
+	// back when its response ends. A concurrency zone has no window,
+	// max_requests, algorithm, count_status or wait; a denied request gets
+	// 429 with Retry-After: 1. Default 0: a zone of window and max_requests.
+	Concurrent int64 `json:"concurrent,omitempty"`
+
+	// Lease is how long a concurrency zone's slot outlives news of its
+	// request: the instance that runs the request extends it every third of
+	// Lease while the response runs (a long download, a WebSocket), so the
+	// slots of an instance that died come back Lease after its last
+	// extension. Default 1m; greater than zero when set; only with
+	// Concurrent.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
 	// MatchersRaw limits the zone to requests that match; default: all
 	// requests the handler sees.
 	MatchersRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
@@ -107,6 +130,10 @@ type Zone struct {
 	// units is what a request costs and settles to when that is not one
 	// request of MaxRequests; nil otherwise (see newZoneUnits).
 	units *zoneUnits
+
+	// wait is how long this zone lets a request wait for its slot: its
+	// Wait, or the handler's; zero but in a zone of algorithm log.
+	wait time.Duration
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
@@ -116,16 +143,17 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	if z.Key == "" {
 		z.Key = defaults.Key
 	}
-	if z.Algorithm == "" {
+	// A concurrency zone has none of these: the handler's do not apply.
+	if z.Algorithm == "" && !z.concurrency() {
 		z.Algorithm = defaults.Algorithm
 	}
-	if z.CountStatus == nil {
+	if z.CountStatus == nil && !z.concurrency() {
 		z.CountStatus = defaults.CountStatus
 	}
-	if z.Cost == "" {
+	if z.Cost == "" && !z.concurrency() {
 		z.Cost = defaults.Cost
 	}
-	if z.Settle == nil {
+	if z.Settle == nil && !z.concurrency() {
 		z.Settle = defaults.Settle
 	}
 	if z.MatchersRaw != nil {
@@ -138,6 +166,12 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 		}
 	}
 	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
+	switch {
+	case z.concurrency():
+		z.limit = limiter.Limit{Window: cmp.Or(time.Duration(z.Lease), defaultLease), Max: z.Concurrent, Algorithm: limiter.Concurrency}
+	case z.Algorithm == algorithmLog:
+		z.wait = time.Duration(cmp.Or(z.Wait, defaults.Wait))
+	}
 	if z.Algorithm == algorithmCounter {
 		z.limit.Algorithm = limiter.SlidingCounter
 		if z.MaxRequests < counterMinMax {
@@ -158,6 +192,18 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	return nil
 }
 
+// defaultLease is a concurrency zone's lease time when it sets none. It is
+// how long the slots of an instance that dies stay taken, and a running
+// request's instance extends its lease every third of it: a minute frees a
+// dead instance's slots soon enough to be an outage, not a lockout, and
+// costs one extension per long request every 20 s (batched with the
+// others), while an extension may fail for 40 s (Redis away, a stalled
+// process) before a running request loses its slot.
+const defaultLease = time.Minute
+
+// concurrency reports whether the zone limits requests in flight.
+func (z *Zone) concurrency() bool { return z.Concurrent != 0 || z.Lease != 0 }
+
 // applies reports whether the zone limits r.
 func (z *Zone) applies(r *http.Request) (bool, error) {
 	if len(z.matchers) == 0 {
@@ -171,6 +217,10 @@ func (z *Zone) applies(r *http.Request) (bool, error) {
 // digit n for the class nxx, as Caddy's response matchers read status codes.
 // An empty list counts every response.
 func (z *Zone) counts(status int) bool {
+	if z.limit.Algorithm == limiter.Concurrency {
+		// Its lease is given back when the response ends, whatever it is.
+		return false
+	}
 	if len(z.CountStatus) == 0 {
 		return true
 	}
@@ -184,7 +234,7 @@ func (z *Zone) counts(status int) bool {
 
 // validate checks the zone's own fields.
 func (z *Zone) validate() error {
-	for _, err := range []error{
+	rules := []error{
 		checkZoneName(z.Name),
 		checkPositive("window", time.Duration(z.Window)),
 		checkMaxRequests(z.MaxRequests),
@@ -195,7 +245,16 @@ func (z *Zone) validate() error {
 		checkSettle(z.Settle),
 		checkMaxRequestsFrom(z.MaxRequestsFrom),
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
-	} {
+		checkWait(time.Duration(z.Wait), z.Algorithm),
+	}
+	if z.concurrency() {
+		rules = []error{
+			checkZoneName(z.Name),
+			checkConcurrencyZone(z.Concurrent, time.Duration(z.Lease), z.countingFields(), z.Algorithm, time.Duration(z.Wait)),
+			checkKeyTemplate(z.Key),
+		}
+	}
+	for _, err := range rules {
 		if err != nil {
 			if z.Name == "" {
 				return err
@@ -204,6 +263,31 @@ func (z *Zone) validate() error {
 		}
 	}
 	return nil
+}
+
+// countingFields names the fields set that count admissions in a window,
+// which a concurrency zone does not.
+func (z *Zone) countingFields() string {
+	var set []string
+	if z.Window != 0 {
+		set = append(set, "window")
+	}
+	if z.MaxRequests != 0 {
+		set = append(set, "max_requests")
+	}
+	if z.CountStatus != nil {
+		set = append(set, "count_status")
+	}
+	if z.MaxRequestsFrom != "" {
+		set = append(set, "max_requests_from")
+	}
+	if z.Cost != "" {
+		set = append(set, "cost")
+	}
+	if z.Settle != nil {
+		set = append(set, "settle")
+	}
+	return strings.Join(set, ", ")
 }
 
 // checkZoneNames rejects a name given twice, counting the zone that the

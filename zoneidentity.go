@@ -13,15 +13,21 @@ import (
 // a placeholder), then for the counter its algorithm, what its count_status
 // counts, and what it settles to, as in "default:1m:100",
 // "api:1h:1000:counter", "login:10m:3:401,4xx", "tenants:1m:per-tenant" or
-// "downloads:1h:1000000000:bytes". Two handlers share a zone's state exactly
-// when their zones agree on all of these (and on the Redis and the key
-// prefix), so two sites that both use the three-line form with different
-// limits never count each other's requests, while handlers that are meant to
-// share one limit say so by giving their zones the same name and limit.
-// Changing a zone's limit, algorithm or unit on a reload starts its clients
-// over; a tenant's quota that changes does not, nor does a cost (requests
-// priced differently still spend one budget).
+// "downloads:1h:1000000000:bytes"; a concurrency zone's is its name and how
+// many requests may run at once, as in "reports:concurrent:2". Two handlers
+// share a zone's state exactly when their zones agree on all of these (and
+// on the Redis and the key prefix), so two sites that both use the
+// three-line form with different limits never count each other's requests,
+// while handlers that are meant to share one limit say so by giving their
+// zones the same name and limit. Changing a zone's limit, algorithm or unit
+// on a reload starts its clients over; a tenant's quota that changes does
+// not, nor does a cost (requests priced differently still spend one budget).
 func zoneIdentity(name string, limit limiter.Limit, perTenant bool, countStatus []int, settle *Settle) string {
+	if limit.Algorithm == limiter.Concurrency {
+		// The lease time is not part of the limit, so instances with
+		// different lease times share its slots.
+		return name + ":concurrent:" + strconv.FormatInt(limit.Max, 10)
+	}
 	var b strings.Builder
 	b.WriteString(name)
 	b.WriteByte(':')

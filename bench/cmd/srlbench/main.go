@@ -21,7 +21,9 @@
 //     each many clients run is followed by a run of the anchor peer
 //     (go-redis/redis_rate, driven from this process on the same Redis) and
 //     one of the seed;
-//  7. writes the report and stops everything, also on Ctrl-C.
+//  7. adds a site whose zone has a wait and keeps its clients' requests in
+//     flight, held for their slots (waits.go);
+//  8. writes the report and stops everything, also on Ctrl-C.
 //
 // Paths in flags are relative to bench/, where `make bench` runs it.
 package main
@@ -209,6 +211,11 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 
+	waits, err := runWaits(ctx, cfg, rc, meter, site.admin, redisURL)
+	if err != nil {
+		return fmt.Errorf("waits: %w", err)
+	}
+
 	profileNote := ""
 	if cfg.cpuprofile != "" {
 		script, ok := scripts[cfg.profiled]
@@ -221,7 +228,7 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }

@@ -249,6 +249,7 @@ type report struct {
 	profile     string
 	seedSkip    error // why the seed did not run; nil if it did
 	rtt         roundTrips
+	waits       []waitsRun
 }
 
 // command is how to reproduce the run.
@@ -458,6 +459,7 @@ func (r report) markdown(chartFile string) string {
 	p("")
 
 	r.farSection(p, all)
+	r.waitsSection(p)
 	r.memorySection(p)
 	r.perRunSection(p)
 	r.notesSection(p, all)

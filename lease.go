@@ -1,0 +1,296 @@
+package slidingratelimit
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// A concurrency zone's admitted request holds a lease: a slot that the store
+// counts until the request gives it back or its lease time passes. The
+// request takes it with its other zones (all or nothing, one store call),
+// gives it back when its response ends (the after-response settle, see
+// Zone.counts), and the leaseKeeper extends it while the response runs, so
+// that only the leases of an instance that died expire.
+
+// leaseKeeper extends the leases of one handler's running requests, from one
+// goroutine, every sixth of the shortest lease time of its zones: a lease
+// is extended once a third of its lease time has passed since it was taken
+// or last extended, so at the latest half way, leaving the other half for
+// an extension that fails (Redis away) to be tried again. The extensions due
+// at a tick are sent together, many leases per call (see leaseBatch), so
+// their cost grows with the long requests by a script call per few hundred.
+type leaseKeeper struct {
+	backend *backend
+	every   time.Duration
+
+	mu      sync.Mutex
+	running map[*runningLease]struct{}
+
+	quit     chan struct{}
+	stopped  sync.Once
+	inUse    map[*Zone]prometheus.Gauge
+	lost     map[*Zone]prometheus.Counter
+	failures *failureLog
+	lostLog  *failureLog
+}
+
+// runningLease is one lease of a running request, with copies of its check
+// and decision: extending changes a decision, so the keeper has its own.
+type runningLease struct {
+	zone     *Zone
+	check    limiter.Check
+	decision limiter.Decision
+	src      source
+	// due is when the lease is next extended; lost is set when it expired
+	// first. Both are guarded by the keeper's mu.
+	due  time.Time
+	lost bool
+}
+
+// Extensions due at one tick go to the store in calls of at most
+// leaseBatch leases, leaseCalls of them at once: the store puts concurrent
+// calls into one script call, so a few hundred long requests cost one or
+// two script calls a tick.
+const (
+	leaseBatch = 64
+	leaseCalls = 4
+)
+
+// newLeaseKeeper starts the keeper of a handler with zones on b, or returns
+// nil when no zone is a concurrency zone.
+func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper {
+	k := &leaseKeeper{
+		backend:  b,
+		running:  make(map[*runningLease]struct{}),
+		quit:     make(chan struct{}),
+		inUse:    make(map[*Zone]prometheus.Gauge),
+		lost:     make(map[*Zone]prometheus.Counter),
+		failures: newFailureLog(logger, "extending the leases of running requests failed: they expire after their lease time unless a later extension succeeds", time.Second),
+		lostLog:  newFailureLog(logger, "a running request's lease expired before it was extended (the store was away for more than half the lease time?): another request may take its slot", time.Second),
+	}
+	for _, z := range zones {
+		if z.limit.Algorithm != limiter.Concurrency {
+			continue
+		}
+		if k.every == 0 || z.limit.Window/6 < k.every {
+			k.every = z.limit.Window / 6
+		}
+		k.inUse[z] = limiterMetrics.leasesInUse.WithLabelValues(z.Name)
+		k.lost[z] = limiterMetrics.leasesLost.WithLabelValues(z.Name)
+	}
+	if len(k.inUse) == 0 {
+		return nil
+	}
+	k.every = max(k.every, time.Millisecond)
+	go k.run()
+	return k
+}
+
+// around returns next, wrapped so that the leases req holds are kept while
+// next runs: from when it starts (after any wait) until it returns, which is
+// before the after-response settle releases them. Without a lease it is next.
+func (k *leaseKeeper) around(next caddyhttp.Handler, req *request, src source) caddyhttp.Handler {
+	if k == nil {
+		return next
+	}
+	var leases []*runningLease
+	for i, z := range req.zones {
+		if z.limit.Algorithm == limiter.Concurrency {
+			leases = append(leases, &runningLease{zone: z, check: req.checks[i], decision: req.decisions[i], src: src})
+		}
+	}
+	if len(leases) == 0 {
+		return next
+	}
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		k.add(leases)
+		defer k.remove(leases)
+		return next.ServeHTTP(w, r)
+	})
+}
+
+func (k *leaseKeeper) add(leases []*runningLease) {
+	now := time.Now()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range leases {
+		l.due = now.Add(l.check.Limit.Window / 3)
+		k.running[l] = struct{}{}
+		k.inUse[l.zone].Inc()
+	}
+}
+
+func (k *leaseKeeper) remove(leases []*runningLease) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range leases {
+		delete(k.running, l)
+		k.inUse[l.zone].Dec()
+	}
+}
+
+// held counts the leases that requests of this handler run under in the
+// zone of that identity for the client key.
+func (k *leaseKeeper) held(identity, key string) int64 {
+	if k == nil {
+		return 0
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var n int64
+	for l := range k.running {
+		if l.check.Zone == identity && l.check.Key == key {
+			n++
+		}
+	}
+	return n
+}
+
+func (k *leaseKeeper) run() {
+	tick := time.NewTicker(k.every)
+	defer tick.Stop()
+	quit := k.quit
+	for {
+		select {
+		case <-quit:
+			quit = nil
+		case now := <-tick.C:
+			k.extendDue(now)
+		}
+		if quit == nil && k.idle() {
+			return
+		}
+	}
+}
+
+// idle reports whether no request holds a lease of the keeper's.
+func (k *leaseKeeper) idle() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.running) == 0
+}
+
+// stop ends the keeper once no request holds a lease of its: after a
+// config reload, a request of the old config may run on (a WebSocket that
+// reverse_proxy keeps with stream_close_delay), and keeps its slot while
+// it runs. A lease that the store behind the old config no longer takes
+// (its Redis changed) expires after its lease time.
+func (k *leaseKeeper) stop() {
+	if k == nil {
+		return
+	}
+	k.stopped.Do(func() { close(k.quit) })
+}
+
+// extendDue extends the leases due at now, and returns when every extension
+// has been answered.
+func (k *leaseKeeper) extendDue(now time.Time) {
+	var due []*runningLease
+	k.mu.Lock()
+	for l := range k.running {
+		if !l.lost && !now.Before(l.due) {
+			due = append(due, l)
+		}
+	}
+	k.mu.Unlock()
+	// A call goes to one store: the fallback's leases apart.
+	slices.SortFunc(due, func(a, b *runningLease) int { return int(a.src) - int(b.src) })
+	batches := make(chan []*runningLease)
+	var wg sync.WaitGroup
+	for range min(leaseCalls, (len(due)+leaseBatch-1)/leaseBatch) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for batch := range batches {
+				k.extend(batch)
+			}
+		}()
+	}
+	for len(due) > 0 {
+		n := min(len(due), leaseBatch)
+		for i := 1; i < n; i++ {
+			if due[i].src != due[0].src {
+				n = i
+				break
+			}
+		}
+		batches <- due[:n]
+		due = due[n:]
+	}
+	close(batches)
+	wg.Wait()
+}
+
+// extend extends the leases of one store in one call and notes the
+// outcome: each due again a third of its lease time later; or, when the
+// store says that one expired first, each extended alone to find which; or,
+// on a store error, all due at the next tick.
+func (k *leaseKeeper) extend(batch []*runningLease) {
+	start := time.Now()
+	checks := make([]limiter.Check, len(batch))
+	decisions := make([]limiter.Decision, len(batch))
+	for i, l := range batch {
+		// Copies: the store marks a lost lease's decision, and the lease's
+		// own is kept for finding it.
+		checks[i], decisions[i] = l.check, l.decision
+	}
+	err := k.backend.extend(context.Background(), checks, decisions, batch[0].src)
+	if errors.Is(err, limiter.ErrLeaseLost) && len(batch) > 1 {
+		for _, l := range batch {
+			k.extend([]*runningLease{l})
+		}
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range batch {
+		_, running := k.running[l]
+		switch {
+		case err == nil:
+			l.due = start.Add(l.check.Limit.Window / 3)
+		case !running:
+			// Its request ended meanwhile, and gave the lease back.
+		case errors.Is(err, limiter.ErrLeaseLost):
+			l.lost = true
+			k.lost[l.zone].Inc()
+			k.lostLog.record(k.backend.failMode, err)
+		default:
+			k.failures.record(k.backend.failMode, err)
+		}
+	}
+}
+
+// leaseRetryAfter is what a denial by a concurrency zone tells the client to
+// wait: the shortest time Retry-After can say.
+const leaseRetryAfter = time.Second
+
+// leaseAnswers sets what the decisions of concurrency zones tell the client.
+// No time until a slot frees is true for them: one frees when a request in
+// flight ends, which may be at any moment; the store's RetryAfter is when
+// the oldest lease expires, which is true only of a lease that nobody
+// extends any more (its instance died). So a denial says Retry-After: 1,
+// the shortest wait the header can say, its reset is that second too, and
+// an admission has no reset (the RateLimit header leaves t out for such a
+// zone).
+func leaseAnswers(zones []*Zone, decisions []limiter.Decision) {
+	for i, z := range zones {
+		if z.limit.Algorithm != limiter.Concurrency {
+			continue
+		}
+		d := &decisions[i]
+		d.Reset = 0
+		if !d.Allowed && !d.Never {
+			d.RetryAfter, d.Reset = leaseRetryAfter, leaseRetryAfter
+		}
+	}
+}

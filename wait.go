@@ -1,0 +1,166 @@
+package slidingratelimit
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// defaultMaxWaiting is how many requests a handler holds at once unless
+// max_waiting says otherwise. A held request keeps its connection, the
+// server's goroutine for it and one timer: some tens of KB, so a thousand
+// cost some tens of MB at most, and a thousand clients waiting at once on
+// one instance is more than waits of seconds need.
+const defaultMaxWaiting = 1000
+
+// waitRoom holds the requests of one handler that the store admits for a
+// later time, until then; at most max of them at once. A request that finds
+// it full is decided without a wait: denied, as in a zone without one,
+// rather than promised a slot that it might not be held for.
+//
+// The store records a held request's admission at its future time, so every
+// instance counts it and no later request takes its slot; the deny cache
+// knows waits too (see limiter.DenyCache). Each held request has one timer;
+// no goroutine is started.
+type waitRoom struct {
+	max  int64
+	held atomic.Int64
+	// margin is kept before a request's deadline: the decision that
+	// grants a wait can take up to the store's timeout, and the hold starts
+	// when it returns.
+	margin time.Duration
+	// report is mode report: nothing is held (see hold).
+	report  bool
+	backend *backend
+	// waited observes each hold, by zone; abandoned counts the holds whose
+	// client went away.
+	waited    map[*Zone]prometheus.Observer
+	abandoned map[*Zone]prometheus.Counter
+}
+
+// newWaitRoom returns the wait room of a handler with zones, or nil when no
+// zone waits.
+func newWaitRoom(zones []*Zone, max int, margin time.Duration, report bool, b *backend) *waitRoom {
+	w := &waitRoom{max: int64(max), margin: margin, report: report, backend: b,
+		waited: make(map[*Zone]prometheus.Observer), abandoned: make(map[*Zone]prometheus.Counter)}
+	for _, z := range zones {
+		if z.wait > 0 {
+			w.waited[z] = limiterMetrics.waitSeconds.WithLabelValues(z.Name)
+			w.abandoned[z] = limiterMetrics.waitsAbandoned.WithLabelValues(z.Name)
+		}
+	}
+	if len(w.waited) == 0 {
+		return nil
+	}
+	return w
+}
+
+// enter gives the checks of req their waits and takes a place in the room,
+// if the request may wait and a place is free, and reports whether it took
+// one: then hold must follow the decision. A request waits only if every
+// zone of algorithm log that applies to it has a wait (the store holds it
+// at most the least of them), and no longer than its deadlines leave.
+func (w *waitRoom) enter(req *request, r *http.Request) bool {
+	if w == nil {
+		return false
+	}
+	wait := time.Duration(-1)
+	for _, z := range req.zones {
+		if z.limit.Algorithm == limiter.SlidingLog && (wait < 0 || z.wait < wait) {
+			wait = z.wait
+		}
+	}
+	if deadline, ok := requestDeadline(r); ok && wait > 0 {
+		wait = min(wait, time.Until(deadline)-w.margin)
+	}
+	if wait <= 0 {
+		return false
+	}
+	if w.held.Add(1) > w.max {
+		w.held.Add(-1)
+		limiterMetrics.waitRoomFull.Inc()
+		return false
+	}
+	limiterMetrics.waiting.Inc()
+	for i, z := range req.zones {
+		if z.limit.Algorithm == limiter.SlidingLog {
+			req.checks[i].Wait = wait
+		}
+	}
+	return true
+}
+
+// hold follows a decision of a request that entered: when the store
+// admitted it for a later time, it holds the request until then (in mode
+// report it passes at once, as a denial would). Either way it gives the
+// place back. It reports false when the client went away while held: the
+// request's admissions are then given back (settled to zero) in every zone,
+// so the slot it was promised goes to another request.
+func (w *waitRoom) hold(r *http.Request, req *request, src source, err error) bool {
+	defer func() {
+		w.held.Add(-1)
+		limiterMetrics.waiting.Dec()
+	}()
+	if err != nil || !limiter.Admitted(req.decisions) || req.decisions[0].Delay <= 0 || w.report {
+		return true
+	}
+	delay, z := req.decisions[0].Delay, w.holder(req)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		w.waited[z].Observe(delay.Seconds())
+		return true
+	case <-r.Context().Done():
+		w.abandoned[z].Inc()
+		// The client is gone; the slot is given back all the same.
+		s := req.givenBack()
+		w.backend.settle(context.WithoutCancel(r.Context()), s.checks, s.decisions, s.lowered, src)
+		return false
+	}
+}
+
+// holder is the zone a held request is counted under: of the zones that
+// wait, the one with the least room left, which is the one that held it.
+func (w *waitRoom) holder(req *request) *Zone {
+	var holder *Zone
+	var least int64
+	for i, z := range req.zones {
+		if _, waits := w.waited[z]; waits && (holder == nil || req.decisions[i].Remaining < least) {
+			holder, least = z, req.decisions[i].Remaining
+		}
+	}
+	return holder
+}
+
+// requestDeadline is the earliest time by which r must be answered: its
+// context's deadline, and the server's write timeout and, when a body is
+// still to be read, its read timeout, both counted from when the server
+// took the request (its start_time), as the server counts them.
+func requestDeadline(r *http.Request) (time.Time, bool) {
+	deadline, ok := r.Context().Deadline()
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	start, _ := caddyhttp.GetVar(r.Context(), "start_time").(time.Time)
+	if srv == nil || start.IsZero() {
+		return deadline, ok
+	}
+	timeouts := []caddy.Duration{srv.WriteTimeout, 0}
+	if r.ContentLength != 0 {
+		timeouts[1] = srv.ReadTimeout
+	}
+	for _, timeout := range timeouts {
+		if timeout > 0 {
+			if d := start.Add(time.Duration(timeout)); !ok || d.Before(deadline) {
+				deadline, ok = d, true
+			}
+		}
+	}
+	return deadline, ok
+}
