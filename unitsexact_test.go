@@ -33,11 +33,12 @@ func TestUnitsExactAcrossInstances(t *testing.T) {
 	other := newInstance(t, `{"zones": [{"name": "`+zone+`", "window": "10m", "max_requests": 60, "cost": "{http.request.header.X-Cost}"}],
 		"redis": "`+sharedRedis.URL()+`?client_name=other", "key_prefix": "`+prefix+`", "timeout": "1s"}`)
 	type result struct{ admitted, denied int64 }
-	results := make(map[string]*result)
+	// Every entry is made before any request goes: the map is only read
+	// while they run.
+	results := map[string]*result{"127.0.0.2": new(result), "127.0.0.3": new(result)}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, ip := range []string{"127.0.0.2", "127.0.0.3"} {
-		results[ip] = new(result)
+	for ip := range results {
 		for i := range 40 {
 			wg.Add(1)
 			go func() {
