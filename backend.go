@@ -271,8 +271,9 @@ func (b *backend) peek(ctx context.Context, check limiter.Check) (d limiter.Deci
 		err = b.store.Peek(ctx, []limiter.Check{check}, decisions)
 		return decisions[0], max(check.Limit.Max-decisions[0].Remaining, 0), err
 	}
+	// all keeps check's wait: a call waits only if each of its checks may.
 	all := check
-	all.Limit.Max, all.Cost, all.Wait = maxMaxRequests, 0, 0
+	all.Limit.Max, all.Cost = maxMaxRequests, 0
 	decisions := make([]limiter.Decision, 2)
 	err = b.store.Peek(ctx, []limiter.Check{check, all}, decisions)
 	return decisions[0], maxMaxRequests - decisions[1].Remaining, err

@@ -111,14 +111,6 @@ func (u *zoneUnits) price(r *http.Request, repl *caddy.Replacer, c *limiter.Chec
 	c.Cost = u.cost.of(r, repl)
 }
 
-// unit is what the zone counts in.
-func (z *Zone) unit() string {
-	if z.limit.Algorithm == limiter.Concurrency {
-		return unitConcurrentRequests
-	}
-	return z.units.name()
-}
-
 // name is what the zone counts in; a zone without units counts requests.
 func (u *zoneUnits) name() string {
 	if u == nil {

@@ -305,3 +305,11 @@ func checkZoneNames(hasDefault bool, zones []*Zone) error {
 	}
 	return nil
 }
+
+// unit is what the zone counts in.
+func (z *Zone) unit() string {
+	if z.limit.Algorithm == limiter.Concurrency {
+		return unitConcurrentRequests
+	}
+	return z.units.name()
+}
