@@ -70,7 +70,8 @@ end
 -- offsets of mirror and ring, an entry's size, the bases' offset; mir, the
 -- mirror to write. The decision in hand, for the record: f, the first entry in
 -- the window holding units, its time, the units before it, the newest time.
-local key, v, w, wo, vlen, whole, ver, cap, h, n, exp, seq, flo, total, last, mh, mc, mir, MO, H, E, B, BO
+local key, v, w, wo, mh = nil, nil, '', 0, 0
+local vlen, whole, ver, cap, h, n, exp, seq, flo, total, last, mc, mir, MO, H, E, B, BO
 local f, first, before, newest, t, tc, tw
 -- shape gives the ring the layout of version with size slots; it returns the length.
 local function shape(version, size)
@@ -86,7 +87,7 @@ local function header()
 end
 local function load(k, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
-  key, w, wo, whole, mh, mc, v = k, '', 0, false, 0, 0, pcall('GETRANGE', k, '0', small and '511' or '141')
+  key, w, whole, mc, v = k, '', false, 0, pcall('GETRANGE', k, '0', small and '511' or '141')
   vlen = #v
   if vlen == 0 and type(v) ~= 'string' then v = fresh(v, k) or '' end
   local version, size = vlen >= 18 and byte(v) or 0, 0
@@ -205,9 +206,8 @@ local function reshape(size, version)
     if whole then
       v = v .. string.rep('\0', len - #v)
     else
-      call('DEL', key)
+      call('SET', key, v) -- the value starts over, then takes its length
       call('SETRANGE', key, len - 1, '\0')
-      call('SETRANGE', key, '0', v)
     end
     vlen = #v
   end
