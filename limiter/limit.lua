@@ -38,24 +38,26 @@
 -- A ring holds the admissions that may still be in the window, oldest first
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
 -- ring reuses those slots before it grows (doubling, in place when large).
--- Header: version u8, cap, h, n u32, expiry (ms mod 2^40). Version 1, a count
--- ring of at most SMALLCAP: entries are times (µs mod 2^48, 6 bytes, read as
--- the nearest to now); sums are indexes. Version 3, a larger count ring, adds
--- the newest time. Version 2, units, adds the sequence number of slot h
--- (double), the sums before it and to the newest, and the newest time; an
--- entry is a time and its units; then each bucket of S entries has its base
--- sum, so a settle writes one entry and the later bases. Values of up to
--- SMALL bytes are read whole, no large one is read or built whole (Redis's
--- Lua hashes every string it makes). Sums are mod 2^48: a ring saturates.
+-- Entries are times (µs mod 2^48, read as the nearest to now); in a count
+-- ring sums are indexes. Version 4, a count ring of at most SMALLCAP: header
+-- version, cap, h u8, newest time u48, n u32, expiry (ms mod 2^40) u40.
+-- Version 3, a larger count ring: version u8, cap, h, n u32, expiry, newest;
+-- version 2, units, the same with the sequence number of slot h (double) and
+-- the sums before it and to the newest before the newest time; an entry is a
+-- time and its units, and each bucket of S entries has its base sum after
+-- the ring, so a settle writes one entry and the later bases. Both then have
+-- the head and count (u8) of a mirror of 96 bytes that holds copies of the
+-- oldest entries, so that a decision reads one range. Values of up to SMALL
+-- bytes are read whole, no large one is read or built whole (Redis's Lua
+-- hashes every string it makes). Sums are mod 2^48: a ring saturates.
 
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
-local call, pcall, min, max, fmt = redis.call, redis.pcall, math.min, math.max, string.format
-local M48, S, CHUNK, SMALL, SMALLCAP = 2 ^ 48, 64, 120, 512, 80
-
+local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
+local S, CHUNK, SMALL, SMALLCAP = 64, 120, 512, 80
 -- With the time given, expiry on Redis's own clock would not follow it.
 local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
 if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
-local tbase, ms = now - 0.75 * M48, floor(now / 1000)
+local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
 -- fresh returns reply, or nil after dropping key when it holds another kind's
 -- state (the zone's algorithm changed), which then starts over.
 local function fresh(reply, key)
@@ -63,89 +65,90 @@ local function fresh(reply, key)
   if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
   call('DEL', key)
 end
--- The ring in hand: key; v, what was read from offset 0 (all of a small
--- value), cache, chunks beyond; the header; H, E, BO: sizes of header and
--- entry, the bases' offset. The zones of a request save and restore it.
-local key, v, vlen, whole, cache, ver, cap, h, n, exp, seq, flo, total, last, H, E, B, BO
-local function size_of(version, size)
-  return version == 2 and 44 + 12 * size + 6 * (floor(size / S) + 2) or (version == 1 and 18 or 24) + 6 * size
-end
+-- The ring in hand: key; v, its first vlen bytes (header and mirror, or all
+-- of a small value), w, bytes from offset wo; the header; MO, H, E, BO: the
+-- offsets of mirror and ring, an entry's size, the bases' offset; mir, the
+-- mirror to write. The decision in hand, for the record: f, the first entry in
+-- the window holding units, its time, the units before it, the newest time.
+local key, v, w, wo, mh = nil, nil, '', 0, 0
+local vlen, whole, ver, cap, h, n, exp, seq, flo, total, last, mc, mir, MO, H, E, B, BO
+local f, first, before, newest, t, tc, tw
+-- shape gives the ring the layout of version with size slots; it returns the length.
 local function shape(version, size)
-  ver, cap, B, E = version, size, floor(size / S) + 2, version == 2 and 12 or 6
-  H = version == 1 and 18 or version == 3 and 24 or 44
-  BO = H + E * size
+  ver, cap, E, MO = version, size, version == 2 and 12 or 6, version == 4 and 18 or version == 3 and 26 or 46
+  H = version == 4 and 18 or MO + 96
+  BO, B = H + E * size, version == 2 and floor(size / S) + 2 or 0
+  return BO + 6 * B
 end
 local function header()
-  if ver == 2 then return pack('>BI4I4I4I5dI6I6I6', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % M48) end
-  return pack(ver == 1 and '>BI4I4I4I5' or '>BI4I4I4I5I6', ver, cap, h, n, exp % 2 ^ 40, (last or 0) % M48)
+  if ver == 4 then return pack('>BBBI6I4I5', 4, cap, h, (last or 0) % 2 ^ 48, n, exp % 2 ^ 40) end
+  if ver == 3 then return pack('>BI4I4I4I5I6BB', 3, cap, h, n, exp % 2 ^ 40, (last or 0) % 2 ^ 48, mh, mc) end
+  return pack('>BI4I4I4I5dI6I6I6BB', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % 2 ^ 48, mh, mc)
 end
 local function load(k, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
-  key, cache, whole, v = k, false, false, pcall('GETRANGE', k, '0', small and '511' or '43')
-  if type(v) ~= 'string' then v = fresh(v, k) or '' end
+  key, w, whole, mc, v = k, '', false, 0, pcall('GETRANGE', k, '0', small and '511' or '141')
   vlen = #v
-  local version, size = 0, 0
-  if vlen >= 18 then version, size, h, n, exp = unpack('>BI4I4I4I5', v) end
-  if version == 3 and vlen >= 24 then last = unpack('>I6', v, 19) end
-  if version == 2 and vlen >= 44 then seq, flo, total, last = unpack('>dI6I6I6', v, 19) end
-  if version >= 1 and version <= 3 and vlen >= (version == 1 and 18 or version == 3 and 24 or 44)
-    and (vlen == size_of(version, size) or vlen >= (small and SMALL or 44)) then
-    last = version ~= 1 and tbase + (last - tbase) % M48
-    return shape(version, size)
+  if vlen == 0 and type(v) ~= 'string' then v = fresh(v, k) or '' end
+  local version, size = vlen >= 18 and byte(v) or 0, 0
+  if version == 4 then size, h, last, n, exp = unpack('>BBI6I4I5', v, 2)
+  elseif version == 3 and vlen >= 26 then size, h, n, exp, last, mh, mc = unpack('>I4I4I4I5I6BB', v, 2)
+  elseif version == 2 and vlen >= 46 then size, h, n, exp, seq, flo, total, last, mh, mc = unpack('>I4I4I4I5dI6I6I6BB', v, 2)
+  else version = 0 end
+  if version > 0 and (vlen == shape(version, size) or vlen >= (small and SMALL or 142)) then
+    last, t = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc
+    return
   end
   -- Nothing, or nothing this version reads: the ring starts over.
-  h, n, exp, v, vlen = 0, 0, ms, '', 0
-  shape(1, 0)
+  h, n, exp, v, vlen, last, t, mc = 0, 0, ms, '', 0, nil, tc, 0
+  shape(4, 0)
 end
-local function save() return {key, v, cache, ver, cap, h, n, exp, seq, flo, total, last} end
+local function save() return {key, v, w, mh, ver, cap, h, n, exp, seq, flo, total, last, f, first, before, newest, mc} end
 local function restore(r)
-  key, v, vlen, cache, whole, h, n, exp, seq, flo, total, last = r[1], r[2], #r[2], r[3], false, r[6], r[7], r[8], r[9], r[10], r[11], r[12]
-  shape(r[4], r[5])
+  key, v, w, vlen, whole, mh, h, n, exp, seq, flo, total, last = r[1], r[2], '', #r[2], false, r[4], r[7], r[8], r[9], r[10], r[11], r[12], r[13]
+  f, first, before, newest, t, mc = r[14], r[15], r[16], r[17], tc, r[18]
+  shape(r[5], r[6])
 end
 
--- bytes returns len bytes at offset off, u6 the 6-byte number there (beyond
--- what was read, a chunk at a time); put writes b there, or into v when it
--- is a whole value made anew (commit writes it), keeping v in step.
+-- bytes returns len bytes at offset off, u6 the 6-byte number there (from v,
+-- or w, which reads a chunk from there when it does not hold it); put writes
+-- b at off, or into v when it is a whole value made anew (commit writes it),
+-- keeping v in step.
 local function bytes(off, len)
   if off + len <= vlen then return sub(v, off + 1, off + len) end
   return call('GETRANGE', key, off, off + len - 1)
 end
 local function u6(off)
   if off + 6 <= vlen then return (unpack('>I6', v, off + 1)) end
-  local c0 = off - off % CHUNK
-  cache = cache or {}
-  cache[c0] = cache[c0] or call('GETRANGE', key, c0, c0 + CHUNK + 5)
-  return (unpack('>I6', cache[c0], off - c0 + 1))
+  if off < wo or off + 6 > wo + #w then w, wo = call('GETRANGE', key, off, off + CHUNK - 1), off end
+  return (unpack('>I6', w, off - wo + 1))
 end
 local function put(off, b)
   if not whole then call('SETRANGE', key, off, b) end
   local hi = min(off + #b, vlen)
   if off < hi then v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
-  cache = false
+  w = ''
 end
-local function u48(x) return pack('>I6', x % M48) end
+local function u48(x) return pack('>I6', x % 2 ^ 48) end
 
--- t returns the time of entry i (0 is the oldest kept), u its units, s the
--- units of the entries kept up to it (0 for i < 0): in a units ring, the
--- base of i's bucket (the floor, in the oldest's) plus those from its start.
-local function t(i)
-  local o = H + E * ((h + i) % cap)
-  return tbase + ((o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)) - tbase) % M48
+-- t returns the time of entry i (0 is the oldest kept; tw when v holds the
+-- whole value), u its units, s the units of the entries kept up to it (0 for
+-- i < 0): in a units ring, the base of i's bucket (the floor, in the
+-- oldest's) plus those from its start.
+function tc(i)
+  local o = i < mc and MO + E * (mh + i) or H + E * ((h + i) % cap)
+  return tbase + ((o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)) - tbase) % 2 ^ 48
 end
-local function u(i)
-  if ver ~= 2 then return 1 end
-  local o = H + 12 * ((h + i) % cap) + 6
-  return o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)
-end
+function tw(i) return tbase + (unpack('>I6', v, H + 1 + E * ((h + i) % cap)) - tbase) % 2 ^ 48 end
+local function u(i) return ver ~= 2 and 1 or u6((i < mc and MO + 12 * (mh + i) or H + 12 * ((h + i) % cap)) + 6) end
 local function s(i)
   if i < 0 or ver ~= 2 then return max(i + 1, 0) end
-  if i == n - 1 then return (total - flo) % M48 end
+  if i == n - 1 then return (total - flo) % 2 ^ 48 end
   local q, j, sum = seq + i, 0, 0
-  if floor(q / S) > floor(seq / S) then j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % M48 end
+  if floor(q / S) > floor(seq / S) then j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % 2 ^ 48 end
   for m = j, i do sum = sum + u(m) end
   return sum
 end
-
 -- search returns the first i in [lo, hi) with get(i) > x (get increasing in
 -- i), hi if none; gallop searches [lo, n) from lo by growing steps (the answer
 -- is usually near it), and returns it and get(it).
@@ -173,8 +176,7 @@ local function range(i, j)
   if j <= i then return '' end
   local p = (h + i) % cap
   local a = min(j - i, cap - p)
-  local r = bytes(H + E * p, E * a)
-  return a < j - i and r .. bytes(H, E * (j - i - a)) or r
+  return a < j - i and bytes(H + E * p, E * a) .. bytes(H, E * (j - i - a)) or bytes(H + E * p, E * a)
 end
 
 -- reshape gives the ring size slots in the layout of version: grown, shrunk,
@@ -182,14 +184,13 @@ end
 -- place: the value is extended, and the smaller of the older and the newer
 -- part of its entries moves so that the free slots lie between them.
 local function reshape(size, version)
-  local B0, bases = B, ver == 2 and version == 2 and bytes(BO, 6 * B)
-  if ver == version and size > cap and size_of(version, size) > SMALL then
-    call('SETRANGE', key, size_of(version, size) - 1, '\0')
+  local v0, c0, B0, bases = ver, cap, B, ver == 2 and version == 2 and bytes(BO, 6 * B)
+  local len = shape(version, size)
+  shape(v0, c0)
+  if ver == version and size > cap and len > SMALL then
+    call('SETRANGE', key, len - 1, '\0')
     if h > 0 and h <= cap - h then put(H + E * cap, bytes(H, E * h)) end
-    if h > cap - h then
-      put(H + E * (h + size - cap), bytes(H + E * h, E * (cap - h)))
-      h = h + size - cap
-    end
+    if h > cap - h then put(H + E * (h + size - cap), bytes(H + E * h, E * (cap - h))) h = h + size - cap end
   else
     local body = range(0, n)
     if version == 2 and ver ~= 2 then
@@ -197,23 +198,23 @@ local function reshape(size, version)
       for i = 0, n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
       body, seq, flo, total = table.concat(parts), 0, 0, n
     end
-    h = 0
+    h, mh = 0, 0
     shape(version, size)
-    local len = size_of(version, size)
-    v, cache, exp, whole = header() .. body, false, ms, len <= SMALL
+    mc = version == 4 and 0 or min(n, 96 / E) -- the mirror: the oldest entries
+    local m = version == 4 and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
+    v, w, exp, whole, mir = header() .. m .. body, '', ms, len <= SMALL, nil
     if whole then
       v = v .. string.rep('\0', len - #v)
     else
-      call('DEL', key)
+      call('SET', key, v) -- the value starts over, then takes its length
       call('SETRANGE', key, len - 1, '\0')
-      call('SETRANGE', key, '0', v)
     end
     vlen = #v
   end
   shape(version, size)
   -- The kept buckets' bases move to their places (a converted ring's count).
   for q = version == 2 and seq - seq % S or 0, version == 2 and seq + n - 1 or -1, S do
-    local kb = floor(q / S) % B0
+    local kb = bases and floor(q / S) % B0
     put(BO + 6 * (floor(q / S) % B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
   end
   if not whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
@@ -226,86 +227,84 @@ end
 -- commit writes b at offset off and the header, and keeps the key until its
 -- newest admission ages out, and an eighth of a window more (a key in use is
 -- then not given a new expiry at each admission); an empty ring goes.
-local function commit(newest, window, off, b)
+local function commit(at, window, off, b)
+  local m = mir or ''
+  mir = nil -- written now, or dropped with the ring
   if n == 0 then return call('DEL', key) end
-  last = newest
+  last = at
   if whole then
-    exp = ceil((newest + window + window / 8) / 1000)
+    exp = ceil((at + window + window / 8) / 1000)
     if off then v = sub(v, 1, off) .. b .. sub(v, off + #b + 1) end
-    v = header() .. sub(v, H + 1)
+    v = header() .. m .. sub(v, MO + #m + 1)
     return expires and call('SET', key, v, 'PX', max(1, exp - ms)) or call('SET', key, v)
   end
-  if expires and newest + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
-    exp = ceil((newest + window + window / 8) / 1000)
-    call('PEXPIRE', key, max(1, exp - ms))
+  if expires and at + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
+    local ttl = ceil((at - now + window + window / 8) / 1000) + 1
+    TTL[ttl], exp = TTL[ttl] or fmt('%d', ttl), ms + ttl -- formatted once a call for most
+    call('PEXPIRE', key, TTL[ttl])
   end
   if off then call('SETRANGE', key, off, b) end
-  call('SETRANGE', key, '0', header())
+  call('SETRANGE', key, '0', header() .. m)
 end
 
 -- A log zone's decision, before any write: when a request of cost c fits
--- (room), the units in the window (held), until units leave it (reset); for
--- the record: f, the first entry in the window holding units, its time, the
--- units before it, the newest time.
+-- (room), the units in the window (held), until units leave it (reset); and
+-- the decision in hand.
 local function log_decide(k, W, mx, c)
   load(k, 18 + 6 * mx <= SMALL)
-  local cut, first, f, newest = now - W, nil, 0, last
-  if n == cap and ver == 1 and h > 0 and h < cap - 1 and vlen == BO then
-    -- A full ring, as at a client's limit: newest, oldest and next lie side by side.
-    local a, b
-    newest, a, b = unpack('>I6I6I6', v, H + 6 * h - 5)
-    newest, first = tbase + (newest - tbase) % M48, tbase + (a - tbase) % M48
-    if first <= cut then
-      f, first = 1, tbase + (b - tbase) % M48
-      if first <= cut then f, first = gallop(t, cut, 2) end
-    end
-  elseif n > 0 then
+  local cut = now - W
+  f, first, newest = 0, nil, n > 0 and last or nil
+  if n > 0 then
     first = t(0)
-    if first <= cut then f, first = gallop(t, cut, 1) end
-    if ver == 1 then newest = f == n - 1 and first or t(n - 1) end
+    if first <= cut then
+      f, first = 1, n > 1 and t(1) or nil
+      if first and first <= cut then f, first = gallop(t, cut, 2) end
+    end
   end
-  local before, all = f, n
+  local all, g = ver ~= 2 and n or (total - flo) % 2 ^ 48, f
+  before = ver ~= 2 and f or s(f - 1)
   if ver == 2 then -- entries settled to zero hold nothing: the window starts after them
-    local g = f
-    before, all = s(f - 1), (total - flo) % M48
     while g < n and u(g) == 0 do g = g + 1 end
     if g ~= f then f, first = g, g < n and t(g) or nil end
   end
   local held, room = all - before, now
   if held + c > mx and c <= mx then
-    local T, j = all + c - mx, f
-    if ver ~= 2 then j = T - 1 end
+    local T, j = all + c - mx, ver ~= 2 and all + c - mx - 1 or f
     if ver == 2 then -- whole buckets by their bases, then entry by entry
       local k0, sum = floor((seq + f) / S), before
-      local kb = search(function(q) return (u6(BO + 6 * (q % B)) - flo) % M48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
-      if kb > k0 then j, sum = kb * S - seq, (u6(BO + 6 * (kb % B)) - flo) % M48 end
+      local kb = search(function(q) return (u6(BO + 6 * (q % B)) - flo) % 2 ^ 48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
+      if kb > k0 then j, sum = kb * S - seq, (u6(BO + 6 * (kb % B)) - flo) % 2 ^ 48 end
       while sum + u(j) < T do sum, j = sum + u(j), j + 1 end
     end
     room = t(j) + W
   end
-  return room, held, first and first + W - now or 0, f, first, before, n > 0 and newest
+  return room, held, first and first + W - now or 0
 end
 
 -- Records an admission of a log zone at time at (or just after the newest),
 -- dropping what aged out, growing, shrinking or making a units ring.
-local function log_record(k, W, mx, c, at, held, reset, f, first, before, newest)
+local function log_record(k, W, mx, c, at, held, reset)
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
-    h, n = (h + f) % cap, n - f
-    if ver == 2 then flo, seq = (flo + before) % M48, seq + f end
+    h, n, mh, mc = (h + f) % cap, n - f, mc > f and mh + f or 0, max(mc - f, 0)
+    if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
-  local size = cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap
-  if n == cap then size = c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap) end
-  if size ~= cap or c ~= 1 and ver ~= 2 then
-    reshape(size, (c ~= 1 or ver == 2) and 2 or size <= SMALLCAP and 1 or 3)
+  if n == cap or cap > 64 and 4 * (n + 1) <= cap or c ~= 1 and ver ~= 2 then -- grow, shrink or convert
+    local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
+      or c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
+    reshape(size, (c ~= 1 or ver == 2) and 2 or size <= SMALLCAP and 4 or 3)
   end
-  local off, entry = H + E * ((h + n) % cap), pack('>I6', at % M48)
-  if ver == 2 then
-    if (seq + n) % S == 0 and n > 0 then put(BO + 6 * (floor((seq + n) / S) % B), u48(total)) end
-    entry, total = pack('>I6I6', at % M48, c % M48), (total + c) % M48
-  end
+  -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
+  if ver ~= 4 and mc < 2 and n > mc then mh, mc, mir = 0, min(n, 96 / E), range(0, min(n, 96 / E)) end
+  local off = H + E * ((h + n) % cap)
   n = n + 1
-  commit(at, W, off, entry)
+  if ver ~= 2 then
+    commit(at, W, off, pack('>I6', at % 2 ^ 48))
+  else
+    if (seq + n - 1) % S == 0 and n > 1 then put(BO + 6 * (floor((seq + n - 1) / S) % B), u48(total)) end
+    total = (total + c) % 2 ^ 48
+    commit(at, W, off, pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48))
+  end
   return at, held + c, first and reset or at + W - now
 end
 
@@ -326,12 +325,13 @@ local function log_settle(k, W, c, token)
     n = n - 1
   else
     if ver ~= 2 then reshape(cap, 2) end
-    c = min(c, M48 - 1 - (total - flo) % M48 + old)
+    c = min(c, 2 ^ 48 - 1 - (total - flo) % 2 ^ 48 + old)
     put(H + 12 * ((h + e) % cap) + 6, u48(c))
     for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) + c - old)) end
-    total = (total + c - old) % M48
+    total = (total + c - old) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
+  mc = 0 -- the mirror no longer holds what the ring does
   commit(n > 0 and t(n - 1) or now, W)
   return 1
 end
@@ -402,47 +402,48 @@ end
 local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0 -- Z: the zones of a request of several
 local KEY, KIND, WIN, MAX, COST, TOKEN, AUX, ROOM, HELD, RESET, FLAG, X = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 while pos <= #args do
-  local op, nz, wait, kind, window, mx, cost, token, aux
-  op, nz, wait, kind, window, mx, cost, token, pos = unpack('>BBdBdddd', args, pos)
-  for i = 1, nz do
-    if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
-    aux, pos, k = (kind == 2 or op == 2) and sub(args, pos, pos + 7), pos + 8, k + 1
-    if nz > 1 or op > 1 then
-      local z = Z[i] or {}
-      Z[i], z[KEY], z[KIND], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX] = z, KEYS[k], kind, window, mx, cost, token, aux
-    end
-  end
+  local op, nz, wait, kind, window, mx, cost, token, p = unpack('>BBdBdddd', args, pos)
   if nz == 1 and op < 2 then
-    local room, held, reset, a, b, c, d = decide[kind](KEYS[k], window, mx, cost)
-    local t, flag = -1, nil
-    flag, reset = verdict(kind, cost, mx, room, reset, wait)
-    if flag == 1 and op == 1 then t, held, reset = record[kind](KEYS[k], window, mx, cost, room, held, reset, a, b, c, d, aux) end
-    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, reset, t)
-  elseif op > 1 then
-    out[#out + 1] = pack('>d', 0)
-    for i = 1, nz do
-      local z = Z[i]
-      local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[COST], z[TOKEN], z[AUX])
-        or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
-      out[#out + 1] = pack('>Bddd', done, 0, 0, -1)
-    end
+    local key, aux = KEYS[k + 1], kind == 2 and sub(args, p, p + 7)
+    pos, k = p + 8, k + 1
+    local room, held, reset, a, b, c, d, t = decide[kind](key, window, mx, cost)
+    local flag, r = verdict(kind, cost, mx, room, reset, wait)
+    if flag == 1 and op == 1 then t, held, r = record[kind](key, window, mx, cost, room, held, r, a, b, c, d, aux) end
+    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, r, t or -1)
   else
-    -- All decide, then record at the latest room if every one admits.
-    local at, admit = now, true
+    pos = p
     for i = 1, nz do
-      local z = Z[i]
-      z[ROOM], z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3] = decide[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST])
-      if z[KIND] == 0 then z.sv = save() end
-      z[FLAG], z[RESET] = verdict(z[KIND], z[COST], z[MAX], z[ROOM], z[RESET], wait)
-      if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
+      if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
+      local z = Z[i] or {}
+      Z[i], k = z, k + 1
+      z[KEY], z[KIND], z[WIN], z[MAX], z[COST], z[TOKEN] = KEYS[k], kind, window, mx, cost, token
+      z[AUX], pos = (kind == 2 or op == 2) and sub(args, pos, pos + 7), pos + 8
     end
-    for i = 1, nz do
-      local z, t = Z[i], -1
-      if admit and op == 1 then
-        if z[KIND] == 0 then restore(z.sv) end
-        t, z[HELD], z[RESET] = record[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], at, z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3], z[AUX])
+    if op > 1 then
+      for i = 1, nz do
+        local z = Z[i]
+        local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[COST], z[TOKEN], z[AUX])
+          or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
+        out[#out + 1] = reply(i == 1, 0, done, 0, 0, 0, -1)
       end
-      out[#out + 1] = reply(i == 1, admit and at - now or 0, z[FLAG], z[MAX], z[HELD], z[RESET], t)
+    else
+      -- All decide, then record at the latest room if every one admits.
+      local at, admit = now, true
+      for i = 1, nz do
+        local z = Z[i]
+        z[ROOM], z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3] = decide[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST])
+        if z[KIND] == 0 then z.sv = save() end
+        z[FLAG], z[RESET] = verdict(z[KIND], z[COST], z[MAX], z[ROOM], z[RESET], wait)
+        if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
+      end
+      for i = 1, nz do
+        local z, t = Z[i], -1
+        if admit and op == 1 then
+          if z[KIND] == 0 then restore(z.sv) end
+          t, z[HELD], z[RESET] = record[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], at, z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3], z[AUX])
+        end
+        out[#out + 1] = reply(i == 1, admit and at - now or 0, z[FLAG], z[MAX], z[HELD], z[RESET], t)
+      end
     end
   end
 end

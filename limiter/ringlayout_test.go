@@ -10,14 +10,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The ring's layout, as limit.lua writes it: a header of version, cap, head
-// and count (u8, then u32 each) and expiry (u40, milliseconds modulo 2^40);
-// for version 3 (a count ring of more than 80 entries) then the newest time;
-// for version 2 (units) the sequence number of the head (double), the sum
-// before it, the sum up to the newest and the newest time (u48 each). Then
-// cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version
-// 2, its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
-// each).
+// The ring's layout, as limit.lua writes it. Version 4, a count ring of at
+// most 80 entries: version, cap and head (u8 each), the newest time (u48),
+// count (u32) and expiry (u40, milliseconds modulo 2^40). Versions 3 (a
+// larger count ring) and 2 (units): version (u8), cap, head and count (u32
+// each), expiry (u40); for version 2 then the sequence number of the head
+// (double), the sum before it and the sum up to the newest (u48 each); then
+// the newest time (u48), the mirror's head and count (u8 each), and the
+// mirror: 96 bytes holding copies of the oldest entries, from its head. Then
+// cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version 2,
+// its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
+// each). The count is at bytes 9 to 12 in every version.
 const (
 	ringSmall  = 512 // bytes read whole
 	ringBucket = 64
@@ -66,17 +69,24 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	if len(v) < 18 {
 		tb.Fatalf("ring %s: %d bytes, shorter than a header", key, len(v))
 	}
-	r := ringState{version: int(v[0]), cap: int(binary.BigEndian.Uint32(v[1:])), head: int(binary.BigEndian.Uint32(v[5:])), bytes: len(v)}
+	r := ringState{version: int(v[0]), bytes: len(v)}
 	n := int(binary.BigEndian.Uint32(v[9:]))
-	hdr, entry, want := 18, 6, 18+6*r.cap
-	B := r.cap/ringBucket + 2
+	mirror, hdr, entry := 26, 122, 6
 	switch r.version {
-	case 2:
-		hdr, entry, want = 44, 12, 44+12*r.cap+6*B
-	case 3:
-		hdr, want = 24, 24+6*r.cap
+	case 4:
+		r.cap, r.head, mirror, hdr = int(v[1]), int(v[2]), 18, 18
+	case 2, 3:
+		r.cap, r.head = int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:]))
+		if r.version == 2 {
+			mirror, hdr, entry = 46, 142, 12
+		}
 	}
-	if r.version < 1 || r.version > 3 || r.version == 1 && r.cap > 80 || r.version == 3 && r.cap <= 80 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
+	B := r.cap/ringBucket + 2
+	want := hdr + entry*r.cap
+	if r.version == 2 {
+		want += 6 * B
+	}
+	if r.version < 2 || r.version > 4 || r.version == 4 && r.cap > 80 || r.version == 3 && r.cap <= 80 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
 		tb.Fatalf("ring %s: version %d, %d bytes (want %d), cap %d, head %d, count %d", key, r.version, len(v), want, r.cap, r.head, n)
 	}
 	for i := range n {
@@ -90,9 +100,25 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 			tb.Fatalf("ring %s: time %d (%d) not after time %d (%d)", key, i, r.times[i], i-1, r.times[i-1])
 		}
 	}
-	if r.version != 1 && n > 0 {
-		if newest := decodeTime(readU48(v[hdr-6:]), now); newest != r.times[n-1] {
+	if n > 0 {
+		at := mirror - 8
+		if r.version == 4 {
+			at = 3
+		}
+		if newest := decodeTime(readU48(v[at:]), now); newest != r.times[n-1] {
 			tb.Fatalf("ring %s: the header's newest time %d, the newest entry's %d", key, newest, r.times[n-1])
+		}
+	}
+	if r.version != 4 {
+		// The mirror holds copies of the oldest entries, from its head.
+		mh, mc := int(v[mirror-2]), int(v[mirror-1])
+		if mc > n || (mh+mc)*entry > 96 {
+			tb.Fatalf("ring %s: mirror of %d entries from %d, %d entries kept", key, mc, mh, n)
+		}
+		for i := range mc {
+			if m, e := v[mirror+entry*(mh+i):][:entry], v[hdr+entry*((r.head+i)%r.cap):][:entry]; string(m) != string(e) {
+				tb.Fatalf("ring %s: mirror entry %d is %x, the ring's %x", key, i, m, e)
+			}
 		}
 	}
 	if r.version == 2 {
@@ -115,19 +141,22 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 }
 
 // encodeRing returns the value of a count ring of cap holding times (oldest
-// first, at most cap of them), head at slot 0, as limit.lua writes it.
+// first, at most cap of them), head at slot 0, as limit.lua writes it (with
+// an empty mirror).
 func encodeRing(cap int, times []int64) []byte {
 	hdr := 18
 	if cap > 80 {
-		hdr = 24
+		hdr = 122
 	}
 	v := make([]byte, hdr+6*cap)
-	v[0] = 1
-	if hdr == 24 {
+	if hdr == 18 {
+		v[0], v[1] = 4, byte(cap)
+		putU48(v[3:], times[len(times)-1])
+	} else {
 		v[0] = 3
+		binary.BigEndian.PutUint32(v[1:], uint32(cap))
 		putU48(v[18:], times[len(times)-1])
 	}
-	binary.BigEndian.PutUint32(v[1:], uint32(cap))
 	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
 	for i, t := range times {
 		putU48(v[hdr+6*i:], t)
