@@ -20,10 +20,12 @@ import (
 // admissionTimes returns the admission times a sliding-log key of a count
 // zone holds, oldest first, in microseconds of Redis's clock: what the
 // store recorded, promised admissions at their future times included. It
-// reads the ring as limiter/limit.lua lays it out: a header of version (u8),
-// cap, head and count (u32 each) and expiry (u40), then for version 3 the
-// newest time (u48); then cap entries of 6 bytes, each a time in
-// microseconds modulo 2^48, read as the one nearest to now.
+// reads the ring as limiter/limit.lua lays it out (and
+// limiter/ringlayout_test.go checks): version 4, cap and head (u8 each)
+// and 18 header bytes in all, or version 3, cap and head (u32 each) and 122
+// bytes of header and mirror; the count (u32) at byte 9 in both; then cap
+// entries of 6 bytes, each a time in microseconds modulo 2^48, read as the
+// one nearest to now.
 func admissionTimes(t *testing.T, c *redis.Client, key string) []int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -38,8 +40,13 @@ func admissionTimes(t *testing.T, c *redis.Client, key string) []int64 {
 	if len(v) < 18 {
 		t.Fatalf("%s: %d bytes, not a ring", key, len(v))
 	}
-	header := map[byte]int{1: 18, 3: 24}[v[0]]
-	capacity, head, count := int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:])), int(binary.BigEndian.Uint32(v[9:]))
+	header, capacity, head, count := 0, 0, 0, int(binary.BigEndian.Uint32(v[9:]))
+	switch v[0] {
+	case 4:
+		header, capacity, head = 18, int(v[1]), int(v[2])
+	case 3:
+		header, capacity, head = 122, int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:]))
+	}
 	if header == 0 || len(v) != header+6*capacity || count > capacity {
 		t.Fatalf("%s: not a count ring of a layout this test reads (version %d, %d bytes, cap %d, count %d)", key, v[0], len(v), capacity, count)
 	}
