@@ -22,6 +22,9 @@ func TestJSONRulesOfWaitsAndLeases(t *testing.T) {
 		{`{"zones": [{"name": "r", "concurrent": 2, "count_status": [401]}]}`, "zone r: a concurrency zone counts requests in flight, not in a window: remove count_status (or concurrent)"},
 		{`{"zones": [{"name": "r", "concurrent": 2, "algorithm": "log"}]}`, `zone r: a concurrency zone takes no algorithm, got "log"`},
 		{`{"zones": [{"name": "r", "concurrent": 2, "wait": "1s"}]}`, "zone r: a concurrency zone takes no wait"},
+		{`{"zones": [{"name": "r", "concurrent": 2, "cost": "5"}]}`, "zone r: a concurrency zone counts requests in flight, not in a window: remove cost (or concurrent)"},
+		{`{"zones": [{"name": "r", "concurrent": 2, "settle": {"bytes": true}}]}`, "remove settle (or concurrent)"},
+		{`{"zones": [{"name": "r", "concurrent": 2, "max_requests_from": "{http.request.header.X-Quota}"}]}`, "remove max_requests_from (or concurrent)"},
 		{`{"zones": [{"name": "r", "concurrent": 2, "key": "{http.request.header.X"}]}`, `zone r: key "{http.request.header.X": the placeholder`},
 	} {
 		err := provisionError(t, c.config)
@@ -31,13 +34,17 @@ func TestJSONRulesOfWaitsAndLeases(t *testing.T) {
 	}
 	// A top-level wait is the default of zones of algorithm log only: a
 	// counter or concurrency zone that sets none is not an error, and does
-	// not wait.
-	in := newInstance(t, `{"wait": "1s", "zones": [{"name": "c", "window": "1m", "max_requests": 10, "algorithm": "counter"},
+	// not wait. Nor do a top-level cost and settle apply to a concurrency
+	// zone: its requests in flight count one each, whatever they cost.
+	in := newInstance(t, `{"wait": "1s", "cost": "3", "settle": {"header": "X-Usage"}, "zones": [{"name": "c", "window": "1m", "max_requests": 10, "algorithm": "counter"},
 		{"name": "r", "concurrent": 2}, {"name": "l", "window": "1m", "max_requests": 10}]}`)
 	for i, want := range []string{"0s", "0s", "1s"} {
 		if got := in.zones[i].wait.String(); got != want {
 			t.Errorf("zone %s waits %s, want %s", in.zones[i].Name, got, want)
 		}
+	}
+	if r := in.zones[1]; r.Cost != "" || r.Settle != nil || r.units != nil || r.unit() != unitConcurrentRequests {
+		t.Errorf("concurrency zone r: cost %q, settle %v, units %v, unit %s; want none of the handler's, in concurrent-requests", r.Cost, r.Settle, r.units, r.unit())
 	}
 }
 
