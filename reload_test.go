@@ -96,7 +96,10 @@ http://localhost:9080 {
 		t.Errorf("during reloads: %d ok, %d failed requests, want none failed", ok.Load(), bad.Load())
 	}
 	t.Logf("over the last 10 reloads: Redis connections %d -> %d, goroutines %d -> %d", connsBefore, connsAfter, goroutinesBefore, goroutinesAfter)
-	if connsAfter > connsBefore+2 {
+	// The shared pool may warm up to 8 connections meanwhile (the store
+	// opens them when calls turn slow, as on a loaded machine); a config
+	// that kept its own connections would add at least one a reload.
+	if connsAfter > connsBefore+8 {
 		t.Errorf("Redis connections grew from %d to %d over 10 reloads", connsBefore, connsAfter)
 	}
 	if goroutinesAfter > goroutinesBefore+10 {
