@@ -313,7 +313,8 @@ end
 -- units ring; entries settled to zero go once newest.
 local function log_settle(k, W, c, token)
   load(k, false)
-  local e = search(t, token - 1, 0, n)
+  local n0 = n -- most settle the newest admission, whose time the header holds
+  local e = token == last and n - 1 or search(t, token - 1, 0, n)
   if e == n or t(e) ~= token then return 0 end
   local old = u(e)
   if c == old then return 1 end
@@ -331,8 +332,9 @@ local function log_settle(k, W, c, token)
     total = (total + c - old) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  mc = 0 -- the mirror no longer holds what the ring does
-  commit(n > 0 and t(n - 1) or now, W)
+  if e < mc then mc = 0 end -- the mirror no longer holds what the ring does
+  mc = min(mc, n)
+  commit(n == n0 and last or n > 0 and t(n - 1) or now, W)
   return 1
 end
 
