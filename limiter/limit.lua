@@ -243,7 +243,7 @@ local function commit(at, window, off, b)
     TTL[ttl], exp = TTL[ttl] or fmt('%d', ttl), ms + ttl -- formatted once a call for most
     call('PEXPIRE', key, TTL[ttl])
   end
-  if off then call('SETRANGE', key, off, b) end
+  if off then call('SETRANGE', key, fmt('%d', off), b) end
   call('SETRANGE', key, '0', header() .. m)
 end
 
