@@ -12,7 +12,8 @@ import (
 // settled entry is not one it copies, so that the next decision reads one
 // range as before. Settled: the newest (found by the header's newest time),
 // one in the middle, the newest to zero (it goes), then one the mirror
-// copies; on a units ring and, refunds only, on a large count ring.
+// copies; on a units ring and, refunds only, on a large count ring. Times
+// the ring does not hold settle nothing.
 func TestSettleRing(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
 	for _, tc := range []struct {
@@ -67,6 +68,18 @@ func TestSettleRing(t *testing.T) {
 				}
 				if i >= int64(mirrored) && ring.mirrored != min(mirrored, len(times)) {
 					t.Errorf("after settling admission %d (the mirror holds %d): the mirror holds %d", i, mirrored, ring.mirrored)
+				}
+			}
+			// Admissions the ring does not hold (the newest taken out
+			// above, one before the oldest) settle to nothing.
+			gone := held[0]
+			gone.held.at = t0 - 1
+			for _, d := range []Decision{held[99], gone} {
+				settled := c
+				settled.Cost = 1
+				runScript(t, testClient, at, &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{settled}, decisions: []Decision{d}})
+				if ring := readRing(t, testClient, key, at); !slices.Equal(ring.times, times) || !slices.Equal(ring.units, units) {
+					t.Fatalf("after settling an admission at %d the ring does not hold: times %v units %v, want %v %v", d.held.at, ring.times, ring.units, times, units)
 				}
 			}
 		})
