@@ -54,7 +54,6 @@
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP = 64, 120, 512, 80
--- With the time given, expiry on Redis's own clock would not follow it.
 local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
 if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
 local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
@@ -113,10 +112,9 @@ end
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (from v,
 -- or w, which reads a chunk from there when it does not hold it); put writes
 -- b at off, or into v when it is a whole value made anew (commit writes it),
--- keeping v in step.
+-- keeping v and the chunk in step.
 local function bytes(off, len)
-  if off + len <= vlen then return sub(v, off + 1, off + len) end
-  return call('GETRANGE', key, off, off + len - 1)
+  return off + len <= vlen and sub(v, off + 1, off + len) or call('GETRANGE', key, off, off + len - 1)
 end
 local function u6(off)
   if off + 6 <= vlen then return (unpack('>I6', v, off + 1)) end
@@ -124,10 +122,11 @@ local function u6(off)
   return (unpack('>I6', w, off - wo + 1))
 end
 local function put(off, b)
-  if not whole then call('SETRANGE', key, off, b) end
+  if not whole then call('SETRANGE', key, fmt('%d', off), b) end
   local hi = min(off + #b, vlen)
   if off < hi then v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
-  w = ''
+  local lo, up = max(off, wo), min(off + #b, wo + #w) -- the chunk too: a settle reads on in it
+  if lo < up then w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
 local function u48(x) return pack('>I6', x % 2 ^ 48) end
 
@@ -167,8 +166,7 @@ local function gallop(get, x, lo)
     lo, hi, step = hi + 1, hi + step, step * 2
   end
   local i = search(get, x, lo, min(hi, n))
-  if i == n then return n, nil end
-  return i, i == hi and y or get(i)
+  return i, i < n and (i == hi and y or get(i)) or nil
 end
 
 -- range returns the entries [i, j), oldest first.
@@ -243,7 +241,7 @@ local function commit(at, window, off, b)
     TTL[ttl], exp = TTL[ttl] or fmt('%d', ttl), ms + ttl -- formatted once a call for most
     call('PEXPIRE', key, TTL[ttl])
   end
-  if off then call('SETRANGE', key, off, b) end
+  if off then call('SETRANGE', key, fmt('%d', off), b) end
   call('SETRANGE', key, '0', header() .. m)
 end
 
@@ -313,15 +311,18 @@ end
 -- units ring; entries settled to zero go once newest.
 local function log_settle(k, W, c, token)
   load(k, false)
-  local e = search(t, token - 1, 0, n)
-  if e == n or t(e) ~= token then return 0 end
-  local old = u(e)
-  if c == old then return 1 end
+  if n == 0 or token > last then return 0 end
+  -- Most settle one of the newest: looking back from it, in a chunk that ends there.
+  local n0, hi, step, o = n, n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
+  if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
+  while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
+  local e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
+  local old = t(e) == token and u(e)
+  if not old then return 0 elseif c == old then return 1 end
   if ver ~= 2 and c == 0 then
     local b, p = range(e + 1, n), (h + e) % cap
-    local a = min(#b, 6 * (cap - p))
-    put(H + 6 * p, sub(b, 1, a))
-    if a < #b then put(H, sub(b, a + 1)) end
+    if #b > 0 then put(H + 6 * p, sub(b, 1, 6 * (cap - p))) end
+    if #b > 6 * (cap - p) then put(H, sub(b, 6 * (cap - p) + 1)) end
     n = n - 1
   else
     if ver ~= 2 then reshape(cap, 2) end
@@ -331,8 +332,8 @@ local function log_settle(k, W, c, token)
     total = (total + c - old) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  mc = 0 -- the mirror no longer holds what the ring does
-  commit(n > 0 and t(n - 1) or now, W)
+  mc = e < mc and 0 or min(mc, n) -- a changed copy: the mirror no longer holds what the ring does
+  commit(n == n0 and last or n > 0 and t(n - 1) or now, W)
   return 1
 end
 
@@ -396,8 +397,7 @@ local function verdict(kind, c, mx, room, reset, wait)
 end
 local function reply(first, delay, flag, mx, held, reset, token)
   local rem = mx - held > 0 and mx - held - (mx - held) % 1 or 0
-  if first then return pack('>dBddd', delay, flag, rem, reset, token) end
-  return pack('>Bddd', flag, rem, reset, token)
+  return first and pack('>dBddd', delay, flag, rem, reset, token) or pack('>Bddd', flag, rem, reset, token)
 end
 local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0 -- Z: the zones of a request of several
 local KEY, KIND, WIN, MAX, COST, TOKEN, AUX, ROOM, HELD, RESET, FLAG, X = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12

@@ -35,6 +35,8 @@ type ringState struct {
 	times, units []int64
 	// bytes is the value's length.
 	bytes int
+	// mirrored is how many of the oldest entries the mirror holds.
+	mirrored int
 }
 
 func readU48(b []byte) int64 {
@@ -112,6 +114,7 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	if r.version != 4 {
 		// The mirror holds copies of the oldest entries, from its head.
 		mh, mc := int(v[mirror-2]), int(v[mirror-1])
+		r.mirrored = mc
 		if mc > n || (mh+mc)*entry > 96 {
 			tb.Fatalf("ring %s: mirror of %d entries from %d, %d entries kept", key, mc, mh, n)
 		}

@@ -1,0 +1,87 @@
+package limiter
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestSettleRing: settling an admission of a large ring changes that entry
+// alone, keeps the ring well formed (readRing checks its sums, its newest
+// time and its mirror against its entries), and keeps the mirror when the
+// settled entry is not one it copies, so that the next decision reads one
+// range as before. Settled: the newest (found by the header's newest time),
+// one in the middle, the newest to zero (it goes), then one the mirror
+// copies; on a units ring and, refunds only, on a large count ring. Times
+// the ring does not hold settle nothing.
+func TestSettleRing(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	for _, tc := range []struct {
+		name string
+		max  int64
+		cost int64
+		// settles are the admissions settled, by index, and their real costs.
+		settles [][2]int64
+	}{
+		{"units", 100_000, 10, [][2]int64{{99, 3}, {99, 25}, {50, 0}, {99, 0}, {98, 4}, {1, 7}}},
+		{"count", 1000, 1, [][2]int64{{99, 0}, {50, 0}, {98, 0}, {1, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Check{Zone: "z", Key: testKey(t), Cost: tc.cost, Limit: Limit{Window: time.Minute, Max: tc.max}}
+			key := testPrefix(t) + "{" + c.Key + "}:z"
+			var held []Decision
+			times, units := []int64{}, []int64{}
+			for i := range int64(100) {
+				r := &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+				runScript(t, testClient, t0+i, r)
+				if !r.decisions[0].Allowed {
+					t.Fatalf("admission %d: %+v", i, r.decisions[0])
+				}
+				held = append(held, r.decisions[0])
+				times, units = append(times, t0+i), append(units, tc.cost)
+			}
+			at := int64(t0 + 100)
+			for _, st := range tc.settles {
+				i, cost := st[0], st[1]
+				mirrored := readRing(t, testClient, key, at).mirrored
+				if mirrored == 0 {
+					t.Fatalf("before settling admission %d: the mirror holds nothing", i)
+				}
+				settled := c
+				settled.Cost = cost
+				r := &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{settled}, decisions: []Decision{held[i]}}
+				runScript(t, testClient, at, r)
+				at++
+				switch j := slices.Index(times, t0+i); {
+				case j < 0:
+				case tc.cost == 1: // a count ring takes a refund out
+					times, units = slices.Delete(times, j, j+1), slices.Delete(units, j, j+1)
+				default: // entries of no units go once newest
+					units[j] = cost
+					for len(units) > 0 && units[len(units)-1] == 0 {
+						times, units = times[:len(times)-1], units[:len(units)-1]
+					}
+				}
+				ring := readRing(t, testClient, key, at)
+				if !slices.Equal(ring.times, times) || !slices.Equal(ring.units, units) {
+					t.Fatalf("after settling admission %d to %d: times %v units %v, want %v %v", i, cost, ring.times, ring.units, times, units)
+				}
+				if i >= int64(mirrored) && ring.mirrored != min(mirrored, len(times)) {
+					t.Errorf("after settling admission %d (the mirror holds %d): the mirror holds %d", i, mirrored, ring.mirrored)
+				}
+			}
+			// Admissions the ring does not hold (the newest taken out
+			// above, one before the oldest) settle to nothing.
+			gone := held[0]
+			gone.held.at = t0 - 1
+			for _, d := range []Decision{held[99], gone} {
+				settled := c
+				settled.Cost = 1
+				runScript(t, testClient, at, &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{settled}, decisions: []Decision{d}})
+				if ring := readRing(t, testClient, key, at); !slices.Equal(ring.times, times) || !slices.Equal(ring.units, units) {
+					t.Fatalf("after settling an admission at %d the ring does not hold: times %v units %v, want %v %v", d.held.at, ring.times, ring.units, times, units)
+				}
+			}
+		})
+	}
+}
