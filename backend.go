@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -64,11 +63,10 @@ type backend struct {
 	store limiter.Store
 	// local decides while Redis fails, with mode redisWithLocal.
 	local *limiter.MemoryStore
-	// redis, conn and keys are set with Redis: the store, its connection
-	// (breaker, reset bus) and how the store lays out its keys.
+	// redis and conn are set with Redis: the store (which alone knows its
+	// key layout) and its connection (breaker, reset bus).
 	redis *limiter.RedisStore
 	conn  *redisconn.Conn
-	keys  keyLayout
 
 	keyPrefix string
 	timeout   time.Duration
@@ -135,7 +133,6 @@ func (b *backend) connect(cfg backendConfig) error {
 	}
 	b.releases = append(b.releases, release)
 	b.redis, b.store = store, store
-	b.keys = learnKeyLayout(store)
 	b.cache = limiter.NewDenyCache(conn.Breaker().Guard(timedStore{store}), limiter.DefaultDenyCacheEntries)
 	// Last: an announcement may come at once, and finds the stack whole.
 	conn.Listen(b)
@@ -370,7 +367,7 @@ func (b *backend) state() any {
 // and, for a reset, in the in-process fallback too, if key is one of the
 // backend's.
 func (b *backend) Announced(key string, what redisconn.Announcement) {
-	zone, client, ours, ok := b.keys.read(key)
+	zone, client, ours, ok := b.redis.ParseKey(key)
 	switch {
 	case !ours:
 		// Another key prefix: another handler's keys.
@@ -395,46 +392,6 @@ func (b *backend) Announced(key string, what redisconn.Announcement) {
 // missed, so the whole deny cache goes.
 func (b *backend) Subscribed() {
 	b.cache.Clear()
-}
-
-// keyLayout reads a Redis key back into its zone and client. It learns the
-// layout from the store, which builds a key from two markers, so that only
-// the store knows it.
-type keyLayout struct {
-	// before, between and after are the text around the client and the
-	// zone in the store's keys (client first), with the key prefix in
-	// before.
-	before, between, after string
-}
-
-// learnKeyLayout asks store how it lays out its keys.
-func learnKeyLayout(store *limiter.RedisStore) keyLayout {
-	const zone, client = "\x00zone\x00", "\x00client\x00"
-	key := store.Key(zone, client)
-	c, z := strings.Index(key, client), strings.Index(key, zone)
-	if c < 0 || z < c+len(client) {
-		// A layout this code cannot read: every announcement clears the
-		// deny cache (see Announced), which is exact.
-		return keyLayout{between: client}
-	}
-	return keyLayout{before: key[:c], between: key[c+len(client) : z], after: key[z+len(zone):]}
-}
-
-// read returns the zone and client of key. ours reports whether key has the
-// layout's prefix at all; ok whether it could be read.
-func (l keyLayout) read(key string) (zone, client string, ours, ok bool) {
-	rest, ours := strings.CutPrefix(key, l.before)
-	if !ours {
-		return "", "", false, false
-	}
-	rest, ok = strings.CutSuffix(rest, l.after)
-	if !ok {
-		return "", "", true, false
-	}
-	// Client keys never hold the text between (limiter.BoundKey hashes
-	// keys that hold '{' or '}'), so its first occurrence ends the client.
-	client, zone, ok = strings.Cut(rest, l.between)
-	return zone, client, true, ok
 }
 
 // close releases this use of the pooled parts.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -97,6 +98,22 @@ func (s *RedisStore) Close() error {
 // clients over all slots while all zones of one client share a slot.
 func (s *RedisStore) Key(zone, client string) string {
 	return s.prefix + "{" + client + "}:" + zone
+}
+
+// ParseKey reads a key back into the zone and client that Key built it
+// from: ours reports whether key starts with the store's prefix at all, ok
+// whether the rest has Key's layout. Client keys never hold '{' or '}'
+// (BoundKey hashes them), so the first "}:" ends the client.
+func (s *RedisStore) ParseKey(key string) (zone, client string, ours, ok bool) {
+	rest, ours := strings.CutPrefix(key, s.prefix)
+	if !ours {
+		return "", "", false, false
+	}
+	if rest, ok = strings.CutPrefix(rest, "{"); !ok {
+		return "", "", true, false
+	}
+	client, zone, ok = strings.Cut(rest, "}:")
+	return zone, client, true, ok
 }
 
 // Allow implements Store.

@@ -35,10 +35,31 @@ func scanKeys(t *testing.T, client *redis.Client, prefix string) []string {
 	return slices.Compact(keys)
 }
 
+// TestRedisStoreKey checks the key layout and that ParseKey reads every key
+// Key builds back, zones with "}:" and client keys made bounded included,
+// and tells keys of another prefix or layout apart.
 func TestRedisStoreKey(t *testing.T) {
 	s := newRedisStore(t, testClient, DefaultKeyPrefix)
 	if got, want := s.Key("api", "203.0.113.7"), "srl:{203.0.113.7}:api"; got != want {
 		t.Errorf("Key = %q, want %q", got, want)
+	}
+	for _, c := range [][2]string{
+		{"api", "203.0.113.7"}, {"login:10m:3:4xx", "=Bearer abc"}, {"odd}:zone", "2001:db8::/64"},
+		{"z", BoundKey("{client}:with braces")}, {"z", BoundKey("\xff\xfe")}, {"", ""},
+	} {
+		zone, client, ours, ok := s.ParseKey(s.Key(c[0], c[1]))
+		if !ours || !ok || zone != c[0] || client != c[1] {
+			t.Errorf("ParseKey(Key(%q, %q)) = %q, %q, %v, %v", c[0], c[1], zone, client, ours, ok)
+		}
+	}
+	for key, want := range map[string][2]bool{
+		"other:{1.2.3.4}:api": {false, false},
+		"srl:1.2.3.4:api":     {true, false},
+		"srl:{1.2.3.4}api":    {true, false},
+	} {
+		if _, _, ours, ok := s.ParseKey(key); ours != want[0] || ok != want[1] {
+			t.Errorf("ParseKey(%q): ours %v, ok %v; want %v, %v", key, ours, ok, want[0], want[1])
+		}
 	}
 }
 
