@@ -112,7 +112,7 @@ func TestCostFromARequestValue(t *testing.T) {
 			fallbacks++
 		}
 	}
-	if got := testutil.ToFloat64(unitMetrics.costFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
+	if got := testutil.ToFloat64(limiterMetrics.costFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
 		t.Errorf("cost_fallbacks_total %v, want %d", got, fallbacks)
 	}
 	// The first fallback is logged, the others within the minute counted.
@@ -121,7 +121,7 @@ func TestCostFromARequestValue(t *testing.T) {
 	} else if strings.Contains(lines[0], "NaN") {
 		t.Errorf("the log line holds the request's value: %s", lines[0])
 	}
-	if got := testutil.ToFloat64(unitMetrics.admitted.WithLabelValues(zone)); got != 9+5+3+100 {
+	if got := testutil.ToFloat64(limiterMetrics.unitsAdmitted.WithLabelValues(zone)); got != 9+5+3+100 {
 		t.Errorf("units_total %v, want %d", got, 9+5+3+100)
 	}
 }

@@ -35,6 +35,11 @@ var limiterMetrics struct {
 	waiting        prometheus.Gauge
 	leasesInUse    *prometheus.GaugeVec
 	leasesLost     *prometheus.CounterVec
+	// Zones with a cost, a quota or a settle: see units.go.
+	unitsAdmitted   *prometheus.CounterVec
+	costFallbacks   *prometheus.CounterVec
+	quotaFallbacks  *prometheus.CounterVec
+	settleFallbacks *prometheus.CounterVec
 	// circuitState is the connections' (see redisconn.CircuitState).
 	circuitState *prometheus.GaugeVec
 }
@@ -42,19 +47,19 @@ var limiterMetrics struct {
 func initMetrics(registry *prometheus.Registry) error {
 	const ns, sub = "caddy", "sliding_ratelimit"
 	m := &limiterMetrics
+	// perZone is a counter with the zone label alone.
+	perZone := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, []string{"zone"})
+	}
 	m.once.Do(func() {
 		m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
 			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, and local_allowed and local_denied by the in-process store while Redis fails with fail_mode local).",
 		}, []string{"zone", "result"})
-		m.denyCacheHits = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "deny_cache_hits_total",
-			Help: "Denials answered by the local deny cache without a Redis call.",
-		}, []string{"zone"})
-		m.keyFallbacks = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "key_fallbacks_total",
-			Help: "Requests whose key template expanded to nothing, so that they were keyed by client address.",
-		}, []string{"zone"})
+		m.denyCacheHits = perZone("deny_cache_hits_total",
+			"Denials answered by the local deny cache without a Redis call.")
+		m.keyFallbacks = perZone("key_fallbacks_total",
+			"Requests whose key template expanded to nothing, so that they were keyed by client address.")
 		m.redisDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "redis_duration_seconds",
 			Help:    "Time of one rate-limit decision by Redis, errors included.",
@@ -66,10 +71,8 @@ func initMetrics(registry *prometheus.Registry) error {
 			Help:    "How long admitted requests were held for their slot (wait), by the zone with the least room left; its count is the requests that waited.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, []string{"zone"})
-		m.waitsAbandoned = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "waits_abandoned_total",
-			Help: "Held requests whose client went away before their slot: their admissions were given back.",
-		}, []string{"zone"})
+		m.waitsAbandoned = perZone("waits_abandoned_total",
+			"Held requests whose client went away before their slot: their admissions were given back.")
 		m.waitRoomFull = prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "wait_room_full_total",
 			Help: "Requests decided without a wait because their handler held max_waiting requests already.",
@@ -82,19 +85,23 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "leases_in_use",
 			Help: "Leases of concurrency zones that requests running on this instance hold.",
 		}, []string{"zone"})
-		m.leasesLost = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "leases_lost_total",
-			Help: "Leases of running requests that expired before they could be extended.",
-		}, []string{"zone"})
+		m.leasesLost = perZone("leases_lost_total",
+			"Leases of running requests that expired before they could be extended.")
+		m.unitsAdmitted = perZone("units_total",
+			"Units admitted by zones with a cost, a per-tenant max_requests or a settle: each admitted request's final cost (its reservation, or what it settled to). In other zones a request is one unit: see decisions_total.")
+		m.costFallbacks = perZone("cost_fallbacks_total",
+			"Requests whose cost placeholder gave no whole number of at least 1, so that they reserved 1.")
+		m.quotaFallbacks = perZone("max_requests_fallbacks_total",
+			"Requests whose max_requests placeholder gave no whole number from 1 to 2^48-1, so that the zone's fallback max_requests applied.")
+		m.settleFallbacks = perZone("settle_fallbacks_total",
+			"Responses whose settle header or trailer held no whole number, so that the request's reservation stood.")
 	})
-	if err := initUnitMetrics(registry); err != nil {
-		return err
-	}
 	if registry == nil {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
-		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost} {
+		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
+		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {
@@ -103,15 +110,4 @@ func initMetrics(registry *prometheus.Registry) error {
 		}
 	}
 	return nil
-}
-
-// bindMetrics binds the zone's counters once, so requests do not look up
-// label values.
-func (z *Zone) bindMetrics() {
-	z.decisions = make(map[string]prometheus.Counter)
-	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied} {
-		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
-	}
-	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
-	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
 }

@@ -70,7 +70,7 @@ func TestSettleHeaderFromUpstream(t *testing.T) {
 			fallbacks++
 		}
 	}
-	if got := testutil.ToFloat64(unitMetrics.settleFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
+	if got := testutil.ToFloat64(limiterMetrics.settleFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
 		t.Errorf("settle_fallbacks_total %v, want %d", got, fallbacks)
 	}
 	// A charge of the whole budget blocks the client for the window.

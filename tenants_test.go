@@ -103,7 +103,7 @@ func TestTenantsRecipe(t *testing.T) {
 			}
 		}
 	}
-	if got := testutil.ToFloat64(unitMetrics.quotaFallbacks.WithLabelValues(zone)); got != 4 {
+	if got := testutil.ToFloat64(limiterMetrics.quotaFallbacks.WithLabelValues(zone)); got != 4 {
 		t.Errorf("max_requests_fallbacks_total %v, want 4: the requests of the tenant without a quota", got)
 	}
 	expect(t, "a token the auth service refuses", api, []int{401}, from("127.0.0.2"), withHeader("Authorization", "Bearer forged"), forged)
@@ -159,7 +159,7 @@ func TestQuotaValues(t *testing.T) {
 			fallbacks++
 		}
 	}
-	if got := testutil.ToFloat64(unitMetrics.quotaFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
+	if got := testutil.ToFloat64(limiterMetrics.quotaFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
 		t.Errorf("max_requests_fallbacks_total %v, want %d", got, fallbacks)
 	}
 }

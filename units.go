@@ -52,12 +52,12 @@ func newZoneUnits(zone, cost, maxRequestsFrom string, maxRequests int64, settle 
 	if cost == "" && maxRequestsFrom == "" && settle == nil {
 		return nil
 	}
-	m := &unitMetrics
+	m := &limiterMetrics
 	u := &zoneUnits{
 		cost:     newZoneCost(cost, newValueFallbacks(logger, zone, "cost is not a whole number of at least 1: the request reserves 1", m.costFallbacks.WithLabelValues(zone))),
 		settle:   settle,
 		unit:     unitRequests,
-		admitted: m.admitted.WithLabelValues(zone),
+		admitted: m.unitsAdmitted.WithLabelValues(zone),
 	}
 	// Validate rejects a value that is no placeholder; until then it is
 	// left out.

@@ -313,3 +313,14 @@ func (z *Zone) unit() string {
 	}
 	return z.units.name()
 }
+
+// bindMetrics binds the zone's counters once, so requests do not look up
+// label values.
+func (z *Zone) bindMetrics() {
+	z.decisions = make(map[string]prometheus.Counter)
+	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied} {
+		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
+	}
+	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
+	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
+}
