@@ -16,13 +16,7 @@ import (
 // every store, with an error that names the check and what is wrong, and
 // never reach the engine; edge cases that are not errors get their answer.
 func TestBadInput(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { client.Close() })
-	mem := limiter.NewMemoryStore()
-	t.Cleanup(func() { mem.Close() })
-	red := limiter.NewRedisStore(client, limiter.RedisOptions{Timeout: 5 * time.Second})
-	t.Cleanup(func() { red.Close() })
+	mem, red := bothStores(t)
 	stores := map[string]limiter.Store{"memory": mem, "redis": red, "deny cache": limiter.NewDenyCache(red, 0)}
 
 	good := limiter.Check{Zone: "good", Key: "k", Limit: limiter.Limit{Window: time.Minute, Max: 10}}
@@ -100,4 +94,17 @@ func TestBadInput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bothStores returns an in-process store and a store on a Redis of the
+// test's own, both closed when it ends.
+func bothStores(t *testing.T) (*limiter.MemoryStore, *limiter.RedisStore) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { client.Close() })
+	mem := limiter.NewMemoryStore()
+	t.Cleanup(func() { mem.Close() })
+	red := limiter.NewRedisStore(client, limiter.RedisOptions{Timeout: 5 * time.Second})
+	t.Cleanup(func() { red.Close() })
+	return mem, red
 }

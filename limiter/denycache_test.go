@@ -549,24 +549,30 @@ func TestDenyCacheClearForget(t *testing.T) {
 	dcCheckConsistent(t, c)
 }
 
+// heldDenials returns a store that denies every check for a minute, and
+// whose first call closes entered and then waits until release is closed.
+func heldDenials() (inner dcFunc, entered, release chan struct{}) {
+	entered, release = make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	inner = func(_ context.Context, checks []Check, ds []Decision) error {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		for i := range checks {
+			ds[i] = Decision{Reset: time.Minute, RetryAfter: time.Minute}
+		}
+		return nil
+	}
+	return inner, entered, release
+}
+
 // TestDenyCacheForgetDuringCall checks that a denial read from the store
 // before an operator reset, and returned after Forget, is not cached.
 func TestDenyCacheForgetDuringCall(t *testing.T) {
 	for _, name := range []string{"Forget", "Clear"} {
 		t.Run(name, func(t *testing.T) {
-			entered := make(chan struct{})
-			release := make(chan struct{})
-			var calls atomic.Int64
-			inner := dcFunc(func(_ context.Context, checks []Check, ds []Decision) error {
-				if calls.Add(1) == 1 {
-					close(entered)
-					<-release
-				}
-				for i := range checks {
-					ds[i] = Decision{RetryAfter: time.Minute, Reset: time.Minute}
-				}
-				return nil
-			})
+			inner, entered, release := heldDenials()
 			c := NewDenyCache(inner, 100)
 			check := Check{Zone: "z", Key: "k"}
 			done := make(chan struct{})

@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"math/rand/v2"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -103,18 +102,7 @@ func TestDenyCacheSettleForgets(t *testing.T) {
 // shard read before it from being cached, and no others: a denial of a key
 // of another shard, in flight meanwhile, is cached.
 func TestDenyCacheForgetIsPerShard(t *testing.T) {
-	entered, release := make(chan struct{}), make(chan struct{})
-	var calls atomic.Int64
-	inner := dcFunc(func(_ context.Context, checks []Check, ds []Decision) error {
-		if calls.Add(1) == 1 {
-			close(entered)
-			<-release
-		}
-		for i := range checks {
-			ds[i] = Decision{Reset: time.Minute, RetryAfter: time.Minute}
-		}
-		return nil
-	})
+	inner, entered, release := heldDenials()
 	c := NewDenyCache(inner, 1000)
 	a := Check{Zone: "z", Key: "a"}
 	// A key of another shard than a's.

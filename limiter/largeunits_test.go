@@ -5,9 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -16,13 +13,7 @@ import (
 // included: the counter's hash holds them as text, which must keep every
 // digit past 10^14.
 func TestLargeUnitsAreExact(t *testing.T) {
-	srv := redistest.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { client.Close() })
-	mem := limiter.NewMemoryStore()
-	t.Cleanup(func() { mem.Close() })
-	red := limiter.NewRedisStore(client, limiter.RedisOptions{Timeout: 5 * time.Second})
-	t.Cleanup(func() { red.Close() })
+	mem, red := bothStores(t)
 	const max = 1<<48 - 1
 	costs := []int64{100000000000003, 123456789012345}
 	for name, s := range map[string]limiter.Store{"memory": mem, "redis": red} {
