@@ -632,3 +632,55 @@ func TestLeaseKeptAcrossReload(t *testing.T) {
 		t.Errorf("a request after the old one ended: status %d, want 200", s)
 	}
 }
+
+// TestLeaseReleasedWhenTheClientHangsUp: a client that hangs up in the
+// middle of a streamed response (reverse_proxy then aborts the handler
+// chain) gives its slot back at once, not after the lease time: with one
+// slot, its next request is admitted while the lease of the first would
+// still run for a minute.
+func TestLeaseReleasedWhenTheClientHangsUp(t *testing.T) {
+	upstream := usageUpstream(t)
+	zone := uniqueZone("hangup")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` {
+			concurrent 1
+			lease 1m
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+` {
+		flush_interval -1
+	}
+}`)
+	req, err := http.NewRequest(http.MethodGet, site, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Test-Bytes", strconv.Itoa(64<<20))
+	req.Header.Set("X-Test-Chunk", strconv.Itoa(64<<10))
+	req.Header.Set("X-Test-Chunk-Delay", "2ms")
+	res, err := clientAt(t, "127.0.0.5").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.CopyN(io.Discard, res.Body, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if s := send(t, site, from("127.0.0.5")).status; s != http.StatusTooManyRequests {
+		t.Fatalf("a second request while the stream runs: status %d, want 429", s)
+	}
+	// Closing a body not read to its end closes the connection.
+	res.Body.Close()
+	status := 0
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if status = send(t, site, from("127.0.0.5")).status; status == http.StatusOK {
+			break
+		}
+	}
+	if status != http.StatusOK {
+		t.Errorf("after the client hung up: status %d, want 200 within seconds (the lease given back, not left to expire)", status)
+	}
+}
