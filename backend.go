@@ -74,7 +74,10 @@ type backend struct {
 	zones     []string
 	// failures logs failed decisions, settleFailures failed settles.
 	failures, settleFailures *failureLog
-	releases                 []func() error
+	// nevers logs the requests denied in process since no wait admits them.
+	nevers   *throttle
+	logger   *zap.Logger
+	releases []func() error
 }
 
 // newBackend builds the stack that cfg describes; its pooled parts
@@ -88,6 +91,8 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
+		nevers:         &throttle{interval: time.Second},
+		logger:         cfg.logger,
 	}
 	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
@@ -144,9 +149,10 @@ func (b *backend) connect(cfg backendConfig) error {
 type source uint8
 
 const (
-	fromStore source = iota // the store (Redis or in-process)
-	fromCache               // the deny cache, without a store call
-	fromLocal               // the in-process fallback, for fail_mode local
+	fromStore   source = iota // the store (Redis or in-process)
+	fromCache                 // the deny cache, without a store call
+	fromLocal                 // the in-process fallback, for fail_mode local
+	fromNoStore               // no one: the request can never be admitted (neverFits)
 )
 
 // allowed and denied are the metrics results of an admission and a denial
@@ -163,6 +169,40 @@ func (s source) denied() string {
 		return resultLocalDenied
 	}
 	return resultDenied
+}
+
+// neverFits reports whether a zone of checks can never admit the request:
+// its cost is above the max of its call, the zone's or a tenant's, which
+// is known before any store call. Then no store is asked, in no zone (a
+// request is admitted in all its zones or in none), and decisions say so:
+// Never in each such zone, with the max as what remains, since nothing was
+// read; the other zones, not asked, admit. Every such request would be
+// denied the same way, and a store call costs as much as one that fits:
+// the deny cache cannot hold such a denial, which is no block that ends.
+func neverFits(checks []limiter.Check, decisions []limiter.Decision) bool {
+	never := false
+	for _, c := range checks {
+		never = never || max(c.Cost, 1) > c.Limit.Max
+	}
+	if !never {
+		return false
+	}
+	for i, c := range checks {
+		decisions[i] = limiter.Decision{Allowed: max(c.Cost, 1) <= c.Limit.Max, Remaining: c.Limit.Max}
+		decisions[i].Never = !decisions[i].Allowed
+	}
+	return true
+}
+
+// neverDenied counts a request denied since it can never fit in zone, and
+// logs at most once a second how many were, and reports whether it did.
+func (b *backend) neverDenied(zone string, max int64) bool {
+	count, due := b.nevers.event()
+	if due {
+		b.logger.Info("requests that cost more than the zone's max denied without a store call: no wait admits them",
+			zap.String("zone", zone), zap.Int64("max", max), zap.Int64("requests", count))
+	}
+	return due
 }
 
 // decide decides checks: from the deny cache, or the store behind it. When
