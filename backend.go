@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
@@ -74,6 +75,10 @@ type backend struct {
 	zones     []string
 	// failures logs failed decisions, settleFailures failed settles.
 	failures, settleFailures *failureLog
+	// oomFailures logs decisions that Redis refused for lack of memory,
+	// counted in oom.
+	oomFailures *failureLog
+	oom         prometheus.Counter
 	// nevers logs the requests denied in process since no wait admits them.
 	nevers   *throttle
 	logger   *zap.Logger
@@ -91,8 +96,11 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
-		nevers:         &throttle{interval: time.Second},
-		logger:         cfg.logger,
+		oomFailures: newFailureLog(cfg.logger, "redis is out of memory: it refuses the limiter's writes (maxmemory reached with maxmemory-policy noeviction), so the fail mode applies; "+
+			"set maxmemory-policy volatile-ttl or give redis more memory", time.Second),
+		oom:    limiterMetrics.storeErrors.WithLabelValues(reasonOOM),
+		nevers: &throttle{interval: time.Second},
+		logger: cfg.logger,
 	}
 	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
@@ -128,6 +136,8 @@ func (b *backend) connect(cfg backendConfig) error {
 			zap.String("fail_mode", cfg.failMode), zap.Error(err))
 	} else if err != nil {
 		return err
+	} else {
+		warnMemory(conn, cfg)
 	}
 	store, release, err := loadRedisStore(cfg.topology, cfg.redis, limiter.RedisOptions{
 		KeyPrefix: cfg.keyPrefix,
@@ -143,6 +153,21 @@ func (b *backend) connect(cfg backendConfig) error {
 	conn.Listen(b)
 	b.releases = append(b.releases, func() error { conn.Unlisten(b); return nil })
 	return nil
+}
+
+// warnMemory warns at start when Redis, once full, would evict limit state
+// or refuse the limiter's writes (see redisconn.MemoryWarning). A Redis that
+// does not tell (INFO disabled) is noted at debug level only.
+func warnMemory(conn *redisconn.Conn, cfg backendConfig) {
+	maxmemory, policy, err := conn.Memory(cfg.timeout)
+	if err != nil {
+		cfg.logger.Debug("could not read redis's memory settings", zap.String("redis", conn.Label()), zap.Error(err))
+		return
+	}
+	if warning := redisconn.MemoryWarning(maxmemory, policy); warning != "" {
+		cfg.logger.Warn(warning, zap.String("redis", conn.Label()),
+			zap.String("maxmemory_policy", policy), zap.Int64("maxmemory", maxmemory))
+	}
 }
 
 // source says who decided a request.
@@ -220,7 +245,7 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 		// A caller that went away: nothing failed, and no one waits.
 		return src, err
 	}
-	b.failures.record(b.failMode, err)
+	b.failed(err)
 	if b.mode != redisWithLocal {
 		return src, err
 	}
@@ -250,8 +275,23 @@ const (
 // reservations then count until they age out.
 func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
 	if err := b.settleIn(ctx, checks, decisions, lowered, src); err != nil {
+		if redisconn.OutOfMemory(err) {
+			limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
+		}
 		b.settleFailures.record(b.failMode, err)
 	}
+}
+
+// failed counts and logs, throttled, a decision that the store failed: a
+// Redis out of memory apart, since it fails every write until someone
+// frees memory or changes its policy, and the line says so.
+func (b *backend) failed(err error) {
+	if redisconn.OutOfMemory(err) {
+		b.oom.Inc()
+		b.oomFailures.record(b.failMode, err)
+		return
+	}
+	b.failures.record(b.failMode, err)
 }
 
 func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {
