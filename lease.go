@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -257,6 +258,9 @@ func (k *leaseKeeper) extend(batch []*runningLease) {
 			k.extend([]*runningLease{l})
 		}
 		return
+	}
+	if redisconn.OutOfMemory(err) {
+		limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
