@@ -34,9 +34,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		waiting = h.waits.enter(&req, r)
 		source, err = h.backend.decide(r.Context(), req.checks, req.decisions)
 	}
-	if waiting && !h.waits.hold(r, &req, source, err) {
-		// The client went away while held; its slots were given back.
-		return nil
+	if waiting {
+		if held, failed := h.waits.hold(r, &req, source, err); !held {
+			// The client went away while held, or its body failed; its
+			// slots were given back.
+			return failed
+		}
 	}
 	if err != nil {
 		if r.Context().Err() != nil {

@@ -2,6 +2,8 @@ package slidingratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -111,14 +113,16 @@ func (w *waitRoom) enter(req *request, r *http.Request) bool {
 // report it passes at once, as a denial would). Either way it gives the
 // place back. It reports false when the client went away while held: the
 // request's admissions are then given back (settled to zero) in every zone,
-// so the slot it was promised goes to another request.
-func (w *waitRoom) hold(r *http.Request, req *request, src source, err error) bool {
+// so the slot it was promised goes to another request. It reports false
+// with an error when the request's body, read before holding, failed: the
+// admissions are given back too.
+func (w *waitRoom) hold(r *http.Request, req *request, src source, err error) (bool, error) {
 	defer func() {
 		w.held.Add(-1)
 		limiterMetrics.waiting.Dec()
 	}()
 	if err != nil || !limiter.Admitted(req.decisions) || req.decisions[0].Delay <= 0 || w.report {
-		return true
+		return true, nil
 	}
 	delay, z := req.decisions[0].Delay, w.holder(req)
 	t := time.NewTimer(delay)
@@ -129,17 +133,28 @@ func (w *waitRoom) hold(r *http.Request, req *request, src source, err error) bo
 		// client that leaves during the read fails it.
 		if _, err := readBodyUpTo(r, heldBodyMax); err != nil {
 			w.giveBack(r, req, z, src)
-			return false
+			return false, bodyError(err)
 		}
 	}
 	select {
 	case <-t.C:
 		w.waited[z].Observe(delay.Seconds())
-		return true
+		return true, nil
 	case <-r.Context().Done():
 		w.giveBack(r, req, z, src)
-		return false
+		return false, nil
 	}
+}
+
+// bodyError is the error of a held request whose body could not be read:
+// 413 for a body above request_body's max_size, else 400 (the client sent
+// less than it said, or left: then no one reads it).
+func bodyError(err error) error {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+	}
+	return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
 }
 
 // giveBack gives the admissions of a held request whose client went away
