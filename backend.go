@@ -219,8 +219,9 @@ func neverFits(checks []limiter.Check, decisions []limiter.Decision) bool {
 	return true
 }
 
-// neverDenied counts a request denied since it can never fit in zone, and
-// logs at most once a second how many were, and reports whether it did.
+// neverDenied counts a request denied since it can never fit in zone and,
+// at most once a second, logs how many were since the last line (in all
+// the handler's zones), naming zone; it reports whether it logged.
 func (b *backend) neverDenied(zone string, max int64) bool {
 	count, due := b.nevers.event()
 	if due {
