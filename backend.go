@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
@@ -74,7 +75,14 @@ type backend struct {
 	zones     []string
 	// failures logs failed decisions, settleFailures failed settles.
 	failures, settleFailures *failureLog
-	releases                 []func() error
+	// oomFailures logs decisions that Redis refused for lack of memory,
+	// counted in oom.
+	oomFailures *failureLog
+	oom         prometheus.Counter
+	// nevers logs the requests denied in process since no wait admits them.
+	nevers   *throttle
+	logger   *zap.Logger
+	releases []func() error
 }
 
 // newBackend builds the stack that cfg describes; its pooled parts
@@ -88,6 +96,11 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
+		oomFailures: newFailureLog(cfg.logger, "redis is out of memory: it refuses the limiter's writes (maxmemory reached with maxmemory-policy noeviction), so the fail mode applies; "+
+			"set maxmemory-policy volatile-ttl or give redis more memory", time.Second),
+		oom:    limiterMetrics.storeErrors.WithLabelValues(reasonOOM),
+		nevers: &throttle{interval: time.Second},
+		logger: cfg.logger,
 	}
 	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
@@ -123,6 +136,8 @@ func (b *backend) connect(cfg backendConfig) error {
 			zap.String("fail_mode", cfg.failMode), zap.Error(err))
 	} else if err != nil {
 		return err
+	} else {
+		warnMemory(conn, cfg)
 	}
 	store, release, err := loadRedisStore(cfg.topology, cfg.redis, limiter.RedisOptions{
 		KeyPrefix: cfg.keyPrefix,
@@ -140,13 +155,29 @@ func (b *backend) connect(cfg backendConfig) error {
 	return nil
 }
 
+// warnMemory warns at start when Redis, once full, would evict limit state
+// or refuse the limiter's writes (see redisconn.MemoryWarning). A Redis that
+// does not tell (INFO disabled) is noted at debug level only.
+func warnMemory(conn *redisconn.Conn, cfg backendConfig) {
+	maxmemory, policy, err := conn.Memory(cfg.timeout)
+	if err != nil {
+		cfg.logger.Debug("could not read redis's memory settings", zap.String("redis", conn.Label()), zap.Error(err))
+		return
+	}
+	if warning := redisconn.MemoryWarning(maxmemory, policy); warning != "" {
+		cfg.logger.Warn(warning, zap.String("redis", conn.Label()),
+			zap.String("maxmemory_policy", policy), zap.Int64("maxmemory", maxmemory))
+	}
+}
+
 // source says who decided a request.
 type source uint8
 
 const (
-	fromStore source = iota // the store (Redis or in-process)
-	fromCache               // the deny cache, without a store call
-	fromLocal               // the in-process fallback, for fail_mode local
+	fromStore   source = iota // the store (Redis or in-process)
+	fromCache                 // the deny cache, without a store call
+	fromLocal                 // the in-process fallback, for fail_mode local
+	fromNoStore               // no one: the request can never be admitted (neverFits)
 )
 
 // allowed and denied are the metrics results of an admission and a denial
@@ -165,6 +196,41 @@ func (s source) denied() string {
 	return resultDenied
 }
 
+// neverFits reports whether a zone of checks can never admit the request:
+// its cost is above the max of its call, the zone's or a tenant's, which
+// is known before any store call. Then no store is asked, in no zone (a
+// request is admitted in all its zones or in none), and decisions say so:
+// Never in each such zone, with the max as what remains, since nothing was
+// read; the other zones, not asked, admit. Every such request would be
+// denied the same way, and a store call costs as much as one that fits:
+// the deny cache cannot hold such a denial, which is no block that ends.
+func neverFits(checks []limiter.Check, decisions []limiter.Decision) bool {
+	never := false
+	for _, c := range checks {
+		never = never || max(c.Cost, 1) > c.Limit.Max
+	}
+	if !never {
+		return false
+	}
+	for i, c := range checks {
+		decisions[i] = limiter.Decision{Allowed: max(c.Cost, 1) <= c.Limit.Max, Remaining: c.Limit.Max}
+		decisions[i].Never = !decisions[i].Allowed
+	}
+	return true
+}
+
+// neverDenied counts a request denied since it can never fit in zone and,
+// at most once a second, logs how many were since the last line (in all
+// the handler's zones), naming zone; it reports whether it logged.
+func (b *backend) neverDenied(zone string, max int64) bool {
+	count, due := b.nevers.event()
+	if due {
+		b.logger.Info("requests that cost more than the zone's max denied without a store call: no wait admits them",
+			zap.String("zone", zone), zap.Int64("max", max), zap.Int64("requests", count))
+	}
+	return due
+}
+
 // decide decides checks: from the deny cache, or the store behind it. When
 // the store fails and the caller is still there, the failure is logged and,
 // with fail_mode local, the in-process store decides instead: then the
@@ -180,7 +246,7 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 		// A caller that went away: nothing failed, and no one waits.
 		return src, err
 	}
-	b.failures.record(b.failMode, err)
+	b.failed(err)
 	if b.mode != redisWithLocal {
 		return src, err
 	}
@@ -210,8 +276,23 @@ const (
 // reservations then count until they age out.
 func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
 	if err := b.settleIn(ctx, checks, decisions, lowered, src); err != nil {
+		if redisconn.OutOfMemory(err) {
+			limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
+		}
 		b.settleFailures.record(b.failMode, err)
 	}
+}
+
+// failed counts and logs, throttled, a decision that the store failed: a
+// Redis out of memory apart, since it fails every write until someone
+// frees memory or changes its policy, and the line says so.
+func (b *backend) failed(err error) {
+	if redisconn.OutOfMemory(err) {
+		b.oom.Inc()
+		b.oomFailures.record(b.failMode, err)
+		return
+	}
+	b.failures.record(b.failMode, err)
 }
 
 func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {

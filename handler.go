@@ -29,11 +29,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if len(req.checks) == 0 {
 		return next.ServeHTTP(w, r)
 	}
-	waiting := h.waits.enter(&req, r)
-	source, err := h.backend.decide(r.Context(), req.checks, req.decisions)
-	if waiting && !h.waits.hold(r, &req, source, err) {
-		// The client went away while held; its slots were given back.
-		return nil
+	source, waiting, err := fromNoStore, false, error(nil)
+	if !neverFits(req.checks, req.decisions) {
+		waiting = h.waits.enter(&req, r)
+		source, err = h.backend.decide(r.Context(), req.checks, req.decisions)
+	}
+	if waiting {
+		if held, failed := h.waits.hold(r, &req, source, err); !held {
+			// The client went away while held, or its body failed; its
+			// slots were given back.
+			return failed
+		}
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -80,9 +86,15 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		}
 	}
 	z, d := req.zones[shown], req.decisions[shown]
-	if src == fromCache {
+	switch src {
+	case fromCache:
 		z.cacheHits.Inc()
-	} else {
+	case fromNoStore:
+		// No block that ends: a line and an event a second at most.
+		if h.backend.neverDenied(z.Name, req.checks[shown].Limit.Max) {
+			h.denied(z, req.checks[shown].Key, d)
+		}
+	default:
 		// Later denials of this block come from the deny cache, so this runs
 		// once per client and block (per instance).
 		h.denied(z, req.checks[shown].Key, d)

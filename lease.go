@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -41,7 +42,10 @@ type leaseKeeper struct {
 	inUse    map[*Zone]prometheus.Gauge
 	lost     map[*Zone]prometheus.Counter
 	failures *failureLog
-	lostLog  *failureLog
+	// lostLog logs leases that expired, dataLostLog leases that the store
+	// lost before their lease time.
+	lostLog, dataLostLog *failureLog
+	dataLost             prometheus.Counter
 }
 
 // runningLease is one lease of a running request, with copies of its check
@@ -51,10 +55,12 @@ type runningLease struct {
 	check    limiter.Check
 	decision limiter.Decision
 	src      source
-	// due is when the lease is next extended; lost is set when it expired
-	// first. Both are guarded by the keeper's mu.
-	due  time.Time
-	lost bool
+	// due is when the lease is next extended; renewed is when it was
+	// taken or last extended, so that it runs until renewed plus its lease
+	// time; lost is set when it was gone first. All are guarded by the
+	// keeper's mu.
+	due, renewed time.Time
+	lost         bool
 }
 
 // Extensions due at one tick go to the store in calls of at most
@@ -70,13 +76,15 @@ const (
 // nil when no zone is a concurrency zone.
 func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper {
 	k := &leaseKeeper{
-		backend:  b,
-		running:  make(map[*runningLease]struct{}),
-		quit:     make(chan struct{}),
-		inUse:    make(map[*Zone]prometheus.Gauge),
-		lost:     make(map[*Zone]prometheus.Counter),
-		failures: newFailureLog(logger, "extending the leases of running requests failed: they expire after their lease time unless a later extension succeeds", time.Second),
-		lostLog:  newFailureLog(logger, "a running request's lease expired before it was extended (the store was away for more than half the lease time?): another request may take its slot", time.Second),
+		backend:     b,
+		running:     make(map[*runningLease]struct{}),
+		quit:        make(chan struct{}),
+		inUse:       make(map[*Zone]prometheus.Gauge),
+		lost:        make(map[*Zone]prometheus.Counter),
+		failures:    newFailureLog(logger, "extending the leases of running requests failed: they expire after their lease time unless a later extension succeeds", time.Second),
+		lostLog:     newFailureLog(logger, "a running request's lease expired before it was extended (the store was away for more than half the lease time?): another request may take its slot", time.Second),
+		dataLostLog: newFailureLog(logger, "a running request's lease was gone from the store before its lease time ran out: the store lost its data (a restart without persistence, a FLUSHALL, an eviction), and another request may take its slot", time.Second),
+		dataLost:    limiterMetrics.storeErrors.WithLabelValues(reasonDataLost),
 	}
 	for _, z := range zones {
 		if z.limit.Algorithm != limiter.Concurrency {
@@ -124,7 +132,7 @@ func (k *leaseKeeper) add(leases []*runningLease) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, l := range leases {
-		l.due = now.Add(l.check.Limit.Window / 3)
+		l.due, l.renewed = now.Add(l.check.Limit.Window/3), now
 		k.running[l] = struct{}{}
 		k.inUse[l.zone].Inc()
 	}
@@ -251,19 +259,28 @@ func (k *leaseKeeper) extend(batch []*runningLease) {
 		}
 		return
 	}
+	if redisconn.OutOfMemory(err) {
+		limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, l := range batch {
 		_, running := k.running[l]
 		switch {
 		case err == nil:
-			l.due = start.Add(l.check.Limit.Window / 3)
+			l.due, l.renewed = start.Add(l.check.Limit.Window/3), start
 		case !running:
 			// Its request ended meanwhile, and gave the lease back.
 		case errors.Is(err, limiter.ErrLeaseLost):
 			l.lost = true
 			k.lost[l.zone].Inc()
-			k.lostLog.record(k.backend.failMode, err)
+			if start.Before(l.renewed.Add(l.check.Limit.Window)) {
+				// Asked before its lease time ran out: it did not expire.
+				k.dataLost.Inc()
+				k.dataLostLog.record(k.backend.failMode, err)
+			} else {
+				k.lostLog.record(k.backend.failMode, err)
+			}
 		default:
 			k.failures.record(k.backend.failMode, err)
 		}

@@ -19,6 +19,17 @@ const (
 	resultLocalDenied  = "local_denied"
 )
 
+// Store error reasons, the values of the reason label of store_errors_total.
+const (
+	// reasonOOM: Redis refused a call for lack of memory (maxmemory reached
+	// with maxmemory-policy noeviction).
+	reasonOOM = "oom"
+	// reasonDataLost: a running request's lease was gone from the store
+	// before its lease time: the store lost its data (a restart without
+	// persistence, a FLUSHALL, an eviction).
+	reasonDataLost = "data_lost"
+)
+
 // limiterMetrics are process-wide collectors, created once and registered on
 // each config's registry, so counts survive config reloads. No label holds a
 // client key: that would let clients grow the series without bound.
@@ -42,6 +53,9 @@ var limiterMetrics struct {
 	settleFallbacks *prometheus.CounterVec
 	// circuitState is the connections' (see redisconn.CircuitState).
 	circuitState *prometheus.GaugeVec
+	// storeErrors counts store errors that have a reason of their own (see
+	// backend.go and lease.go).
+	storeErrors *prometheus.CounterVec
 }
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -95,13 +109,17 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Requests whose max_requests placeholder gave no whole number from 1 to 2^48-1, so that the zone's fallback max_requests applied.")
 		m.settleFallbacks = perZone("settle_fallbacks_total",
 			"Responses whose settle header or trailer held no whole number, so that the request's reservation stood.")
+		m.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
+			Help: "Store errors by reason: oom (Redis refused a call for lack of memory, maxmemory reached with noeviction: the fail mode applied), data_lost (a running request's lease was gone from Redis before its lease time: Redis lost its data, by a restart, a FLUSHALL or an eviction).",
+		}, []string{"reason"})
 	})
 	if registry == nil {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
-		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks} {
+		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.storeErrors} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -2,6 +2,8 @@ package slidingratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,15 @@ import (
 // cost some tens of MB at most, and a thousand clients waiting at once on
 // one instance is more than waits of seconds need.
 const defaultMaxWaiting = 1000
+
+// heldBodyMax is the largest request body that an HTTP/1 request may have
+// and still be held: the room reads it before holding (see hold), since Go's
+// HTTP/1 server notices a client that went away only once the body has
+// been read, and a held request whose client left must give its slot back.
+// A thousand held requests buffer 64 MB at most. A larger body, or one of
+// unknown length (chunked), is decided without a wait: its client could
+// leave unseen and keep its slot and its place in max_waiting.
+const heldBodyMax = 64 << 10
 
 // waitRoom holds the requests of one handler that the store admits for a
 // later time, until then; at most max of them at once. A request that finds
@@ -80,7 +91,7 @@ func (w *waitRoom) enter(req *request, r *http.Request) bool {
 	if deadline, ok := requestDeadline(r); ok && wait > 0 {
 		wait = min(wait, time.Until(deadline)-w.margin)
 	}
-	if wait <= 0 {
+	if wait <= 0 || !bodyWatchable(r) {
 		return false
 	}
 	if w.held.Add(1) > w.max {
@@ -102,29 +113,65 @@ func (w *waitRoom) enter(req *request, r *http.Request) bool {
 // report it passes at once, as a denial would). Either way it gives the
 // place back. It reports false when the client went away while held: the
 // request's admissions are then given back (settled to zero) in every zone,
-// so the slot it was promised goes to another request.
-func (w *waitRoom) hold(r *http.Request, req *request, src source, err error) bool {
+// so the slot it was promised goes to another request. It reports false
+// with an error when the request's body, read before holding, failed: the
+// admissions are given back too.
+func (w *waitRoom) hold(r *http.Request, req *request, src source, err error) (bool, error) {
 	defer func() {
 		w.held.Add(-1)
 		limiterMetrics.waiting.Dec()
 	}()
 	if err != nil || !limiter.Admitted(req.decisions) || req.decisions[0].Delay <= 0 || w.report {
-		return true
+		return true, nil
 	}
 	delay, z := req.decisions[0].Delay, w.holder(req)
 	t := time.NewTimer(delay)
 	defer t.Stop()
+	if r.ProtoMajor == 1 && r.ContentLength > 0 {
+		// Read to its end (enter let in no body above heldBodyMax), so that
+		// the server watches the connection while the request is held. A
+		// client that leaves during the read fails it.
+		if _, err := readBodyUpTo(r, heldBodyMax); err != nil {
+			w.giveBack(r, req, z, src)
+			return false, bodyError(err)
+		}
+	}
 	select {
 	case <-t.C:
 		w.waited[z].Observe(delay.Seconds())
-		return true
+		return true, nil
 	case <-r.Context().Done():
-		w.abandoned[z].Inc()
-		// The client is gone; the slot is given back all the same.
-		s := req.givenBack()
-		w.backend.settle(context.WithoutCancel(r.Context()), s.checks, s.decisions, s.lowered, src)
-		return false
+		w.giveBack(r, req, z, src)
+		return false, nil
 	}
+}
+
+// bodyError is the error of a held request whose body could not be read:
+// 413 for a body above request_body's max_size, else 400 (the client sent
+// less than it said, or left: then no one reads it).
+func bodyError(err error) error {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		return caddyhttp.Error(http.StatusRequestEntityTooLarge, err)
+	}
+	return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading the request body: %w", err))
+}
+
+// giveBack gives the admissions of a held request whose client went away
+// back, in every zone, so that the slot it was promised goes to another
+// request.
+func (w *waitRoom) giveBack(r *http.Request, req *request, z *Zone, src source) {
+	w.abandoned[z].Inc()
+	s := req.givenBack()
+	w.backend.settle(context.WithoutCancel(r.Context()), s.checks, s.decisions, s.lowered, src)
+}
+
+// bodyWatchable reports whether the server can see r's client leave while
+// r is held: always over HTTP/2 and HTTP/3, whose streams end on their own;
+// over HTTP/1 when r's body is empty or of a known length the room reads
+// before holding (see heldBodyMax).
+func bodyWatchable(r *http.Request) bool {
+	return r.ProtoMajor != 1 || r.ContentLength >= 0 && r.ContentLength <= heldBodyMax
 }
 
 // holder is the zone a held request is counted under: of the zones that

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -174,7 +175,7 @@ func admissionsOf(t *testing.T, key string, min, want int) []int64 {
 }
 
 // TestWebhooksRecipe runs the recipe of docs/waits.md: a sender bursts 20
-// requests against 10 per second with wait 2s, 10 to each of two instances
+// deliveries (POSTs with a JSON body) against 10 per second with wait 2s, 10 to each of two instances
 // (real Caddy and a handler provisioned alone, on one Redis): all 20 go
 // through, none is denied, and the admission times Redis recorded are
 // paced exactly by the window.
@@ -202,10 +203,11 @@ func TestWebhooksRecipe(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			delivery := withBody("application/json", `{"delivery": `+strconv.Itoa(i)+`}`)
 			if i%2 == 0 {
-				statuses[i] = send(t, site+"hook", sender).status
+				statuses[i] = send(t, site+"hook", sender, withMethod(http.MethodPost), delivery).status
 			} else {
-				statuses[i] = send(t, "/hook", sender, to(other), withNext(second.next())).status
+				statuses[i] = send(t, "/hook", sender, withMethod(http.MethodPost), delivery, to(other), withNext(second.next())).status
 			}
 		}()
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,4 +62,59 @@ func unreachable(err error) bool {
 		}
 	}
 	return false
+}
+
+// Memory reads how Redis behaves when full, from INFO memory (which managed
+// Redis services answer, unlike CONFIG GET): its maxmemory in bytes (0:
+// none) and its maxmemory-policy. On Redis Cluster it asks one node.
+func (c *Conn) Memory(timeout time.Duration) (maxmemory int64, policy string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, checkTimeout))
+	defer cancel()
+	info, err := c.s.client.Info(ctx, "memory").Result()
+	if err != nil {
+		return 0, "", fmt.Errorf("reading redis's memory settings: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch name {
+		case "maxmemory":
+			if maxmemory, err = strconv.ParseInt(value, 10, 64); err != nil {
+				return 0, "", fmt.Errorf("reading redis's maxmemory %q: %w", value, err)
+			}
+		case "maxmemory_policy":
+			policy = value
+		}
+	}
+	if policy == "" {
+		return 0, "", errors.New("reading redis's memory settings: INFO memory has no maxmemory_policy")
+	}
+	return maxmemory, policy, nil
+}
+
+// MemoryWarning says what a Redis with maxmemory and policy does to the
+// limits when it is full, and what to do about it; "" when nothing. Every
+// key the limiter writes has a TTL (its window, or its lease time), so
+// volatile-ttl evicts only limit state, the state closest to its end
+// first, and only when memory runs out.
+func MemoryWarning(maxmemory int64, policy string) string {
+	switch {
+	case maxmemory == 0:
+		// No limit: Redis neither evicts nor refuses for lack of memory.
+		return ""
+	case strings.HasPrefix(policy, "allkeys-"):
+		return "redis evicts any key when it is full (maxmemory-policy " + policy + "): a client whose window it evicts has its limit reset without a word; " +
+			"set maxmemory-policy volatile-ttl (every key of the limiter has a TTL, the closest to expiry go first) or give redis more memory"
+	case policy == "noeviction":
+		return "redis refuses writes once it reaches maxmemory (maxmemory-policy noeviction): every limit decision then fails and the fail mode applies to every request; " +
+			"set maxmemory-policy volatile-ttl (every key of the limiter has a TTL, the closest to expiry go first) or give redis more memory"
+	}
+	return ""
+}
+
+// OutOfMemory reports whether err is Redis refusing a command for lack of
+// memory: maxmemory reached with maxmemory-policy noeviction (or nothing
+// left to evict).
+func OutOfMemory(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "OOM ")
 }
