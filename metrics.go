@@ -42,6 +42,8 @@ var limiterMetrics struct {
 	settleFallbacks *prometheus.CounterVec
 	// circuitState is the connections' (see redisconn.CircuitState).
 	circuitState *prometheus.GaugeVec
+	// configWarnings: see warnings.go.
+	configWarnings prometheus.Gauge
 }
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -95,13 +97,17 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Requests whose max_requests placeholder gave no whole number from 1 to 2^48-1, so that the zone's fallback max_requests applied.")
 		m.settleFallbacks = perZone("settle_fallbacks_total",
 			"Responses whose settle header or trailer held no whole number, so that the request's reservation stood.")
+		m.configWarnings = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "config_warnings",
+			Help: "Warnings the handlers of the running config logged while they were provisioned (during a reload, of both configs).",
+		})
 	})
 	if registry == nil {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
-		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks} {
+		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.configWarnings} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {
