@@ -306,7 +306,6 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="api",result="denied"} == 2`)) == 1
 	})
 
-
 	// The outage: Redis stops; zone api fails open for a client the deny
 	// cache does not hold.
 	srv.Stop()
