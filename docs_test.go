@@ -289,3 +289,23 @@ func cellNumber(cells map[string]string, title string) (string, error) {
 	}
 	return numbers[n-1], nil
 }
+
+// TestReadmeFirstExampleIsASite: the first Caddyfile a reader sees is whole,
+// so that pasting it into an empty Caddyfile works (a bare directive there
+// is an error); the snippets after it are site bodies, which the README says.
+func TestReadmeFirstExampleIsASite(t *testing.T) {
+	doc, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fences(string(doc)) {
+		if f.lang != "caddyfile" {
+			continue
+		}
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(f.text), nil); err != nil {
+			t.Errorf("README.md:%d: the first Caddyfile does not adapt as a whole Caddyfile: %v", f.line, err)
+		}
+		return
+	}
+	t.Fatal("README.md has no caddyfile block")
+}
