@@ -26,16 +26,20 @@ func init() {
 
 // AdminAPI serves /sliding_ratelimit/ on Caddy's admin endpoint:
 //
-//	GET    /sliding_ratelimit/zones/<zone>/keys/<key>   a client's state, as JSON
-//	DELETE /sliding_ratelimit/zones/<zone>/keys/<key>   reset the client, everywhere
+//	GET    /sliding_ratelimit/zones                     the zones of the running handlers
+//	GET    /sliding_ratelimit/zones/{zone}/keys/{key}   a client's state, as JSON
+//	DELETE /sliding_ratelimit/zones/{zone}/keys/{key}   reset the client, everywhere
 //	GET    /sliding_ratelimit/blocked[?limit=N]         the clients held as blocked here
 //
-// <zone> is a zone's name, or its identity ("default:1m:100", see
+// The paths say {zone} and {key}, not <zone>: Caddy writes an error's
+// message in JSON, which would show '<' as \u003c.
+//
+// {zone} is a zone's name, or its identity ("default:1m:100", see
 // zoneIdentity) where several handlers have zones of that name with
 // different limits: then the name alone is ambiguous and answered with 409
 // Conflict, which lists the identities.
 //
-// <key> is the client key: everything after /keys/, so it may hold '/'.
+// {key} is the client key: everything after /keys/, so it may hold '/'.
 // Percent-encode '%', '?', '#', and a '/' or '.' that would make "//", "/./"
 // or "/../" (the admin server cleans such paths). An address is grouped as
 // the handler's keys are, so 2001:db8::1 addresses 2001:db8::/64 with the
@@ -79,7 +83,7 @@ func (a *AdminAPI) Provision(ctx caddy.Context) error {
 
 // Paths of the admin API.
 const (
-	adminKeyPath     = "/sliding_ratelimit/zones/<zone>/keys/<key>"
+	adminKeyPath     = "/sliding_ratelimit/zones/{zone}/keys/{key}"
 	adminBlockedPath = "/sliding_ratelimit/blocked"
 )
 
@@ -92,6 +96,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/sliding_ratelimit/", Handler: caddy.AdminHandlerFunc(a.serveKey)},
 		{Pattern: adminBlockedPath, Handler: caddy.AdminHandlerFunc(a.serveBlocked)},
+		{Pattern: adminZonesPath, Handler: caddy.AdminHandlerFunc(a.serveZones)},
 	}
 }
 
@@ -163,7 +168,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if len(hs) == 0 {
 		return caddy.APIError{
 			HTTPStatus: http.StatusNotFound,
-			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name", zoneName),
+			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name; %s", zoneName, zoneNamesHint()),
 		}
 	}
 	if ids := identities(zones); len(ids) > 1 {
@@ -212,7 +217,7 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 	rest, ok := strings.CutPrefix(escaped, "/sliding_ratelimit/zones/")
 	rawZone, rawKey, found := strings.Cut(rest, "/keys/")
 	if !ok || !found || rawZone == "" || strings.Contains(rawZone, "/") || rawKey == "" {
-		return "", "", fmt.Errorf("malformed path: want %s or %s", adminKeyPath, adminBlockedPath)
+		return "", "", fmt.Errorf("malformed path: want %s, %s or %s", adminKeyPath, adminZonesPath, adminBlockedPath)
 	}
 	if zone, err = url.PathUnescape(rawZone); err != nil {
 		return "", "", fmt.Errorf("malformed zone in path: %v", err)

@@ -1,0 +1,149 @@
+package slidingratelimit
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// The rough edges a newcomer hit, each tried as they tried it: through a
+// real Caddy's admin API, and the caddy command run as a process.
+
+// TestDurationWithoutUnit: `window 60` gets the duration it most likely
+// means; `1mn` gets the units.
+func TestDurationWithoutUnit(t *testing.T) {
+	startCaddy(t, `:9080 {
+	respond "ok"
+}`)
+	for _, c := range []struct{ lines, want string }{
+		{"window 60\n\t\tmax_requests 10", `window: invalid duration \"60\": a duration needs a unit: 60s for seconds (or 1m), at Caddyfile:`},
+		{"window 7200\n\t\tmax_requests 10", `7200s for seconds (or 2h)`},
+		{"window 90\n\t\tmax_requests 10", `a duration needs a unit: 90s for seconds, at`},
+		{"window 1mn\n\t\tmax_requests 10", `window: invalid duration \"1mn\": time: unknown unit \"mn\" in duration \"1mn\"; the units are ns, us, ms, s, m, h and d (24h), combined as in 1m30s`},
+		{"zone api 60 10", `window: invalid duration \"60\": a duration needs a unit: 60s for seconds (or 1m)`},
+		{"window 1m\n\t\tmax_requests 10\n\t\twait 500", `wait: invalid duration \"500\": a duration needs a unit: 500s for seconds`},
+	} {
+		config := globalOptions + ":9080 {\n\tsliding_ratelimit {\n\t\t" + c.lines + "\n\t}\n}\n"
+		res := send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("text/caddyfile", config))
+		if res.status != http.StatusBadRequest || !strings.Contains(res.body, c.want) {
+			t.Errorf("loading %q: %d %s, want 400 with %s", c.lines, res.status, res.body, c.want)
+		}
+	}
+}
+
+// zonesSite has two sites: one shares zone api with the other, which also
+// has a concurrency zone and a per-tenant quota.
+func zonesSite(t *testing.T) string {
+	prefix := uniquePrefix(t)
+	return `:9080 {
+	sliding_ratelimit {
+		redis ` + sharedRedis.URL() + `
+		key_prefix ` + prefix + `
+		key {http.request.header.X-Client}
+		zone api 1m 100
+		zone reports {
+			concurrent 2
+		}
+		zone tenants {
+			window 1h
+			max_requests {http.vars.quota} 1000
+			wait 2s
+		}
+	}
+	respond "ok"
+}
+
+:9081 {
+	sliding_ratelimit {
+		redis ` + sharedRedis.URL() + `
+		key_prefix ` + prefix + `
+		key {http.request.header.X-Client}
+		zone api 1m 100
+	}
+	respond "ok"
+}
+`
+}
+
+// TestZonesListing: GET /sliding_ratelimit/zones and `caddy
+// sliding-ratelimit zones` list the running zones; an unknown zone's error
+// names them; the path in an error reads as written.
+func TestZonesListing(t *testing.T) {
+	startCaddy(t, zonesSite(t))
+	res := send(t, adminURL+"/sliding_ratelimit/zones")
+	var answer zonesAnswer
+	if res.status != http.StatusOK || json.Unmarshal([]byte(res.body), &answer) != nil {
+		t.Fatalf("GET zones: %d %s", res.status, res.body)
+	}
+	want := []zoneInfo{
+		{Name: "api", Identity: "api:1m:100", Limit: 100, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", Handlers: 2},
+		{Name: "reports", Identity: "reports:concurrent:2", Limit: 2, Algorithm: "concurrency", Unit: "concurrent-requests", Key: "{http.request.header.X-Client}", Handlers: 1},
+		{Name: "tenants", Identity: "", Limit: 1000, LimitFrom: "{http.vars.quota}", WindowSeconds: 3600, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", WaitSeconds: 2, Handlers: 1},
+	}
+	if len(answer.Zones) != len(want) {
+		t.Fatalf("GET zones: %s, want %d zones", res.body, len(want))
+	}
+	for i, w := range want {
+		got := answer.Zones[i]
+		if w.Identity == "" {
+			w.Identity = got.Identity // a per-tenant zone's identity is the zone's own business
+		}
+		if got != w {
+			t.Errorf("zone %d: %+v, want %+v", i, got, w)
+		}
+	}
+
+	res = send(t, adminURL+"/sliding_ratelimit/zones/apl/keys/a")
+	if res.status != http.StatusNotFound || !strings.Contains(res.body, `unknown zone \"apl\": no sliding_ratelimit handler has a zone of that name; the zones are api, reports, tenants`) {
+		t.Errorf("unknown zone: %d %s, want 404 naming the zones", res.status, res.body)
+	}
+	res = send(t, adminURL+"/sliding_ratelimit/zones/api")
+	if res.status != http.StatusBadRequest || !strings.Contains(res.body, "want /sliding_ratelimit/zones/{zone}/keys/{key}, /sliding_ratelimit/zones or /sliding_ratelimit/blocked") ||
+		strings.Contains(res.body, `\u003c`) {
+		t.Errorf("malformed path: %d %s, want the paths as written", res.status, res.body)
+	}
+
+	out, status := runCaddy(t, "sliding-ratelimit", "zones", "--address", "localhost:2999")
+	for _, line := range []string{
+		"ZONE     IDENTITY",
+		"api      api:1m:100",
+		"reports  reports:concurrent:2",
+		"tenants ",
+		"{http.vars.quota} (fallback 1000)",
+	} {
+		if !strings.Contains(out, line) {
+			t.Errorf("caddy sliding-ratelimit zones: no %q in\n%s", line, out)
+		}
+	}
+	if status != 0 {
+		t.Errorf("caddy sliding-ratelimit zones: exit status %d", status)
+	}
+}
+
+// TestCommandPlainErrorsAndTypos: the command's errors are a line a person
+// reads, not a JSON log entry; a misspelt subcommand fails and suggests the
+// right one, instead of printing the help and exiting 0.
+func TestCommandPlainErrorsAndTypos(t *testing.T) {
+	startCaddy(t, zonesSite(t))
+	out, status := runCaddy(t, "sliding-ratelimit", "status", "--zone", "nope", "--key", "k", "--address", "localhost:2999")
+	if status == 0 || !strings.Contains(out, `Error: unknown zone "nope": no sliding_ratelimit handler has a zone of that name; the zones are api, reports, tenants`) ||
+		strings.Contains(out, `"level"`) {
+		t.Errorf("unknown zone: exit status %d, printed %s; want a plain error line", status, out)
+	}
+	for _, c := range []struct{ typo, want string }{
+		{"stat", "did you mean status?"},
+		{"rest", "did you mean reset?"},
+		{"blockd", "did you mean blocked?"},
+		{"zone", "did you mean zones?"},
+		{"purge", "run caddy sliding-ratelimit --help for the list"},
+	} {
+		out, status := runCaddy(t, "sliding-ratelimit", c.typo, "--zone", "api", "--key", "k")
+		if status == 0 || !strings.Contains(out, `unknown subcommand "`+c.typo+`" of caddy sliding-ratelimit`) || !strings.Contains(out, c.want) {
+			t.Errorf("caddy sliding-ratelimit %s: exit status %d, printed %s; want a failure with %q", c.typo, status, out, c.want)
+		}
+	}
+	if out, status := runCaddy(t, "sliding-ratelimit"); status != 0 || !strings.Contains(out, "status --zone <zone> --key <key>") {
+		t.Errorf("caddy sliding-ratelimit alone: exit status %d, printed %s; want the help", status, out)
+	}
+}
