@@ -3,8 +3,12 @@ package slidingratelimit
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
 // The rough edges a newcomer hit, each tried as they tried it: through a
@@ -145,5 +149,36 @@ func TestCommandPlainErrorsAndTypos(t *testing.T) {
 	}
 	if out, status := runCaddy(t, "sliding-ratelimit"); status != 0 || !strings.Contains(out, "status --zone <zone> --key <key>") {
 		t.Errorf("caddy sliding-ratelimit alone: exit status %d, printed %s; want the help", status, out)
+	}
+}
+
+// TestGoRedisLinesInCaddysLog: go-redis's own lines (a failed dial in an
+// outage) are in Caddy's log, as its lines are, and throttled: one of a kind
+// for many failed requests.
+func TestGoRedisLinesInCaddysLog(t *testing.T) {
+	srv := redistest.Start(t)
+	logFile := startCaddy(t, `:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 100
+		key {http.request.header.X-Client}
+		redis `+srv.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	send(t, site, withHeader("X-Client", "before"))
+	srv.Stop()
+	for i := range 40 {
+		send(t, site, withHeader("X-Client", "c"+strconv.Itoa(i)))
+		time.Sleep(30 * time.Millisecond) // past the breaker's pauses, so that go-redis dials again
+	}
+	lines := logLines(t, logFile, `"logger":"go-redis"`)
+	dials := logLines(t, logFile, `"logger":"go-redis"`, "failed to dial")
+	if len(dials) == 0 {
+		t.Fatalf("no go-redis line about the failed dials in Caddy's log; its go-redis lines: %v", lines)
+	}
+	if len(dials) > 2 || !strings.Contains(dials[0], `"level":"warn"`) {
+		t.Errorf("go-redis dial lines in Caddy's log, want one or two warnings for 40 requests in an outage:\n%s", strings.Join(dials, "\n"))
 	}
 }
