@@ -182,3 +182,136 @@ func TestGoRedisLinesInCaddysLog(t *testing.T) {
 		t.Errorf("go-redis dial lines in Caddy's log, want one or two warnings for 40 requests in an outage:\n%s", strings.Join(dials, "\n"))
 	}
 }
+
+// TestQuotaFromTheClientWarnsAndTheRecipeFailsSafe: a quota read from a
+// request header is warned of at load (and counted in config_warnings); the
+// recipe's form, the auth answer's own placeholder, holds each tenant to the
+// auth service's quota when a route runs forward_auth first, and gives the
+// fallback when the limiter runs first (no route): in neither order does a
+// client's own X-Quota count.
+func TestQuotaFromTheClientWarnsAndTheRecipeFailsSafe(t *testing.T) {
+	auth := newAuthService(t, map[string]string{"gold": "5"})
+	prefix := uniquePrefix(t)
+	warning := "max_requests is read from the request, which the client sends"
+	forged := withHeader("X-Quota", "1000")
+	gold := withHeader("Authorization", "Bearer gold")
+	statuses := func(what string, n int, opts ...sendOption) []int {
+		var got []int
+		for range n {
+			got = append(got, send(t, site, opts...).status)
+		}
+		t.Logf("%s: %v", what, got)
+		return got
+	}
+	count := func(got []int, status int) int {
+		n := 0
+		for _, s := range got {
+			if s == status {
+				n++
+			}
+		}
+		return n
+	}
+
+	// The unsafe form: warned, and the client's own quota counts.
+	logFile := startCaddy(t, `:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests {http.request.header.X-Quota} 2
+		redis `+sharedRedis.URL()+`
+		key_prefix `+prefix+`u
+	}
+	respond "ok"
+}`)
+	lines := logLines(t, logFile, warning)
+	if len(lines) != 1 || !strings.Contains(lines[0], `{http.reverse_proxy.header.X-Quota}`) {
+		t.Errorf("unsafe quota: warnings %v, want one that names {http.reverse_proxy.header.X-Quota}", lines)
+	}
+	if got := scrape(t, "caddy_sliding_ratelimit_config_warnings"); got != 1 {
+		t.Errorf("config_warnings = %v with the unsafe quota, want 1", got)
+	}
+	if got := statuses("unsafe form, forged quota", 4, forged, from("127.0.0.2")); count(got, 200) != 4 {
+		t.Errorf("the unsafe form took the client's quota: %v (this is what the warning is for)", got)
+	}
+
+	// The recipe's form. In a route after forward_auth: the auth service's
+	// quota, 5, whatever the client says.
+	limiter := func(suffix string) string {
+		return `sliding_ratelimit {
+		zone tenants 1h {http.reverse_proxy.header.X-Quota} 2 {
+			key {http.reverse_proxy.header.X-Tenant}
+		}
+		redis ` + sharedRedis.URL() + `
+		key_prefix ` + prefix + suffix + `
+	}`
+	}
+	forwardAuth := `forward_auth ` + auth.url + ` {
+		uri /check
+		copy_headers X-Tenant X-Quota
+	}`
+	logFile = startCaddy(t, `:9080 {
+	route {
+		`+strings.ReplaceAll(forwardAuth, "\n", "\n\t")+`
+		`+strings.ReplaceAll(limiter("r"), "\n", "\n\t")+`
+		respond "ok"
+	}
+}`)
+	if lines := logLines(t, logFile, "sliding_ratelimit", `"level":"warn"`); len(lines) != 0 {
+		t.Errorf("the recipe's form: warnings %v, want none", lines)
+	}
+	if got := scrape(t, "caddy_sliding_ratelimit_config_warnings"); got != 0 {
+		t.Errorf("config_warnings = %v after a reload without the unsafe quota, want 0", got)
+	}
+	if got := statuses("recipe, forward_auth first", 7, gold, forged, from("127.0.0.2")); count(got, 200) != 5 || count(got, 429) != 2 {
+		t.Errorf("the recipe after forward_auth: %v, want the auth service's quota of 5", got)
+	}
+
+	// The same handlers without the route: the limiter runs first, before
+	// forward_auth has answered. The fallback applies, keyed by address.
+	startCaddy(t, `:9080 {
+	`+forwardAuth+`
+	`+limiter("n")+`
+	respond "ok"
+}`)
+	if got := statuses("recipe, limiter first", 4, gold, forged, from("127.0.0.3")); count(got, 200) != 2 || count(got, 429) != 2 {
+		t.Errorf("the recipe with the limiter first: %v, want the fallback quota of 2", got)
+	}
+}
+
+// TestRedisSilentAtStartSaysWhatItMeans: a Redis that answers nothing at
+// load is a warning that says what the fail mode does until it answers (with
+// open: every limit off), counted in config_warnings; the requests it lets
+// through are counted as failed_open, which SlidingRatelimitFailingOpen
+// alerts on.
+func TestRedisSilentAtStartSaysWhatItMeans(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ failMode, want string }{
+		{"open", "redis not reachable at provision: requests pass unlimited (fail_mode open) until it answers"},
+		{"closed", "redis not reachable at provision: requests are refused with 503 (fail_mode closed) until it answers"},
+	} {
+		zone := uniqueZone("silent")
+		logFile := startCaddy(t, `:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 2
+		redis redis://127.0.0.1:`+strconv.Itoa(port)+`/0
+		fail_mode `+c.failMode+`
+	}
+	respond "ok"
+}`)
+		if lines := logLines(t, logFile, c.want); len(lines) != 1 || !strings.Contains(lines[0], `"level":"warn"`) {
+			t.Errorf("fail_mode %s: warnings %v, want one saying %q", c.failMode, logLines(t, logFile, "not reachable"), c.want)
+		}
+		if got := scrape(t, "caddy_sliding_ratelimit_config_warnings"); got != 1 {
+			t.Errorf("fail_mode %s: config_warnings = %v, want 1", c.failMode, got)
+		}
+		if c.failMode == "open" {
+			expect(t, "a silent Redis, fail_mode open", site, []int{200, 200, 200, 200}, from("127.0.0.2"))
+			if got := scrape(t, `caddy_sliding_ratelimit_decisions_total{result="failed_open",zone="`+zone+`"}`); got != 4 {
+				t.Errorf("failed_open = %v, want 4", got)
+			}
+		}
+	}
+}

@@ -47,3 +47,16 @@ func (w *startupWarnings) release() {
 		w.inGauge = 0
 	}
 }
+
+// redisSilentAtStart is the warning of a Redis that does not answer at load:
+// what each fail mode does meanwhile, since with open it is every limit off.
+func redisSilentAtStart(failMode string) string {
+	const msg = "redis not reachable at provision: "
+	switch failMode {
+	case failClosed:
+		return msg + "requests are refused with 503 (fail_mode closed) until it answers"
+	case failLocal:
+		return msg + "each instance counts alone in process (fail_mode local) until it answers"
+	}
+	return msg + "requests pass unlimited (fail_mode open) until it answers; decisions_total counts them as failed_open"
+}
