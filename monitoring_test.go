@@ -243,14 +243,14 @@ func (p *promServer) query(expr string) []series {
 
 // monitoredSite has a zone of each kind the dashboard shows: one that
 // denies, one that waits, a concurrency zone and one that counts units.
-func monitoredSite(redisURL, prefix string) string {
+func monitoredSite(redisURL, prefix, api string) string {
 	return `:9080 {
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
 		redis ` + redisURL + `
 		key_prefix ` + prefix + `
 		fail_mode open
-		zone api 1m 3 {
+		zone ` + api + ` 1m 3 {
 			match {
 				path /api/*
 			}
@@ -290,7 +290,10 @@ func monitoredSite(redisURL, prefix string) string {
 // fail-open alert goes pending in the outage. No label carries a client key.
 func TestMonitoringAgainstPrometheus(t *testing.T) {
 	srv := redistest.Start(t)
-	startCaddy(t, monitoredSite(srv.URL(), uniquePrefix(t)))
+	// The counters are the process's, kept across configs: a zone name of
+	// its own starts this test's at 0.
+	api := uniqueZone("api")
+	startCaddy(t, monitoredSite(srv.URL(), uniquePrefix(t), api))
 	prom := startPrometheus(t)
 
 	const client = "client-key-of-a-watched-tenant"
@@ -303,16 +306,16 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	send(t, site+"reports/x", from)
 	send(t, site+"llm/x", from)
 	prom.waitFor("a scrape with the denials", func() bool {
-		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="api",result="denied"} == 2`)) == 1
+		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="`+api+`",result="denied"} == 2`)) == 1
 	})
 
-	// The outage: Redis stops; zone api fails open for a client the deny
+	// The outage: Redis stops; the api zone fails open for a client the deny
 	// cache does not hold.
 	srv.Stop()
 	other := withHeader("X-Client", client+"-2")
 	prom.waitFor("the fail-open alert pending", func() bool {
 		send(t, site+"api/x", other)
-		return len(prom.query(`ALERTS{alertname="SlidingRatelimitFailingOpen",zone="api"}`)) == 1
+		return len(prom.query(`ALERTS{alertname="SlidingRatelimitFailingOpen",zone="`+api+`"}`)) == 1
 	})
 	prom.waitFor("the breaker's alert pending", func() bool {
 		send(t, site+"api/x", other)
