@@ -16,14 +16,15 @@ import (
 // connection pool: failed to dial ...") to stderr through the standard log
 // package, past Caddy's logger: not JSON, not in Caddy's log file, one per
 // failed dial in an outage. The first Open routes them through Caddy's
-// default logger, named goRedisLogger, at most one line per kind of line
-// each goRedisLogInterval, with the count of those it held back
-// ("suppressed").
+// default logger, named goRedisLogger, each line at most once every
+// goRedisLogInterval, with the count of the same line held back since
+// ("suppressed"). Lines are told apart by their text, which names the
+// Redis: an outage of one Redis does not hide another's.
 
 // goRedisLogger names go-redis's lines in Caddy's log.
 const goRedisLogger = "go-redis"
 
-// goRedisLogInterval is the least time between two lines of one kind: the
+// goRedisLogInterval is the least time between two same lines: the
 // breaker and the module's failure log already say an outage every second.
 const goRedisLogInterval = 10 * time.Second
 
@@ -33,9 +34,9 @@ var routeGoRedisLog sync.Once
 // as go-redis's logger is.
 type goRedisLog struct {
 	mu sync.Mutex
-	// kinds holds, per format string, when its last line was written and
-	// how many lines of it were held back since.
-	kinds map[string]*heldLines
+	// lines holds, per line, when it was last written and how many times it
+	// was held back since.
+	lines map[string]*heldLines
 }
 
 type heldLines struct {
@@ -44,17 +45,18 @@ type heldLines struct {
 }
 
 func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
 	now := time.Now()
 	g.mu.Lock()
-	k := g.kinds[format]
+	k := g.lines[msg]
 	if k == nil {
-		if len(g.kinds) >= 1000 {
-			// Formats are go-redis's constants, so this does not happen;
-			// it bounds the map if one day they are not.
-			clear(g.kinds)
+		if len(g.lines) >= 1000 {
+			// Bounds the map against lines that differ each time (a
+			// count in the text): they are then throttled less, not kept.
+			clear(g.lines)
 		}
 		k = &heldLines{}
-		g.kinds[format] = k
+		g.lines[msg] = k
 	}
 	if !k.last.IsZero() && now.Sub(k.last) < goRedisLogInterval {
 		k.held++
@@ -65,7 +67,6 @@ func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
 	k.last, k.held = now, 0
 	g.mu.Unlock()
 
-	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
 	logger := caddy.Log().Named(goRedisLogger)
 	fields := []zap.Field{zap.Int64("suppressed", held)}
 	// Sentinel lines say what go-redis found (a master, a replica); the
@@ -80,6 +81,6 @@ func (g *goRedisLog) Printf(_ context.Context, format string, v ...any) {
 // routeLog makes go-redis log through Caddy's logger; see goRedisLog.
 func routeLog() {
 	routeGoRedisLog.Do(func() {
-		redis.SetLogger(&goRedisLog{kinds: make(map[string]*heldLines)})
+		redis.SetLogger(&goRedisLog{lines: make(map[string]*heldLines)})
 	})
 }
