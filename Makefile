@@ -22,7 +22,7 @@ all: build
 help:
 	@echo "make build        build ./caddy with this module (xcaddy)"
 	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
-	@echo "make test         install redis-server if needed, go vet, go test -race"
+	@echo "make test         install redis-server and prometheus if needed, go vet, go test -race"
 	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
 	@echo "make fuzz         fuzz the Caddyfile parser and the key builder (FUZZTIME=50000x each)"
 	@echo "make fmt-check    fail if gofmt would change a file; make fmt fixes them"
@@ -41,6 +41,7 @@ run: build
 
 test:
 	bash scripts/ensure-redis.sh
+	bash scripts/ensure-prometheus.sh
 	$(GO) vet ./...
 	# The soak test builds only with its tag: vet keeps it compiling.
 	$(GO) vet -tags soak .

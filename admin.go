@@ -26,16 +26,20 @@ func init() {
 
 // AdminAPI serves /sliding_ratelimit/ on Caddy's admin endpoint:
 //
-//	GET    /sliding_ratelimit/zones/<zone>/keys/<key>   a client's state, as JSON
-//	DELETE /sliding_ratelimit/zones/<zone>/keys/<key>   reset the client, everywhere
+//	GET    /sliding_ratelimit/zones                     the zones of the running handlers
+//	GET    /sliding_ratelimit/zones/{zone}/keys/{key}   a client's state, as JSON
+//	DELETE /sliding_ratelimit/zones/{zone}/keys/{key}   reset the client, everywhere
 //	GET    /sliding_ratelimit/blocked[?limit=N]         the clients held as blocked here
 //
-// <zone> is a zone's name, or its identity ("default:1m:100", see
+// The paths say {zone} and {key}, not <zone>: Caddy writes an error's
+// message in JSON, which would show '<' as \u003c.
+//
+// {zone} is a zone's name, or its identity ("default:1m:100", see
 // zoneIdentity) where several handlers have zones of that name with
 // different limits: then the name alone is ambiguous and answered with 409
 // Conflict, which lists the identities.
 //
-// <key> is the client key: everything after /keys/, so it may hold '/'.
+// {key} is the client key: everything after /keys/, so it may hold '/'.
 // Percent-encode '%', '?', '#', and a '/' or '.' that would make "//", "/./"
 // or "/../" (the admin server cleans such paths). An address is grouped as
 // the handler's keys are, so 2001:db8::1 addresses 2001:db8::/64 with the
@@ -79,7 +83,7 @@ func (a *AdminAPI) Provision(ctx caddy.Context) error {
 
 // Paths of the admin API.
 const (
-	adminKeyPath     = "/sliding_ratelimit/zones/<zone>/keys/<key>"
+	adminKeyPath     = "/sliding_ratelimit/zones/{zone}/keys/{key}"
 	adminBlockedPath = "/sliding_ratelimit/blocked"
 )
 
@@ -92,6 +96,7 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/sliding_ratelimit/", Handler: caddy.AdminHandlerFunc(a.serveKey)},
 		{Pattern: adminBlockedPath, Handler: caddy.AdminHandlerFunc(a.serveBlocked)},
+		{Pattern: adminZonesPath, Handler: caddy.AdminHandlerFunc(a.serveZones)},
 	}
 }
 
@@ -163,7 +168,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if len(hs) == 0 {
 		return caddy.APIError{
 			HTTPStatus: http.StatusNotFound,
-			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name", zoneName),
+			Err:        fmt.Errorf("unknown zone %.64q: no sliding_ratelimit handler has a zone of that name; %s", zoneName, zoneNamesHint()),
 		}
 	}
 	if ids := identities(zones); len(ids) > 1 {
@@ -212,7 +217,7 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 	rest, ok := strings.CutPrefix(escaped, "/sliding_ratelimit/zones/")
 	rawZone, rawKey, found := strings.Cut(rest, "/keys/")
 	if !ok || !found || rawZone == "" || strings.Contains(rawZone, "/") || rawKey == "" {
-		return "", "", fmt.Errorf("malformed path: want %s or %s", adminKeyPath, adminBlockedPath)
+		return "", "", fmt.Errorf("malformed path: want %s, %s or %s", adminKeyPath, adminZonesPath, adminBlockedPath)
 	}
 	if zone, err = url.PathUnescape(rawZone); err != nil {
 		return "", "", fmt.Errorf("malformed zone in path: %v", err)
@@ -418,6 +423,99 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	// An error here means the client is gone; there is nobody to tell.
 	_, _ = w.Write(append(body, '\n'))
 	return nil
+}
+
+// adminZonesPath lists the zones of the running handlers: what a path of
+// adminKeyPath may name.
+const adminZonesPath = "/sliding_ratelimit/zones"
+
+// zoneInfo is one zone in the answer to GET adminZonesPath.
+type zoneInfo struct {
+	Name string `json:"name"`
+	// Identity names the zone's state; the admin paths take it where two
+	// zones share a name with different limits.
+	Identity string `json:"identity"`
+	// Limit is max_requests (or concurrent); where each tenant's comes from
+	// a placeholder (LimitFrom), its fallback.
+	Limit     int64  `json:"limit"`
+	LimitFrom string `json:"limit_from,omitempty"`
+	// WindowSeconds is 0 in a concurrency zone.
+	WindowSeconds float64 `json:"window_seconds"`
+	Algorithm     string  `json:"algorithm"`
+	Unit          string  `json:"unit"`
+	// Key is the zone's key template (not a client's key).
+	Key string `json:"key"`
+	// WaitSeconds is the zone's wait, when it has one.
+	WaitSeconds float64 `json:"wait_seconds,omitempty"`
+	// Handlers is how many handlers have the zone: sites that share it, or
+	// the old and the new config during a reload.
+	Handlers int `json:"handlers"`
+}
+
+// zonesAnswer is the answer to GET adminZonesPath.
+type zonesAnswer struct {
+	Zones []zoneInfo `json:"zones"`
+}
+
+// serveZones answers GET adminZonesPath.
+func (a *AdminAPI) serveZones(w http.ResponseWriter, r *http.Request) error {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", "GET")
+		return caddy.APIError{
+			HTTPStatus: http.StatusMethodNotAllowed,
+			Err:        fmt.Errorf("method %s not allowed: use GET", r.Method),
+		}
+	}
+	return writeJSON(w, http.StatusOK, zonesAnswer{Zones: listZones(handlers.newestFirst())})
+}
+
+// listZones returns the zones of the handlers, one per identity, by name.
+func listZones(hs []*Handler) []zoneInfo {
+	zones := []zoneInfo{}
+	for _, h := range hs {
+		for _, z := range h.zones {
+			if i := slices.IndexFunc(zones, func(info zoneInfo) bool { return info.Identity == z.identity }); i >= 0 {
+				zones[i].Handlers++
+				continue
+			}
+			info := zoneInfo{
+				Name:      z.Name,
+				Identity:  z.identity,
+				Limit:     z.limit.Max,
+				LimitFrom: z.MaxRequestsFrom,
+				Algorithm: z.limit.Algorithm.String(),
+				Unit:      z.unit(),
+				Key:       z.key.raw,
+				Handlers:  1,
+			}
+			if z.limit.Algorithm != limiter.Concurrency {
+				info.WindowSeconds = milliseconds(z.limit.Window)
+			}
+			if z.wait > 0 {
+				info.WaitSeconds = milliseconds(z.wait)
+			}
+			zones = append(zones, info)
+		}
+	}
+	slices.SortStableFunc(zones, func(a, b zoneInfo) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Identity, b.Identity))
+	})
+	return zones
+}
+
+// zoneNamesHint lists the names of the running zones for an error about
+// one that is not among them.
+func zoneNamesHint() string {
+	var names []string
+	for _, info := range listZones(handlers.newestFirst()) {
+		if !slices.Contains(names, info.Name) {
+			names = append(names, info.Name)
+		}
+	}
+	if len(names) == 0 {
+		return "no sliding_ratelimit handler is running"
+	}
+	return "the zones are " + strings.Join(names, ", ")
 }
 
 // Interface guards

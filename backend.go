@@ -132,7 +132,7 @@ func (b *backend) connect(cfg backendConfig) error {
 	b.releases = append(b.releases, conn.Close)
 	b.conn = conn
 	if err := conn.Check(cfg.timeout); errors.Is(err, redisconn.ErrUnreachable) {
-		cfg.logger.Warn("redis not reachable at provision: applying the fail mode until it answers",
+		cfg.logger.Warn(redisSilentAtStart(cfg.failMode),
 			zap.String("fail_mode", cfg.failMode), zap.Error(err))
 	} else if err != nil {
 		return err

@@ -445,12 +445,29 @@ func positiveDuration(d *caddyfile.Dispenser, name string, dst *caddy.Duration) 
 func parseDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(arg)
 	if err != nil {
-		return 0, d.Errf("%s: invalid duration %q: %v", name, arg, err)
+		return 0, d.Errf("%s: invalid duration %q: %s", name, arg, durationHint(arg, err))
 	}
 	if err := checkPositive(name, dur); err != nil {
 		return 0, d.Err(err.Error())
 	}
 	return caddy.Duration(dur), nil
+}
+
+// durationHint says how to write a duration that did not parse: a bare
+// number (the commonest mistake, since other rate limiters take seconds)
+// gets the duration it most likely means; anything else the units.
+func durationHint(arg string, err error) string {
+	if n, numErr := strconv.ParseUint(arg, 10, 32); numErr == nil {
+		hint := fmt.Sprintf("a duration needs a unit: %ds for seconds", n)
+		switch {
+		case n >= 3600 && n%3600 == 0:
+			hint += fmt.Sprintf(" (or %dh)", n/3600)
+		case n >= 60 && n%60 == 0:
+			hint += fmt.Sprintf(" (or %dm)", n/60)
+		}
+		return hint
+	}
+	return err.Error() + "; the units are ns, us, ms, s, m, h and d (24h), combined as in 1m30s"
 }
 
 // prefixBits parses a prefix length from 1 to max.

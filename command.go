@@ -24,12 +24,15 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "sliding-ratelimit",
-		Usage: "status|reset --zone <zone> --key <key> | blocked [--limit <n>]",
+		Usage: "zones | status|reset --zone <zone> --key <key> | blocked [--limit <n>]",
 		Short: "Shows, lists and resets the clients sliding_ratelimit limits",
 		Long: `
 Reads and changes the state of sliding_ratelimit in a running Caddy through
 its admin API, which must be enabled.
 
+  zones                              the zones of the running handlers: name,
+                                     identity, limit, window, unit, algorithm
+                                     and key
   status --zone <zone> --key <key>   a client's units used and left (requests,
                                      content-bytes or units) and wait in a
                                      zone, the wait of a request now (a zone
@@ -63,6 +66,30 @@ message, with a non-zero exit status.`,
 
 // buildSlidingRatelimitCommand adds the subcommands.
 func buildSlidingRatelimitCommand(cmd *cobra.Command) {
+	// Without a subcommand, the help; with a word that is none, an error
+	// that suggests one (cobra would print the help and exit 0, so that a
+	// script with a typo would think it worked).
+	cmd.Args = cobra.ArbitraryArgs
+	// The flags of the subcommand meant (stat --zone z) must not hide the
+	// misspelt word behind an "unknown flag" error.
+	cmd.FParseErrWhitelist.UnknownFlags = true
+	cmd.SuggestionsMinimumDistance = 2
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		msg := fmt.Sprintf("unknown subcommand %q of caddy sliding-ratelimit", args[0])
+		if suggestions := cmd.SuggestionsFor(args[0]); len(suggestions) > 0 {
+			msg += " (did you mean " + strings.Join(suggestions, " or ") + "?)"
+		}
+		return errors.New(msg + "; run caddy sliding-ratelimit --help for the list")
+	}
+	zones := &cobra.Command{
+		Use:   "zones",
+		Short: "Lists the zones of the running handlers",
+		Args:  cobra.NoArgs,
+		RunE:  commandRunner(cmdZones),
+	}
 	status := &cobra.Command{
 		Use:   "status --zone <zone> --key <key>",
 		Short: "Shows a client's state in a zone",
@@ -88,7 +115,7 @@ func buildSlidingRatelimitCommand(cmd *cobra.Command) {
 		RunE:  commandRunner(cmdBlocked),
 	}
 	blocked.Flags().Int("limit", blockedDefaultLimit, "Most clients to list, the longest wait first")
-	for _, sub := range []*cobra.Command{status, reset, blocked} {
+	for _, sub := range []*cobra.Command{zones, status, reset, blocked} {
 		adminFlags(sub)
 		cmd.AddCommand(sub)
 	}
@@ -104,13 +131,42 @@ func adminFlags(cmd *cobra.Command) {
 	fs.Bool("json", false, "Print the admin API's JSON answer")
 }
 
-// commandRunner runs f as a Caddy command that prints to the command's
-// output.
+// commandRunner runs f as a command that prints to the command's output.
+// An error is returned to cobra, which prints it as "Error: <message>" and
+// makes caddy exit with status 1: a person reads it, so it is not a JSON log
+// line (what caddycmd.WrapCommandFuncForCobra would make of it).
 func commandRunner(f func(caddycmd.Flags, io.Writer) (int, error)) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		run := func(fl caddycmd.Flags) (int, error) { return f(fl, cmd.OutOrStdout()) }
-		return caddycmd.WrapCommandFuncForCobra(run)(cmd, args)
+		_, err := f(caddycmd.Flags{FlagSet: cmd.Flags()}, cmd.OutOrStdout())
+		return err
 	}
+}
+
+func cmdZones(fl caddycmd.Flags, out io.Writer) (int, error) {
+	return callAdmin(fl, out, "GET", adminZonesPath, func(tw io.Writer, body []byte) error {
+		var a zonesAnswer
+		if err := json.Unmarshal(body, &a); err != nil {
+			return err
+		}
+		if len(a.Zones) == 0 {
+			fmt.Fprintln(tw, "no sliding_ratelimit handler is running")
+			return nil
+		}
+		fmt.Fprintln(tw, "ZONE\tIDENTITY\tLIMIT\tWINDOW\tUNIT\tALGORITHM\tKEY")
+		for _, z := range a.Zones {
+			limit := strconv.FormatInt(z.Limit, 10)
+			if z.LimitFrom != "" {
+				limit = z.LimitFrom + " (fallback " + limit + ")"
+			}
+			window := "-"
+			if z.WindowSeconds > 0 {
+				window = seconds(z.WindowSeconds)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(z.Name), cell(z.Identity), cell(limit), window,
+				cell(z.Unit), cell(z.Algorithm), cell(z.Key))
+		}
+		return nil
+	})
 }
 
 func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {

@@ -274,7 +274,7 @@ func TestCommandAsCaddy(t *testing.T) {
 		want string
 	}{
 		{[]string{"sliding-ratelimit", "blocked", "--address", "127.0.0.1:" + strconv.Itoa(port)}, "no Caddy admin API answers at"},
-		{[]string{"sliding-ratelimit", "status", "--zone", "nope", "--key", "k", "--address", "localhost:2999"}, `unknown zone \"nope\"`},
+		{[]string{"sliding-ratelimit", "status", "--zone", "nope", "--key", "k", "--address", "localhost:2999"}, "Error: unknown zone \"nope\": no sliding_ratelimit handler has a zone of that name; the zones are cmd_zone"},
 		{[]string{"sliding-ratelimit", "status", "--zone", "cmd_zone"}, `required flag(s) "key" not set`},
 	} {
 		out, status := runCaddy(t, c.args...)

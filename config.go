@@ -193,6 +193,8 @@ type Handler struct {
 	events *caddyevents.App
 	ctx    caddy.Context
 	logger *zap.Logger
+	// warnings counts what Provision warned of (warnings.go).
+	warnings *startupWarnings
 
 	// waits holds requests admitted for a later time (nil: no zone waits),
 	// and leases extends the leases of running requests (nil: no
@@ -211,11 +213,13 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 
 // Provision sets defaults, loads the zones and connects the store.
 func (h *Handler) Provision(ctx caddy.Context) error {
-	h.logger = ctx.Logger()
 	h.setDefaults()
 	if err := initMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
+	h.warnings = new(startupWarnings)
+	h.logger = h.warnings.watch(ctx.Logger())
+	defer h.warnings.done()
 	if err := h.provisionZones(ctx); err != nil {
 		return err
 	}
@@ -386,6 +390,9 @@ func (h *Handler) Validate() error {
 // handler or config uses it.
 func (h *Handler) Cleanup() error {
 	handlers.remove(h)
+	if h.warnings != nil {
+		h.warnings.release()
+	}
 	// Before the stores go: leases of requests still running then expire
 	// after their lease time.
 	h.leases.stop()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
 // The docs are README.md and docs/*.md. They are checked as code is: every
@@ -68,6 +69,40 @@ func fences(doc string) []fence {
 // site's body, and adapts inside a site. Every block says its language, so
 // that no Caddyfile escapes this test unmarked.
 func TestDocCaddyfilesAdapt(t *testing.T) {
+	blocks := docCaddyfiles(t)
+	directive := regexp.MustCompile(`^[a-z_]+(\s|$)`)
+	for where, text := range blocks {
+		first := ""
+		for _, line := range strings.Split(text, "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				first = line
+				break
+			}
+		}
+		if directive.MatchString(first) {
+			text = ":8080 {\n" + text + "}\n"
+		}
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(text), nil); err != nil {
+			t.Errorf("%s: %v", where, err)
+		}
+	}
+}
+
+// TestDocCaddyfilesFmtClean: every Caddyfile of the docs is as `caddy fmt`
+// writes it, since `caddy run` warns about a Caddyfile that is not, and a
+// reader copies what the docs show.
+func TestDocCaddyfilesFmtClean(t *testing.T) {
+	for where, text := range docCaddyfiles(t) {
+		if formatted := string(caddyfile.Format([]byte(text))); formatted != text {
+			t.Errorf("%s: not caddy fmt-clean; caddy fmt writes:\n%s", where, formatted)
+		}
+	}
+}
+
+// docCaddyfiles returns the blocks marked caddyfile in the docs, and
+// Caddyfile.example, by where they are.
+func docCaddyfiles(t *testing.T) map[string]string {
+	t.Helper()
 	example, err := os.ReadFile("Caddyfile.example")
 	if err != nil {
 		t.Fatal(err)
@@ -88,22 +123,7 @@ func TestDocCaddyfilesAdapt(t *testing.T) {
 			}
 		}
 	}
-	directive := regexp.MustCompile(`^[a-z_]+(\s|$)`)
-	for where, text := range blocks {
-		first := ""
-		for _, line := range strings.Split(text, "\n") {
-			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
-				first = line
-				break
-			}
-		}
-		if directive.MatchString(first) {
-			text = ":8080 {\n" + text + "}\n"
-		}
-		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(text), nil); err != nil {
-			t.Errorf("%s: %v", where, err)
-		}
-	}
+	return blocks
 }
 
 // TestDocJSONIsAHandler: every JSON block of the docs that configures the
@@ -268,4 +288,24 @@ func cellNumber(cells map[string]string, title string) (string, error) {
 		return "", fmt.Errorf("the cell %q holds %d numbers, not %d", cell, len(numbers), n)
 	}
 	return numbers[n-1], nil
+}
+
+// TestReadmeFirstExampleIsASite: the first Caddyfile a reader sees is whole,
+// so that pasting it into an empty Caddyfile works (a bare directive there
+// is an error); the snippets after it are site bodies, which the README says.
+func TestReadmeFirstExampleIsASite(t *testing.T) {
+	doc, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fences(string(doc)) {
+		if f.lang != "caddyfile" {
+			continue
+		}
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(f.text), nil); err != nil {
+			t.Errorf("README.md:%d: the first Caddyfile does not adapt as a whole Caddyfile: %v", f.line, err)
+		}
+		return
+	}
+	t.Fatal("README.md has no caddyfile block")
 }

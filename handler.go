@@ -46,12 +46,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			// The client went away: nothing failed, and no one waits.
 			return nil
 		}
+		traceFailed(r, &req, h.FailMode, err)
 		return h.failed(w, r, next, &req, err)
 	}
 	if h.leases != nil {
 		leaseAnswers(req.zones, req.decisions)
 	}
 	shown := mostRestrictive(req.decisions)
+	traceDecision(r, &req, shown, source, h.Mode)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.checks, req.decisions, shown)
 	setPlaceholders(r, repl, req.zones[shown], req.checks[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {

@@ -4,8 +4,9 @@ import "strings"
 
 // knownPlaceholderPrefixes are the placeholder namespaces whose values a
 // request handler can read: Caddy's request placeholders, variables set by
-// vars and map, authentication results, regexp captures of matchers, and the
-// environment. The Caddyfile's shorthands ({client_ip}, {header.*},
+// vars and map, authentication results, the answer of forward_auth's
+// upstream (for the handlers after it), regexp captures of matchers, and
+// the environment. The Caddyfile's shorthands ({client_ip}, {header.*},
 // {query.*}, {cookie.*}, {vars.*}, {re.*}, ...) expand into these.
 var knownPlaceholderPrefixes = []string{
 	"http.request.header.",
@@ -18,6 +19,7 @@ var knownPlaceholderPrefixes = []string{
 	"http.request.remote.host/",
 	"http.vars.",
 	"http.auth.",
+	"http.reverse_proxy.header.",
 	"http.regexp.",
 	"env.",
 }

@@ -56,6 +56,8 @@ var limiterMetrics struct {
 	// storeErrors counts store errors that have a reason of their own (see
 	// backend.go and lease.go).
 	storeErrors *prometheus.CounterVec
+	// configWarnings: see warnings.go.
+	configWarnings prometheus.Gauge
 }
 
 func initMetrics(registry *prometheus.Registry) error {
@@ -113,13 +115,17 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 			Help: "Store errors by reason: oom (Redis refused a call for lack of memory, maxmemory reached with noeviction: the fail mode applied), data_lost (a running request's lease was gone from Redis before its lease time: Redis lost its data, by a restart, a FLUSHALL or an eviction).",
 		}, []string{"reason"})
+		m.configWarnings = prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: sub, Name: "config_warnings",
+			Help: "Warnings the handlers of the running config logged while they were provisioned (during a reload, of both configs).",
+		})
 	})
 	if registry == nil {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
-		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.storeErrors} {
+		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.storeErrors, m.configWarnings} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -66,8 +66,8 @@ func TestTenantsRecipe(t *testing.T) {
 			copy_headers X-Tenant X-Quota
 		}
 		sliding_ratelimit {
-			zone `+zone+` 1h {http.request.header.X-Quota} 3 {
-				key {http.request.header.X-Tenant}
+			zone `+zone+` 1h {http.reverse_proxy.header.X-Quota} 3 {
+				key {http.reverse_proxy.header.X-Tenant}
 			}
 			redis `+sharedRedis.URL()+`
 			key_prefix `+uniquePrefix(t)+`
@@ -111,7 +111,7 @@ func TestTenantsRecipe(t *testing.T) {
 	// A raised quota keeps the window: gold has used 5, so 7 leaves 2.
 	auth.setQuota("gold", "7")
 	expect(t, "gold with its quota raised to 7", api, []int{200, 200, 429}, from("127.0.0.3"), withHeader("Authorization", "Bearer gold"))
-	if s := adminState(t, zone, "gold"); s.Identity != zone+":1h:per-tenant" || s.Count != 7 || s.Limit != 3 || s.LimitFrom != "{http.request.header.X-Quota}" {
+	if s := adminState(t, zone, "gold"); s.Identity != zone+":1h:per-tenant" || s.Count != 7 || s.Limit != 3 || s.LimitFrom != "{http.reverse_proxy.header.X-Quota}" {
 		t.Errorf("admin state of gold %+v, want identity %s:1h:per-tenant, count 7, limit 3 (the fallback) from the placeholder", s, zone)
 	}
 }

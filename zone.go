@@ -180,6 +180,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 		}
 	}
 	z.units = newZoneUnits(z.Name, z.Cost, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
+	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
 	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
 	z.key = parseKeyTemplate(z.Key)
 	for _, name := range z.key.placeholderNames() {

@@ -9,6 +9,7 @@
 //   - the circuit breaker that guards every handler on this Redis, and its
 //     circuit_state series, labelled by the Redis it guards (breaker.go);
 //   - the start-up check (check.go);
+//   - go-redis's own log lines, routed through Caddy's logger (logging.go);
 //   - the reset bus: the subscriber that hears what other instances
 //     announce, and the announcements of this one (resets.go).
 //
@@ -71,6 +72,7 @@ func (s *shared) Destruct() error {
 // it. It fails only on a URL that go-redis refuses; it does not dial (see
 // Check). Close releases the use.
 func Open(topology, rawURL string) (*Conn, error) {
+	routeLog()
 	poolKey := topology + " " + rawURL
 	v, _, err := pool.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
 		o, err := parse(topology, rawURL)

@@ -1,0 +1,410 @@
+package slidingratelimit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+)
+
+// monitoring/ holds the rules and the dashboard an operator loads; these
+// tests run them with the tools the operator runs: promtool, and a real
+// Prometheus scraping a real Caddy. scripts/ensure-prometheus.sh (make test)
+// installs both.
+
+const (
+	rulesFile     = "monitoring/rules.yml"
+	rulesTestFile = "monitoring/rules_test.yml"
+	dashboardFile = "monitoring/grafana-dashboard.json"
+)
+
+// tool returns the path of a program the monitoring tests need.
+func tool(t *testing.T, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s not found on PATH: run scripts/ensure-prometheus.sh (make test does)", name)
+	}
+	return path
+}
+
+// TestAlertRulesWithPromtool checks the rules and runs their unit tests
+// (synthetic series: each alert fires when it should and stays silent when it
+// should not).
+func TestAlertRulesWithPromtool(t *testing.T) {
+	promtool := tool(t, "promtool")
+	for _, args := range [][]string{{"check", "rules", rulesFile}, {"test", "rules", rulesTestFile}} {
+		out, err := exec.Command(promtool, args...).CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// alertNames are the alerts of rules.yml.
+func alertNames(t *testing.T) []string {
+	t.Helper()
+	rules, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*- alert: (\w+)$`).FindAllSubmatch(rules, -1) {
+		names = append(names, string(m[1]))
+	}
+	if len(names) < 10 {
+		t.Fatalf("found %d alerts in %s", len(names), rulesFile)
+	}
+	return names
+}
+
+// TestEveryAlertTestedAndDocumented: each alert has a promtool case where it
+// fires and one where it is silent, a summary, and a runbook entry in
+// docs/observability.md that its runbook_url points to.
+func TestEveryAlertTestedAndDocumented(t *testing.T) {
+	tests, err := os.ReadFile(rulesTestFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, _ := os.ReadFile(rulesFile)
+	doc, err := os.ReadFile("docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range alertNames(t) {
+		fires := regexp.MustCompile(`alertname: ` + name + `\n\s+exp_alerts:\n\s+- exp_labels:`)
+		silent := regexp.MustCompile(`alertname: ` + name + `\n\s+exp_alerts: \[\]`)
+		if !fires.Match(tests) {
+			t.Errorf("%s: no promtool case in which it fires", name)
+		}
+		if !silent.Match(tests) {
+			t.Errorf("%s: no promtool case in which it stays silent", name)
+		}
+		anchor := strings.ToLower(name)
+		if !strings.Contains(string(rules), "runbook_url: \"docs/observability.md#"+anchor+"\"") {
+			t.Errorf("%s: no runbook_url to docs/observability.md#%s", name, anchor)
+		}
+		if !regexp.MustCompile(`(?m)^### ` + name + `$`).Match(doc) {
+			t.Errorf("%s: no runbook entry (### %s) in docs/observability.md", name, name)
+		}
+	}
+	if n := strings.Count(string(rules), "summary: "); n != len(alertNames(t)) {
+		t.Errorf("%d summaries for %d alerts", n, len(alertNames(t)))
+	}
+}
+
+// dashboardQueries are the expressions of the dashboard's panels.
+func dashboardQueries(t *testing.T) []string {
+	t.Helper()
+	raw, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	var exprs []string
+	for _, p := range dash.Panels {
+		for _, target := range p.Targets {
+			exprs = append(exprs, target.Expr)
+		}
+	}
+	if len(exprs) < 10 {
+		t.Fatalf("found %d queries in %s", len(exprs), dashboardFile)
+	}
+	return exprs
+}
+
+// promServer is a real Prometheus the test started.
+type promServer struct {
+	t    *testing.T
+	base string
+}
+
+// startPrometheus runs Prometheus in its own directory on a free port,
+// scraping the test Caddy's admin endpoint every second and evaluating
+// rules.yml every second.
+func startPrometheus(t *testing.T) *promServer {
+	t.Helper()
+	bin := tool(t, "prometheus")
+	dir := t.TempDir()
+	rules, err := filepath.Abs(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := fmt.Sprintf(`global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - %q
+scrape_configs:
+  - job_name: caddy
+    static_configs:
+      - targets: ["localhost:2999"]
+`, rules)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+addr, "--log.level=warn")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logFile.Close()
+		if t.Failed() {
+			logs, _ := os.ReadFile(logFile.Name())
+			t.Logf("Prometheus's log:\n%s", logs)
+		}
+	})
+	p := &promServer{t: t, base: "http://" + addr}
+	p.waitFor("Prometheus ready", func() bool {
+		res, err := http.Get(p.base + "/-/ready")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	})
+	return p
+}
+
+// waitFor polls cond for up to a minute (a busy machine is slow).
+func (p *promServer) waitFor(what string, cond func() bool) {
+	p.t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(250 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// series is one element of an instant vector.
+type series struct {
+	Metric map[string]string
+	Value  [2]any
+}
+
+// query runs an instant query and returns its vector.
+func (p *promServer) query(expr string) []series {
+	p.t.Helper()
+	res, err := http.Get(p.base + "/api/v1/query?query=" + url.QueryEscape(expr))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	var answer struct {
+		Status string
+		Error  string
+		Data   struct {
+			ResultType string
+			Result     []series
+		}
+	}
+	if err := json.Unmarshal(body, &answer); err != nil || answer.Status != "success" {
+		p.t.Fatalf("query %s: %s %s", expr, answer.Error, body)
+	}
+	if answer.Data.ResultType != "vector" {
+		p.t.Fatalf("query %s: result type %s", expr, answer.Data.ResultType)
+	}
+	return answer.Data.Result
+}
+
+// monitoredSite has a zone of each kind the dashboard shows: one that
+// denies, one that waits, a concurrency zone and one that counts units.
+func monitoredSite(redisURL, prefix, api string) string {
+	return `:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		redis ` + redisURL + `
+		key_prefix ` + prefix + `
+		fail_mode open
+		zone ` + api + ` 1m 3 {
+			match {
+				path /api/*
+			}
+		}
+		zone hooks 1s 1 {
+			wait 3s
+			match {
+				path /hooks/*
+			}
+		}
+		zone reports {
+			concurrent 2
+			match {
+				path /reports/*
+			}
+		}
+		zone llm {
+			window 1m
+			max_requests {http.vars.quota} 1000
+			cost 5
+			settle header X-Usage
+			match {
+				path /llm/*
+			}
+		}
+	}
+	respond "ok"
+}
+`
+}
+
+// TestMonitoringAgainstPrometheus runs a real Prometheus, with rules.yml,
+// against a real Caddy under traffic (admissions, denials, waits, leases,
+// units, and a Redis outage), then checks that every series the rules and
+// the dashboard select exists, with the labels they use, that each dashboard
+// query returns data, that the rules evaluate without error and that the
+// fail-open alert goes pending in the outage. No label carries a client key.
+func TestMonitoringAgainstPrometheus(t *testing.T) {
+	srv := redistest.Start(t)
+	// The counters are the process's, kept across configs: a zone name of
+	// its own starts this test's at 0.
+	api := uniqueZone("api")
+	startCaddy(t, monitoredSite(srv.URL(), uniquePrefix(t), api))
+	prom := startPrometheus(t)
+
+	const client = "client-key-of-a-watched-tenant"
+	from := withHeader("X-Client", client)
+	for range 5 {
+		send(t, site+"api/x", from) // 3 admitted, 2 denied
+	}
+	send(t, site+"hooks/x", from)
+	send(t, site+"hooks/x", from) // held for about a second
+	send(t, site+"reports/x", from)
+	send(t, site+"llm/x", from)
+	prom.waitFor("a scrape with the denials", func() bool {
+		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="`+api+`",result="denied"} == 2`)) == 1
+	})
+
+	// The outage: Redis stops; the api zone fails open for a client the deny
+	// cache does not hold.
+	srv.Stop()
+	other := withHeader("X-Client", client+"-2")
+	prom.waitFor("the fail-open alert pending", func() bool {
+		send(t, site+"api/x", other)
+		return len(prom.query(`ALERTS{alertname="SlidingRatelimitFailingOpen",zone="`+api+`"}`)) == 1
+	})
+	prom.waitFor("the breaker's alert pending", func() bool {
+		send(t, site+"api/x", other)
+		return len(prom.query(`ALERTS{alertname="SlidingRatelimitCircuitOpen"}`)) == 1
+	})
+
+	// Every selector of the rules and the dashboard finds series: the
+	// metric names, the labels they match and the values.
+	rules, _ := os.ReadFile(rulesFile)
+	sources := append([]string{string(rules)}, dashboardQueries(t)...)
+	selector := regexp.MustCompile(`caddy_sliding_ratelimit_[a-z_]+(\{[^}]*\})?`)
+	grouping := regexp.MustCompile(`by \(([a-z_, ]+)\)`)
+	var selectors, labels []string
+	for _, src := range sources {
+		src = strings.ReplaceAll(src, `"$zone"`, `".*"`)
+		for _, s := range selector.FindAllString(src, -1) {
+			if !slices.Contains(selectors, s) {
+				selectors = append(selectors, s)
+			}
+		}
+		for _, m := range grouping.FindAllStringSubmatch(src, -1) {
+			for _, l := range strings.Split(m[1], ",") {
+				if l = strings.TrimSpace(l); !slices.Contains(labels, l) {
+					labels = append(labels, l)
+				}
+			}
+		}
+	}
+	for _, s := range selectors {
+		if len(prom.query(s)) == 0 {
+			t.Errorf("no series for %s (used by the rules or the dashboard)", s)
+		}
+	}
+	for _, l := range labels {
+		if len(prom.query(`{__name__=~"caddy_sliding_ratelimit_.+",`+l+`!=""}`)) == 0 {
+			t.Errorf("no series of the module has the label %s that the rules or the dashboard group by", l)
+		}
+	}
+
+	// Each dashboard query, as Grafana would send it over the last minute.
+	for _, expr := range dashboardQueries(t) {
+		expr = strings.NewReplacer("$__rate_interval", "1m", `"$zone"`, `".*"`).Replace(expr)
+		if len(prom.query(expr)) == 0 {
+			t.Errorf("dashboard query returns no data: %s", expr)
+		}
+	}
+
+	// The rules evaluate without error.
+	res, err := http.Get(prom.base + "/api/v1/rules")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rulesAnswer struct {
+		Data struct {
+			Groups []struct {
+				Rules []struct {
+					Name, Health, LastError string
+				}
+			}
+		}
+	}
+	err = json.NewDecoder(res.Body).Decode(&rulesAnswer)
+	res.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	evaluated := 0
+	for _, g := range rulesAnswer.Data.Groups {
+		for _, r := range g.Rules {
+			evaluated++
+			if r.Health != "ok" {
+				t.Errorf("rule %s: health %q %s", r.Name, r.Health, r.LastError)
+			}
+		}
+	}
+	if want := len(alertNames(t)) + 4; evaluated != want {
+		t.Errorf("Prometheus loaded %d rules, want %d", evaluated, want)
+	}
+
+	// No label of the module's series carries the client key, and each
+	// label is one of a bounded few.
+	for _, s := range prom.query(`{__name__=~"caddy_sliding_ratelimit_.+"}`) {
+		for name, value := range s.Metric {
+			if strings.Contains(value, client) {
+				t.Errorf("%v: label %s carries the client key", s.Metric, name)
+			}
+			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le"}, name) {
+				t.Errorf("%v: unexpected label %s", s.Metric, name)
+			}
+		}
+	}
+}
