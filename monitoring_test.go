@@ -402,7 +402,7 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 			if strings.Contains(value, client) {
 				t.Errorf("%v: label %s carries the client key", s.Metric, name)
 			}
-			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le"}, name) {
+			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le", "reason"}, name) {
 				t.Errorf("%v: unexpected label %s", s.Metric, name)
 			}
 		}
