@@ -393,36 +393,97 @@ func TestRedisStoreClose(t *testing.T) {
 	}
 }
 
-// TestBatchFarRedisWarmsConnections: warmAfter calls in a row slower than
-// slowCall, and answered, make the next slow call open maxCalls connections
-// ahead of need, outside any decision's deadline, so that the extra calls
-// the batcher then sends find connections whose handshake is done. A near
-// Redis gets no more connections than its calls use.
+// TestBatchFarRedisWarmsConnections: warmAfter calls in an epoch that
+// measure a network time of a twentieth of the timeout or more (a
+// handshake's two round trips, a tenth of it) open maxCalls connections ahead of need, outside any decision's
+// deadline, so that the extra calls the batcher then sends find connections
+// whose handshake is done. A near Redis gets no more connections than its
+// calls use.
 func TestBatchFarRedisWarmsConnections(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.StartFaultProxy(t, srv.Addr())
 	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
-	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: time.Second})
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 200 * time.Millisecond})
 	t.Cleanup(func() { s.Close() })
 	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1000}}
 	for range 20 {
 		allow1(t, s, c)
 	}
-	if n := client.PoolStats().TotalConns; n > batchTurns {
-		t.Fatalf("%d connections after sequential decisions on a near Redis, want at most %d", n, batchTurns)
+	if n := client.PoolStats().TotalConns; n > minTurns {
+		t.Fatalf("%d connections after sequential decisions on a near Redis, want at most %d", n, minTurns)
 	}
 
+	// The near calls' network time counts for up to two epochs.
 	proxy.Latency(t, redistest.Downstream, 20*time.Millisecond, 0)
-	// warmAfter answered slow calls, then the slow call that warms.
-	for range warmAfter + 1 {
-		allow1(t, s, c)
-	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(2*paceEpoch + 5*time.Second)
 	for client.PoolStats().TotalConns < maxCalls {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections 5s after %d slow calls, want %d", client.PoolStats().TotalConns, warmAfter+1, maxCalls)
+			t.Fatalf("%d connections after calls 20ms away for %v, want %d", client.PoolStats().TotalConns, 2*paceEpoch+5*time.Second, maxCalls)
 		}
-		time.Sleep(10 * time.Millisecond)
+		allow1(t, s, c)
+	}
+}
+
+// TestBatchFarRedisGoesAtOnce: with Redis a few milliseconds away and
+// nothing else to do, requests that come one after the other, each while
+// the calls of the ones before are on the way, go out at once, each in a
+// call of its own: none waits for a reply to free a turn. The time a
+// request waits before its call runs is read from Redis's clock (the
+// admission time of its decision), on the same host as the test's.
+func TestBatchFarRedisGoesAtOnce(t *testing.T) {
+	const (
+		far      = 8 * time.Millisecond
+		requests = 6
+		apart    = 250 * time.Microsecond
+		// A request that waited for a turn waits for a reply, or for a
+		// call to be counted slow: milliseconds, here.
+		slack = 2 * time.Millisecond
+	)
+	srv := redistest.Start(t)
+	proxy := redistest.StartFaultProxy(t, srv.Addr())
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 2 * time.Second})
+	t.Cleanup(func() { s.Close() })
+	lim := Limit{Window: time.Minute, Max: 1000}
+	proxy.Latency(t, redistest.Downstream, far, 0)
+	// Open the connections the calls will use, outside the measure, and
+	// let the store measure how far Redis is.
+	var wg sync.WaitGroup
+	for range maxCalls {
+		wg.Go(func() {
+			if err := client.Ping(context.Background()).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for range 3 {
+		allow1(t, s, Check{Zone: "z", Key: testKey(t) + "warm", Limit: lim})
+	}
+
+	start := make([]time.Time, requests)
+	ds := make([][]Decision, requests)
+	for i := range requests {
+		ds[i] = make([]Decision, 1)
+		start[i] = time.Now()
+		wg.Go(func() {
+			c := Check{Zone: "z", Key: testKey(t) + strconv.Itoa(i), Limit: lim}
+			if err := s.Allow(context.Background(), []Check{c}, ds[i]); err != nil {
+				t.Error(err)
+			}
+		})
+		time.Sleep(apart)
+	}
+	wg.Wait()
+	for i := range requests {
+		if !ds[i][0].Allowed {
+			t.Fatalf("request %d denied: %+v", i, ds[i][0])
+		}
+		ran := time.UnixMicro(ds[i][0].held.at)
+		if waited := ran.Sub(start[i]); waited > slack {
+			t.Errorf("request %d ran in Redis %v after it was made, want at once (under %v) with Redis %v away", i, waited, slack, far)
+		}
 	}
 }

@@ -2,88 +2,71 @@ package limiter
 
 import (
 	"context"
-	"sync/atomic"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 const (
-	// slowCall is how long a call may hold its turn. A call out longer is
-	// waiting for the network, not for Redis's CPU: it passes its turn on, so
-	// the requests queued behind it go out now instead of after its reply.
-	// Against a Redis 50ms away, a request would otherwise wait a round trip
-	// for a turn and another for its reply: the whole of a 100ms timeout.
-	slowCall = 5 * time.Millisecond
-	// maxCalls bounds the calls in flight, slow ones included, and so the
-	// connections the batcher holds: go-redis's smallest default pool (one
-	// CPU) has 10.
+	// minTurns is the fewest calls in flight: one would leave Redis idle
+	// while a reply travels back and the next batch is written.
+	minTurns = 2
+	// maxCalls bounds the calls in flight, and so the connections the
+	// batcher holds: go-redis's smallest default pool (one CPU) has 10.
 	maxCalls = 8
-	// warmAfter slow calls in a row that Redis answered, with no fast one
-	// between them, make the next slow call open connections ahead of need
-	// (see warm), at most once every warmEvery. One slow call is a hiccup,
-	// or the first call's script load; a far Redis makes every call slow.
-	// Calls that got no reply do not count: more connections do not help a
-	// Redis that is stuck or gone.
+	// paceEpoch is how long the least network time a call measured counts:
+	// the least of this epoch and the last, so a Redis that moved further
+	// away is seen within two.
+	paceEpoch = time.Second
+	// paceWeight is the weight of each call's time in Redis in the
+	// running mean (1/paceWeight).
+	paceWeight = 8
+	// warmAfter is how many calls of an epoch must have measured a far
+	// Redis before warm runs.
 	warmAfter = 3
+	// warmEvery bounds how often warm runs.
 	warmEvery = time.Second
 	// warmBackoff is how long a warm that failed holds off the next.
 	warmBackoff = 10 * time.Second
 )
 
-// flusher is one of the batcher's goroutines that send batches. It takes a
-// batch only while it holds a turn, and holds it until its call returns or
-// has been out slowCall: so a near Redis gets few calls with large batches,
-// and a far one up to maxCalls in flight.
+// flusher is one of the batcher's goroutines that send batches, the i-th of
+// maxCalls. It takes batches only while i is below the batcher's turns: so
+// there are never more calls in flight than turns, and a request that finds
+// a flusher idle goes out at once.
 type flusher struct {
 	b     *batcher
+	i     int32
 	batch []*request
 	work  batchWork
-	// handOff passes the turn on when the call is slow; passed says the
-	// turn of the current call was passed on, by it or at the call's end.
-	handOff *time.Timer
-	passed  atomic.Bool
+	// wake tells the flusher that the turns changed.
+	wake chan struct{}
 }
 
-func newFlusher(b *batcher) *flusher {
-	f := &flusher{b: b, batch: make([]*request, 0, maxBatch)}
-	f.handOff = time.AfterFunc(time.Hour, func() {
-		f.passTurn()
-		// While this call holds its connection: warm's commands then
-		// take new ones, not the one the next call will want.
-		if b.slowStreak.Load() >= warmAfter {
-			b.warm()
-		}
-	})
-	f.handOff.Stop()
-	return f
-}
-
-// passTurn gives the turn back, once per call. A hand-off that fires after
-// the call ended, stopped too late, may pass the next call's turn early;
-// the count of turns stays right.
-func (f *flusher) passTurn() {
-	if f.passed.CompareAndSwap(false, true) {
-		<-f.b.turns
-	}
+func newFlusher(b *batcher, i int) *flusher {
+	return &flusher{b: b, i: int32(i), batch: make([]*request, 0, maxBatch), wake: make(chan struct{}, 1)}
 }
 
 // run sends batches until Close.
 func (f *flusher) run() {
 	b := f.b
 	defer b.wg.Done()
-	defer f.handOff.Stop()
 	for {
-		select {
-		case b.turns <- struct{}{}:
-		case <-b.done:
-			return
+		for f.i >= b.turns.Load() {
+			select {
+			case <-f.wake:
+			case <-b.done:
+				return
+			}
 		}
 		select {
 		case r := <-b.queue:
 			f.batch = append(f.batch[:0], r)
+		case <-f.wake:
+			continue
 		case <-b.done:
-			<-b.turns
 			return
 		}
 		zones := len(f.batch[0].keys)
@@ -97,28 +80,98 @@ func (f *flusher) run() {
 				break more
 			}
 		}
-		f.passed.Store(false)
-		f.handOff.Reset(slowCall)
-		answered := b.send(&f.work, f.batch)
-		switch {
-		case f.handOff.Stop():
-			if b.slowStreak.Load() != 0 {
-				b.slowStreak.Store(0)
-			}
-		case answered:
-			b.slowStreak.Add(1)
-		}
-		f.passTurn()
+		b.send(&f.work, f.batch)
 		clear(f.batch)
 	}
 }
 
-// warm opens connections ahead of need, when calls are slow. A new
-// connection costs a handshake round trip before its first call; with Redis
-// far away, that is what pushes a decision past its deadline, and slow calls
-// are what makes the batcher send more calls at once. It runs one cheap
-// command on maxCalls connections at once, outside any decision's deadline,
-// which makes the pool hold that many (on a cluster, as many in all).
+// pace sets how many calls may be in flight from what each call measured:
+// its round trip, and the time Redis spent in it (the script's reply says).
+// The rest, the network's and the client's, is what a call spends outside
+// Redis. To keep Redis busy without queueing calls inside it, there are as
+// many calls in flight as fit in one call's whole time, one in Redis at a
+// time: 1 + net / redis. A far Redis, or one with little to do, gets many
+// (every request goes out at once, one round trip plus Redis's time); a
+// Redis whose CPU is the bottleneck, whose calls grow with the load, few,
+// with large batches (fewer calls cost it less per decision).
+//
+// net is the least measured in the last epoch or two, not the mean: calls
+// queued inside Redis behind others' calls would count that wait as
+// network, and make more calls, which queue more.
+type pace struct {
+	mu sync.Mutex
+	// epoch started at start; least and before are the least network
+	// times of this epoch and the last (0: none).
+	start         time.Time
+	least, before time.Duration
+	// calls counts this epoch's calls.
+	calls int
+	// redis is the running mean of a call's time in Redis.
+	redis time.Duration
+}
+
+// observe counts a call that took rtt, redis of it in Redis, and returns
+// the turns that follow, and the least network time, of calls this epoch
+// at least.
+func (p *pace) observe(now time.Time, rtt, redis time.Duration) (turns int32, net time.Duration, calls int) {
+	net = max(rtt-redis, 0)
+	redis = max(redis, time.Microsecond)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.Sub(p.start) >= paceEpoch {
+		p.start, p.before, p.least, p.calls = now, p.least, 0, 0
+	}
+	p.calls++
+	if p.least == 0 || net < p.least {
+		p.least = max(net, 1)
+	}
+	if p.redis == 0 {
+		p.redis = redis
+	} else {
+		p.redis += (redis - p.redis) / paceWeight
+	}
+	net = p.least
+	if p.before != 0 && p.before < net {
+		net = p.before
+	}
+	turns = int32(min(1+math.Ceil(float64(net)/float64(p.redis)), maxCalls))
+	return max(turns, minTurns), net, p.calls
+}
+
+// setTurns lets n calls be in flight, and tells the flushers whose turn
+// came or went.
+func (b *batcher) setTurns(n int32) {
+	old := b.turns.Swap(n)
+	for i := min(old, n); i < max(old, n); i++ {
+		select {
+		case b.flushers[i].wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// measured counts a call that Redis answered, started at start, that
+// spent redis in Redis.
+func (b *batcher) measured(start time.Time, redis time.Duration) {
+	now := time.Now()
+	turns, net, calls := b.pace.observe(now, now.Sub(start), redis)
+	if turns != b.turns.Load() {
+		b.setTurns(turns)
+	}
+	// Two round trips of a handshake would take a tenth of a decision's
+	// time: the connections are opened ahead of need. One slow call is a
+	// hiccup; a far Redis makes every call slow.
+	if net >= b.warmTimeout/40 && calls >= warmAfter {
+		b.warm()
+	}
+}
+
+// warm opens connections ahead of need, when Redis is far. A new connection
+// costs a handshake round trip before its first call; with Redis far away,
+// that is what pushes a decision past its deadline, and a far Redis is what
+// makes the batcher send more calls at once. It runs one cheap command on
+// maxCalls connections at once, outside any decision's deadline, which makes
+// the pool hold that many (on a cluster, as many in all).
 func (b *batcher) warm() {
 	now := time.Now().UnixNano()
 	last := b.lastWarm.Load()

@@ -21,10 +21,12 @@ const DefaultKeyPrefix = "srl:"
 const defaultTimeout = 100 * time.Millisecond
 
 // RedisClient is what a RedisStore needs of a go-redis client: scripts,
-// pipelines and DEL. *redis.Client, *redis.ClusterClient, the failover
-// client of redis.NewFailoverClient and redis.UniversalClient all have it.
+// commands it builds itself, pipelines and DEL. *redis.Client,
+// *redis.ClusterClient, the failover client of redis.NewFailoverClient and
+// redis.UniversalClient all have it.
 type RedisClient interface {
 	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
 	Pipeline() redis.Pipeliner
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 }
