@@ -58,6 +58,10 @@ type request struct {
 	state atomic.Int32
 	err   error
 	done  chan struct{}
+	// key and arg hold the key and the arguments of a request of one
+	// check, the most common, which then allocates neither.
+	key [1]string
+	arg [requestArgLen + zoneArgLen]byte
 }
 
 // abandon answers r with err unless it was answered already.
