@@ -487,3 +487,82 @@ func TestBatchFarRedisGoesAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// opsCounter is a go-redis hook that records, for each limit.lua call that
+// Redis ran, which ops its packed requests hold.
+type opsCounter struct {
+	mu    sync.Mutex
+	calls []map[op]int
+}
+
+func (*opsCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *opsCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
+			args := cmd.Args()
+			numKeys := *args[2].(*int)
+			packed, _ := args[3+numKeys].(interface{ MarshalBinary() ([]byte, error) }).MarshalBinary()
+			ops := map[op]int{}
+			for pos := 0; pos < len(packed); {
+				ops[op(packed[pos])]++
+				pos += requestArgLen + zoneArgLen*int(packed[pos+1])
+			}
+			h.mu.Lock()
+			h.calls = append(h.calls, ops)
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+func (h *opsCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBatchSettlesRideWithDecisions: settles wait in the same queue as
+// decisions, so under load a script call carries both: a settled request
+// costs a part of a call, not a call of its own.
+func TestBatchSettlesRideWithDecisions(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, PoolSize: 16})
+	t.Cleanup(func() { client.Close() })
+	ops := &opsCounter{}
+	client.AddHook(ops)
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 5 * time.Second})
+	t.Cleanup(func() { s.Close() })
+	lim := Limit{Window: time.Minute, Max: 1 << 30}
+	const callers, each = 32, 50
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for j := range each {
+				c := []Check{{Zone: "z", Key: testKey(t) + strconv.Itoa(i*each+j), Limit: lim, Cost: 5}}
+				ds := make([]Decision, 1)
+				if err := s.Allow(context.Background(), c, ds); err != nil || !ds[0].Allowed {
+					t.Errorf("allow: %v %+v", err, ds[0])
+					return
+				}
+				c[0].Cost = 2
+				if err := s.Settle(context.Background(), c, ds); err != nil {
+					t.Errorf("settle: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mixed, sent := 0, 0
+	for _, c := range ops.calls {
+		sent += c[opAllow] + c[opSettle]
+		if c[opAllow] > 0 && c[opSettle] > 0 {
+			mixed++
+		}
+	}
+	if sent != 2*callers*each {
+		t.Fatalf("%d allows and settles sent, want %d", sent, 2*callers*each)
+	}
+	if mixed == 0 || len(ops.calls) >= sent {
+		t.Errorf("%d script calls for %d allows and settles, %d of them with both: want settles batched with decisions", len(ops.calls), sent, mixed)
+	}
+	t.Logf("%d script calls for %d allows and settles, %d with both", len(ops.calls), sent, mixed)
+}
