@@ -76,10 +76,10 @@ func (r *request) abandon(err error) {
 // limit.lua call per batch (per slot on a cluster), so a flood of decisions
 // costs one round trip and one script call per batch. It never waits to fill
 // a batch: a flusher takes whatever is queued when it has a turn, so a lone
-// request goes out at once and batches grow only while Redis is busy. How
-// many calls are in flight follows what the calls measure: a few while
-// Redis's CPU is what they wait for, more while it is the network (pace, in
-// flusher.go).
+// request goes out at once and batches grow only while Redis is busy. Two
+// calls are in flight while Redis's CPU is what they wait for, more while it
+// is the network: how long a call holds its turn follows what the calls
+// measure (pace, in flusher.go).
 //
 // Deadlines cost no timer per request: every request waits in a FIFO, and
 // one watcher, with one timer, answers those whose deadline passes. The
@@ -91,20 +91,25 @@ type batcher struct {
 	// warmTimeout bounds the opening of a connection by warm.
 	warmTimeout time.Duration
 	queue       chan *request
-	// turns is how many flushers take batches, the first ones: at most that
-	// many calls are out at once. pace sets it.
-	turns    atomic.Int32
-	pace     pace
-	flushers []*flusher
+	// turns holds a token for each call that has the right to take a batch:
+	// batchTurns of them, so at most that many calls are out at once before
+	// one is out longer than handOff (ns), which pace sets.
+	turns   chan struct{}
+	handOff atomic.Int64
+	pace    pace
 	// ctx ends at close; it bounds the connections warm opens.
 	ctx    context.Context
 	cancel context.CancelFunc
 	// now, when set (by tests), is the time in microseconds the script
 	// decides at, in place of Redis's clock.
-	now      func() int64
-	lastWarm atomic.Int64
-	done     chan struct{}
-	wg       sync.WaitGroup
+	now func() int64
+	// farStreak counts the calls in a row that measured a far Redis;
+	// warmSoon asks the next call to warm.
+	farStreak atomic.Int64
+	warmSoon  atomic.Bool
+	lastWarm  atomic.Int64
+	done      chan struct{}
+	wg        sync.WaitGroup
 
 	// mu guards closed and watch. Requests join watch under it and Close
 	// sets closed under it, so Close answers every request it missed.
@@ -123,17 +128,16 @@ func newBatcher(client RedisClient, cluster bool, timeout time.Duration) *batche
 		// than two timeouts could not decide anything in time anyway.
 		warmTimeout: 2 * timeout,
 		queue:       make(chan *request, batchQueue),
+		turns:       make(chan struct{}, batchTurns),
 		done:        make(chan struct{}),
 		wake:        make(chan struct{}, 1),
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
-	b.turns.Store(minTurns)
-	for i := range maxCalls {
-		b.flushers = append(b.flushers, newFlusher(b, i))
-	}
+	// Until a call measures: Redis's own time in a small call, at most.
+	b.handOff.Store(int64(time.Millisecond))
 	b.wg.Add(maxCalls + 1)
-	for _, f := range b.flushers {
-		go f.run()
+	for range maxCalls {
+		go newFlusher(b).run()
 	}
 	go b.watchDeadlines()
 	return b

@@ -175,7 +175,7 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 			})
 		}
 	} else {
-		for range minTurns {
+		for range batchTurns {
 			wg.Go(func() {
 				for {
 					n := next.Add(callers) - callers

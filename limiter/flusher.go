@@ -2,29 +2,29 @@ package limiter
 
 import (
 	"context"
-	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 const (
-	// minTurns is the fewest calls in flight: one would leave Redis idle
-	// while a reply travels back and the next batch is written.
-	minTurns = 2
-	// maxCalls bounds the calls in flight, and so the connections the
-	// batcher holds: go-redis's smallest default pool (one CPU) has 10.
+	// batchTurns is how many script calls may be in flight at once before
+	// any is out longer than its hand-off (pace). One would leave Redis idle
+	// while a reply travels back and the next batch is written; two keep it
+	// busy, and more only split batches smaller, which costs Redis more per
+	// decision.
+	batchTurns = 2
+	// maxCalls bounds the calls in flight, handed off ones included, and so
+	// the connections the batcher holds: go-redis's smallest default pool
+	// (one CPU) has 10.
 	maxCalls = 8
-	// paceEpoch is how long the least network time a call measured counts:
-	// the least of this epoch and the last, so a Redis that moved further
-	// away is seen within two.
-	paceEpoch = time.Second
-	// paceWeight is the weight of each call's time in Redis in the
-	// running mean (1/paceWeight).
+	// paceWeight is the weight of each call's times in the running means
+	// (1/paceWeight).
 	paceWeight = 8
-	// warmAfter is how many calls of an epoch must have measured a far
-	// Redis before warm runs.
+	// warmAfter calls in a row that measured a far Redis make the next
+	// call warm. One is a hiccup; a far Redis makes every call far.
 	warmAfter = 3
 	// warmEvery bounds how often warm runs.
 	warmEvery = time.Second
@@ -32,41 +32,61 @@ const (
 	warmBackoff = 10 * time.Second
 )
 
-// flusher is one of the batcher's goroutines that send batches, the i-th of
-// maxCalls. It takes batches only while i is below the batcher's turns: so
-// there are never more calls in flight than turns, and a request that finds
-// a flusher idle goes out at once.
+// flusher is one of the batcher's goroutines that send batches. It takes a
+// batch only while it holds a turn, and holds it until its call returns or
+// has been out its hand-off (pace): so a Redis whose CPU is busy gets few
+// calls with large batches, and a far one up to maxCalls in flight, one
+// leaving every hand-off while the others travel.
 type flusher struct {
 	b     *batcher
-	i     int32
 	batch []*request
 	work  batchWork
-	// wake tells the flusher that the turns changed.
-	wake chan struct{}
+	// handOff passes the turn on when the call is out long; passed says
+	// the turn of the current call was passed on, by it or at the call's
+	// end.
+	handOff *time.Timer
+	passed  atomic.Bool
 }
 
-func newFlusher(b *batcher, i int) *flusher {
-	return &flusher{b: b, i: int32(i), batch: make([]*request, 0, maxBatch), wake: make(chan struct{}, 1)}
+func newFlusher(b *batcher) *flusher {
+	f := &flusher{b: b, batch: make([]*request, 0, maxBatch)}
+	f.handOff = time.AfterFunc(time.Hour, func() {
+		f.passTurn()
+		// While this call holds its connection: warm's commands then
+		// take new ones, not the one the next call will want.
+		if b.warmSoon.Load() && b.warmSoon.CompareAndSwap(true, false) {
+			b.warm()
+		}
+	})
+	f.handOff.Stop()
+	return f
+}
+
+// passTurn gives the turn back, once per call. A hand-off that fires after
+// the call ended, stopped too late, may pass the next call's turn early;
+// the count of turns stays right.
+func (f *flusher) passTurn() {
+	if f.passed.CompareAndSwap(false, true) {
+		<-f.b.turns
+	}
 }
 
 // run sends batches until Close.
 func (f *flusher) run() {
 	b := f.b
 	defer b.wg.Done()
+	defer f.handOff.Stop()
 	for {
-		for f.i >= b.turns.Load() {
-			select {
-			case <-f.wake:
-			case <-b.done:
-				return
-			}
+		select {
+		case b.turns <- struct{}{}:
+		case <-b.done:
+			return
 		}
 		select {
 		case r := <-b.queue:
 			f.batch = append(f.batch[:0], r)
-		case <-f.wake:
-			continue
 		case <-b.done:
+			<-b.turns
 			return
 		}
 		zones := len(f.batch[0].keys)
@@ -80,89 +100,64 @@ func (f *flusher) run() {
 				break more
 			}
 		}
+		f.passed.Store(false)
+		f.handOff.Reset(time.Duration(b.handOff.Load()))
 		b.send(&f.work, f.batch)
+		f.handOff.Stop()
+		f.passTurn()
 		clear(f.batch)
 	}
 }
 
-// pace sets how many calls may be in flight from what each call measured:
+// pace sets how long a call holds its turn, from what each call measures:
 // its round trip, and the time Redis spent in it (the script's reply says).
-// The rest, the network's and the client's, is what a call spends outside
-// Redis. To keep Redis busy without queueing calls inside it, there are as
-// many calls in flight as fit in one call's whole time, one in Redis at a
-// time: 1 + net / redis. A far Redis, or one with little to do, gets many
-// (every request goes out at once, one round trip plus Redis's time); a
-// Redis whose CPU is the bottleneck, whose calls grow with the load, few,
-// with large batches (fewer calls cost it less per decision).
-//
-// net is the least measured in the last epoch or two, not the mean: calls
-// queued inside Redis behind others' calls would count that wait as
-// network, and make more calls, which queue more.
+// A call out longer than twice Redis's mean time per call is waiting for the
+// network, not for Redis's CPU: it hands its turn on. So calls leave no
+// closer together than Redis can run them, and batches stay large while its
+// CPU is what they wait for (its calls grow with their batches, and calls
+// queued in it make the round trips longer); and no further apart than a
+// round trip spread over maxCalls calls, so that with Redis far away a
+// request waits for its call a small part of a round trip, whatever the
+// distance, and one that finds a turn free goes out at once.
 type pace struct {
 	mu sync.Mutex
-	// epoch started at start; least and before are the least network
-	// times of this epoch and the last (0: none).
-	start         time.Time
-	least, before time.Duration
-	// calls counts this epoch's calls.
-	calls int
-	// redis is the running mean of a call's time in Redis.
-	redis time.Duration
+	// redis and rtt are running means of a call's time in Redis and of
+	// its round trip.
+	redis, rtt time.Duration
 }
 
 // observe counts a call that took rtt, redis of it in Redis, and returns
-// the turns that follow, and the least network time, of calls this epoch
-// at least.
-func (p *pace) observe(now time.Time, rtt, redis time.Duration) (turns int32, net time.Duration, calls int) {
-	net = max(rtt-redis, 0)
-	redis = max(redis, time.Microsecond)
+// the hand-off that follows.
+func (p *pace) observe(rtt, redis time.Duration) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if now.Sub(p.start) >= paceEpoch {
-		p.start, p.before, p.least, p.calls = now, p.least, 0, 0
-	}
-	p.calls++
-	if p.least == 0 || net < p.least {
-		p.least = max(net, 1)
-	}
-	if p.redis == 0 {
-		p.redis = redis
+	if p.rtt == 0 {
+		p.redis, p.rtt = redis, rtt
 	} else {
 		p.redis += (redis - p.redis) / paceWeight
+		p.rtt += (rtt - p.rtt) / paceWeight
 	}
-	net = p.least
-	if p.before != 0 && p.before < net {
-		net = p.before
-	}
-	turns = int32(min(1+math.Ceil(float64(net)/float64(p.redis)), maxCalls))
-	return max(turns, minTurns), net, p.calls
-}
-
-// setTurns lets n calls be in flight, and tells the flushers whose turn
-// came or went.
-func (b *batcher) setTurns(n int32) {
-	old := b.turns.Swap(n)
-	for i := min(old, n); i < max(old, n); i++ {
-		select {
-		case b.flushers[i].wake <- struct{}{}:
-		default:
-		}
-	}
+	return max(2*p.redis, p.rtt/maxCalls)
 }
 
 // measured counts a call that Redis answered, started at start, that
-// spent redis in Redis.
-func (b *batcher) measured(start time.Time, redis time.Duration) {
+// spent inRedis in Redis.
+//
+// A call on a new connection pays a handshake's round trips first: far,
+// when two round trips would take a tenth of a decision's time, that is a
+// deadline. So warmAfter far calls in a row make the next call open
+// connections ahead of need (warm), outside any deadline.
+func (b *batcher) measured(start time.Time, inRedis time.Duration) {
 	now := time.Now()
-	turns, net, calls := b.pace.observe(now, now.Sub(start), redis)
-	if turns != b.turns.Load() {
-		b.setTurns(turns)
-	}
-	// Two round trips of a handshake would take a tenth of a decision's
-	// time: the connections are opened ahead of need. One slow call is a
-	// hiccup; a far Redis makes every call slow.
-	if net >= b.warmTimeout/40 && calls >= warmAfter {
-		b.warm()
+	rtt := now.Sub(start)
+	b.handOff.Store(int64(b.pace.observe(rtt, inRedis)))
+
+	if rtt-inRedis < b.warmTimeout/40 {
+		if b.farStreak.Load() != 0 {
+			b.farStreak.Store(0)
+		}
+	} else if b.farStreak.Add(1) >= warmAfter {
+		b.warmSoon.Store(true)
 	}
 }
 
