@@ -13,11 +13,6 @@ import (
 )
 
 const (
-	// batchTurns is how many script calls may be in flight while Redis
-	// answers fast. One would leave Redis idle while a reply travels back and
-	// the next batch is written; two keep it busy, and more only split
-	// batches smaller, which costs Redis more per decision.
-	batchTurns = 2
 	// maxBatch and maxBatchZones bound one script call: a full batch is about
 	// a millisecond of Redis's time, a small part of any sensible timeout,
 	// so one slow call holds few decisions.
@@ -63,6 +58,10 @@ type request struct {
 	state atomic.Int32
 	err   error
 	done  chan struct{}
+	// key and arg hold the key and the arguments of a request of one
+	// check, the most common, which then allocates neither.
+	key [1]string
+	arg [requestArgLen + zoneArgLen]byte
 }
 
 // abandon answers r with err unless it was answered already.
@@ -78,8 +77,9 @@ func (r *request) abandon(err error) {
 // costs one round trip and one script call per batch. It never waits to fill
 // a batch: a flusher takes whatever is queued when it has a turn, so a lone
 // request goes out at once and batches grow only while Redis is busy. Two
-// calls are in flight while Redis answers fast, more while it is far away
-// (flusher.go).
+// calls are in flight while Redis's CPU is what they wait for, more while it
+// is the network: how long a call holds its turn follows what the calls
+// measure (pace, in flusher.go).
 //
 // Deadlines cost no timer per request: every request waits in a FIFO, and
 // one watcher, with one timer, answers those whose deadline passes. The
@@ -92,19 +92,24 @@ type batcher struct {
 	warmTimeout time.Duration
 	queue       chan *request
 	// turns holds a token for each call that has the right to take a batch:
-	// batchTurns of them, so at most that many fast calls are out at once.
-	turns chan struct{}
+	// batchTurns of them, so at most that many calls are out at once before
+	// one is out longer than handOff (ns), which pace sets.
+	turns   chan struct{}
+	handOff atomic.Int64
+	pace    pace
 	// ctx ends at close; it bounds the connections warm opens.
 	ctx    context.Context
 	cancel context.CancelFunc
 	// now, when set (by tests), is the time in microseconds the script
 	// decides at, in place of Redis's clock.
 	now func() int64
-	// slowStreak counts the slow, answered calls since the last fast one.
-	slowStreak atomic.Int64
-	lastWarm   atomic.Int64
-	done       chan struct{}
-	wg         sync.WaitGroup
+	// farStreak counts the calls in a row that measured a far Redis;
+	// warmSoon asks the next call to warm.
+	farStreak atomic.Int64
+	warmSoon  atomic.Bool
+	lastWarm  atomic.Int64
+	done      chan struct{}
+	wg        sync.WaitGroup
 
 	// mu guards closed and watch. Requests join watch under it and Close
 	// sets closed under it, so Close answers every request it missed.
@@ -128,6 +133,8 @@ func newBatcher(client RedisClient, cluster bool, timeout time.Duration) *batche
 		wake:        make(chan struct{}, 1),
 	}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
+	// Until a call measures: Redis's own time in a small call, at most.
+	b.handOff.Store(int64(time.Millisecond))
 	b.wg.Add(maxCalls + 1)
 	for range maxCalls {
 		go newFlusher(b).run()
@@ -235,22 +242,66 @@ func (b *batcher) watchDeadlines() {
 type batchWork struct {
 	live  []*request
 	calls []slotCall
+	// args holds the calls' commands.
+	args []any
 }
 
 // slotCall is one limit.lua call: the requests of one slot.
 type slotCall struct {
 	requests []*request
 	keys     []string
-	args     []byte
+	nkeys    int
+	args     packedArgs
 	zones    int
 	cmd      *redis.Cmd
 }
 
-// send decides one batch, and reports whether Redis answered every call it
-// made. Requests already answered (their caller gave up) or past their
-// deadline are not sent: a Redis that recovers from a freeze is not handed
-// the backlog.
-func (b *batcher) send(w *batchWork, batch []*request) (answered bool) {
+// packedArgs is a call's packed requests, ARGV[1]. go-redis writes a
+// pointer to it through MarshalBinary, and boxes a pointer without
+// allocating, as it does the keys' (*string).
+type packedArgs []byte
+
+// MarshalBinary implements encoding.BinaryMarshaler.
+func (a *packedArgs) MarshalBinary() ([]byte, error) { return *a, nil }
+
+// The script's command words, boxed once.
+var (
+	evalSha, evalShaHash any = "evalsha", limitScript.Hash()
+	eval, evalSource     any = "eval", limitSource
+)
+
+// command appends c's EVALSHA (EVAL with the source, when source) to args
+// and returns it.
+func (b *batcher) command(ctx context.Context, args []any, c *slotCall, source bool) (*redis.Cmd, []any) {
+	from := len(args)
+	if source {
+		args = append(args, eval, evalSource)
+	} else {
+		args = append(args, evalSha, evalShaHash)
+	}
+	c.nkeys = len(c.keys)
+	args = append(args, &c.nkeys)
+	for i := range c.keys {
+		args = append(args, &c.keys[i])
+	}
+	args = append(args, &c.args)
+	if b.now != nil {
+		args = append(args, b.now())
+	}
+	cmd := redis.NewCmd(ctx, args[from:len(args):len(args)]...)
+	cmd.SetFirstKeyPos(3)
+	return cmd, args
+}
+
+// noScript reports an error that says Redis lacks the script.
+func noScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// send decides one batch. Requests already answered (their caller gave
+// up) or past their deadline are not sent: a Redis that recovers from a
+// freeze is not handed the backlog.
+func (b *batcher) send(w *batchWork, batch []*request) {
 	now := time.Now()
 	w.live = w.live[:0]
 	var latest time.Time
@@ -274,62 +325,68 @@ func (b *batcher) send(w *batchWork, batch []*request) (answered bool) {
 	// The call ends when every caller has given up, and never sooner.
 	ctx, cancel := context.WithDeadline(context.Background(), latest)
 	defer cancel()
+	var redisTime time.Duration
+	var ok bool
 	if len(w.calls) == 1 {
 		c := &w.calls[0]
-		c.cmd = limitScript.Run(ctx, b.client, c.keys, b.argv(c.args)...)
-		c.answer(c.cmd.Val(), c.cmd.Err())
-		return replied(c.cmd.Err())
+		c.cmd, w.args = b.command(ctx, w.args[:0], c, false)
+		_ = b.client.Process(ctx, c.cmd)
+		again := noScript(c.cmd.Err())
+		if again {
+			c.cmd, w.args = b.command(ctx, w.args[:0], c, true)
+			_ = b.client.Process(ctx, c.cmd)
+		}
+		redisTime, ok = c.answer(c.cmd.Val(), c.cmd.Err())
+		// A call that went twice measured no one call.
+		ok = ok && !again
+	} else {
+		redisTime, ok = b.sendPipelined(ctx, w)
 	}
-	return b.sendPipelined(ctx, w.calls)
-}
-
-// argv is a call's ARGV: its packed requests, and the time when a test
-// sets it.
-func (b *batcher) argv(args []byte) []any {
-	if b.now != nil {
-		return []any{args, b.now()}
+	clear(w.args)
+	if ok {
+		b.measured(now, redisTime)
 	}
-	return []any{args}
 }
 
-// replied reports whether err, a call's, came with a reply from Redis: none,
-// or Redis's own error.
-func replied(err error) bool {
-	var redisErr redis.Error
-	return err == nil || errors.As(err, &redisErr)
-}
-
-// sendPipelined runs calls, one per slot, in one pipeline (go-redis splits
-// it by node), and again with EVAL those that met NOSCRIPT. It reports
-// whether Redis replied to them.
-func (b *batcher) sendPipelined(ctx context.Context, calls []slotCall) bool {
+// sendPipelined runs w's calls, one per slot, in one pipeline (go-redis
+// splits it by node), and again with EVAL those that met NOSCRIPT. It
+// returns the time they spent in Redis, all told, and whether each had a
+// reply.
+func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime time.Duration, ok bool) {
+	calls := w.calls
 	pipe := b.client.Pipeline()
+	w.args = w.args[:0]
 	for i := range calls {
 		c := &calls[i]
-		c.cmd = limitScript.EvalSha(ctx, pipe, c.keys, b.argv(c.args)...)
+		c.cmd, w.args = b.command(ctx, w.args, c, false)
+		_ = pipe.Process(ctx, c.cmd)
 	}
 	execErr := exec(ctx, pipe)
 	var retry []*slotCall
+	ok = true
 	for i := range calls {
 		c := &calls[i]
-		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if noScript(c.cmd.Err()) {
 			retry = append(retry, c)
 			continue
 		}
-		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+		t, answered := c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+		redisTime, ok = redisTime+t, ok && answered
 	}
 	if len(retry) == 0 {
-		return replied(execErr)
+		return redisTime, ok
 	}
 	pipe = b.client.Pipeline()
 	for _, c := range retry {
-		c.cmd = limitScript.Eval(ctx, pipe, c.keys, b.argv(c.args)...)
+		c.cmd, w.args = b.command(ctx, w.args, c, true)
+		_ = pipe.Process(ctx, c.cmd)
 	}
 	execErr = exec(ctx, pipe)
 	for _, c := range retry {
 		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
 	}
-	return replied(execErr)
+	// The calls went twice: what they measured is not one call's.
+	return 0, false
 }
 
 func exec(ctx context.Context, pipe redis.Pipeliner) error {
@@ -352,8 +409,9 @@ func cmdErr(cmd *redis.Cmd, execErr error) error {
 }
 
 // answer decodes a call's reply into its requests' decisions, or gives them
-// its error.
-func (c *slotCall) answer(reply any, err error) {
+// its error. It returns the call's time in Redis, and whether the call ran
+// there.
+func (c *slotCall) answer(reply any, err error) (time.Duration, bool) {
 	var s string
 	if err == nil {
 		s, err = checkReply(reply, replyLen(len(c.requests), c.zones))
@@ -375,6 +433,10 @@ func (c *slotCall) answer(reply any, err error) {
 			s = s[n:]
 		}
 	}
+	if err != nil {
+		return 0, false
+	}
+	return callTime(reply.(string)), true
 }
 
 // groupCalls splits requests into one call per slot, keeping their order
@@ -384,7 +446,7 @@ func groupCalls(calls []slotCall, requests []*request, cluster bool) []slotCall 
 		calls[i].requests = calls[i].requests[:0]
 		calls[i].keys = calls[i].keys[:0]
 		calls[i].args = calls[i].args[:0]
-		calls[i].zones = 0
+		calls[i].zones, calls[i].nkeys = 0, 0
 		calls[i].cmd = nil
 	}
 	n := 0

@@ -393,17 +393,18 @@ func TestRedisStoreClose(t *testing.T) {
 	}
 }
 
-// TestBatchFarRedisWarmsConnections: warmAfter calls in a row slower than
-// slowCall, and answered, make the next slow call open maxCalls connections
-// ahead of need, outside any decision's deadline, so that the extra calls
-// the batcher then sends find connections whose handshake is done. A near
-// Redis gets no more connections than its calls use.
+// TestBatchFarRedisWarmsConnections: warmAfter calls in a row that measure
+// a network time of a twentieth of the timeout or more (a handshake's two
+// round trips would take a tenth of it) make the next call open maxCalls
+// connections ahead of need, outside any decision's deadline, so that the
+// extra calls the batcher then sends find connections whose handshake is
+// done. A near Redis gets no more connections than its calls use.
 func TestBatchFarRedisWarmsConnections(t *testing.T) {
 	srv := redistest.Start(t)
 	proxy := redistest.StartFaultProxy(t, srv.Addr())
 	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
-	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: time.Second})
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 200 * time.Millisecond})
 	t.Cleanup(func() { s.Close() })
 	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1000}}
 	for range 20 {
@@ -414,15 +415,159 @@ func TestBatchFarRedisWarmsConnections(t *testing.T) {
 	}
 
 	proxy.Latency(t, redistest.Downstream, 20*time.Millisecond, 0)
-	// warmAfter answered slow calls, then the slow call that warms.
+	// warmAfter far calls, then the call that warms.
 	for range warmAfter + 1 {
 		allow1(t, s, c)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for client.PoolStats().TotalConns < maxCalls {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d connections 5s after %d slow calls, want %d", client.PoolStats().TotalConns, warmAfter+1, maxCalls)
+			t.Fatalf("%d connections 5s after %d calls 20ms away, want %d", client.PoolStats().TotalConns, warmAfter+1, maxCalls)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestBatchFarRedisGoesAtOnce: with Redis a few milliseconds away and
+// nothing else to do, requests that come one after the other, each while the
+// calls of the ones before are on the way, wait for their calls a small part
+// of a round trip (a round trip spread over maxCalls calls), never for a
+// reply to free a turn, nor for a fixed time that counts a call slow. The
+// time a request waits before its call runs is read from Redis's clock (the
+// admission time of its decision), on the same host as the test's.
+func TestBatchFarRedisGoesAtOnce(t *testing.T) {
+	const (
+		far      = 8 * time.Millisecond
+		requests = 6
+		apart    = 250 * time.Microsecond
+		// A turn frees every far/maxCalls (1ms); a request that waited
+		// for a reply, or for a call to be counted slow after 5ms, would
+		// wait 3.5ms or more here.
+		slack = 2 * time.Millisecond
+	)
+	srv := redistest.Start(t)
+	proxy := redistest.StartFaultProxy(t, srv.Addr())
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 2 * time.Second})
+	t.Cleanup(func() { s.Close() })
+	lim := Limit{Window: time.Minute, Max: 1000}
+	proxy.Latency(t, redistest.Downstream, far, 0)
+	// Open the connections the calls will use, outside the measure, and
+	// let the store measure how far Redis is.
+	var wg sync.WaitGroup
+	for range maxCalls {
+		wg.Go(func() {
+			if err := client.Ping(context.Background()).Err(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	for range 3 {
+		allow1(t, s, Check{Zone: "z", Key: testKey(t) + "warm", Limit: lim})
+	}
+
+	start := make([]time.Time, requests)
+	ds := make([][]Decision, requests)
+	for i := range requests {
+		ds[i] = make([]Decision, 1)
+		start[i] = time.Now()
+		wg.Go(func() {
+			c := Check{Zone: "z", Key: testKey(t) + strconv.Itoa(i), Limit: lim}
+			if err := s.Allow(context.Background(), []Check{c}, ds[i]); err != nil {
+				t.Error(err)
+			}
+		})
+		time.Sleep(apart)
+	}
+	wg.Wait()
+	for i := range requests {
+		if !ds[i][0].Allowed {
+			t.Fatalf("request %d denied: %+v", i, ds[i][0])
+		}
+		ran := time.UnixMicro(ds[i][0].held.at)
+		if waited := ran.Sub(start[i]); waited > slack {
+			t.Errorf("request %d ran in Redis %v after it was made, want at once (under %v) with Redis %v away", i, waited, slack, far)
+		}
+	}
+}
+
+// opsCounter is a go-redis hook that records, for each limit.lua call that
+// Redis ran, which ops its packed requests hold.
+type opsCounter struct {
+	mu    sync.Mutex
+	calls []map[op]int
+}
+
+func (*opsCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *opsCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
+			args := cmd.Args()
+			numKeys := *args[2].(*int)
+			packed, _ := args[3+numKeys].(interface{ MarshalBinary() ([]byte, error) }).MarshalBinary()
+			ops := map[op]int{}
+			for pos := 0; pos < len(packed); {
+				ops[op(packed[pos])]++
+				pos += requestArgLen + zoneArgLen*int(packed[pos+1])
+			}
+			h.mu.Lock()
+			h.calls = append(h.calls, ops)
+			h.mu.Unlock()
+		}
+		return err
+	}
+}
+func (h *opsCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestBatchSettlesRideWithDecisions: settles wait in the same queue as
+// decisions, so under load a script call carries both: a settled request
+// costs a part of a call, not a call of its own.
+func TestBatchSettlesRideWithDecisions(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, PoolSize: 16})
+	t.Cleanup(func() { client.Close() })
+	ops := &opsCounter{}
+	client.AddHook(ops)
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 5 * time.Second})
+	t.Cleanup(func() { s.Close() })
+	lim := Limit{Window: time.Minute, Max: 1 << 30}
+	const callers, each = 32, 50
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			for j := range each {
+				c := []Check{{Zone: "z", Key: testKey(t) + strconv.Itoa(i*each+j), Limit: lim, Cost: 5}}
+				ds := make([]Decision, 1)
+				if err := s.Allow(context.Background(), c, ds); err != nil || !ds[0].Allowed {
+					t.Errorf("allow: %v %+v", err, ds[0])
+					return
+				}
+				c[0].Cost = 2
+				if err := s.Settle(context.Background(), c, ds); err != nil {
+					t.Errorf("settle: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	mixed, sent := 0, 0
+	for _, c := range ops.calls {
+		sent += c[opAllow] + c[opSettle]
+		if c[opAllow] > 0 && c[opSettle] > 0 {
+			mixed++
+		}
+	}
+	if sent != 2*callers*each {
+		t.Fatalf("%d allows and settles sent, want %d", sent, 2*callers*each)
+	}
+	if mixed == 0 || len(ops.calls) >= sent {
+		t.Errorf("%d script calls for %d allows and settles, %d of them with both: want settles batched with decisions", len(ops.calls), sent, mixed)
+	}
+	t.Logf("%d script calls for %d allows and settles, %d with both", len(ops.calls), sent, mixed)
 }

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -9,23 +10,23 @@ import (
 )
 
 const (
-	// slowCall is how long a call may hold its turn. A call out longer is
-	// waiting for the network, not for Redis's CPU: it passes its turn on, so
-	// the requests queued behind it go out now instead of after its reply.
-	// Against a Redis 50ms away, a request would otherwise wait a round trip
-	// for a turn and another for its reply: the whole of a 100ms timeout.
-	slowCall = 5 * time.Millisecond
-	// maxCalls bounds the calls in flight, slow ones included, and so the
-	// connections the batcher holds: go-redis's smallest default pool (one
-	// CPU) has 10.
+	// batchTurns is how many script calls may be in flight at once before
+	// any is out longer than its hand-off (pace). One would leave Redis idle
+	// while a reply travels back and the next batch is written; two keep it
+	// busy, and more only split batches smaller, which costs Redis more per
+	// decision.
+	batchTurns = 2
+	// maxCalls bounds the calls in flight, handed off ones included, and so
+	// the connections the batcher holds: go-redis's smallest default pool
+	// (one CPU) has 10.
 	maxCalls = 8
-	// warmAfter slow calls in a row that Redis answered, with no fast one
-	// between them, make the next slow call open connections ahead of need
-	// (see warm), at most once every warmEvery. One slow call is a hiccup,
-	// or the first call's script load; a far Redis makes every call slow.
-	// Calls that got no reply do not count: more connections do not help a
-	// Redis that is stuck or gone.
+	// paceWeight is the weight of each call's times in the running means
+	// (1/paceWeight).
+	paceWeight = 8
+	// warmAfter calls in a row that measured a far Redis make the next
+	// call warm. One is a hiccup; a far Redis makes every call far.
 	warmAfter = 3
+	// warmEvery bounds how often warm runs.
 	warmEvery = time.Second
 	// warmBackoff is how long a warm that failed holds off the next.
 	warmBackoff = 10 * time.Second
@@ -33,14 +34,16 @@ const (
 
 // flusher is one of the batcher's goroutines that send batches. It takes a
 // batch only while it holds a turn, and holds it until its call returns or
-// has been out slowCall: so a near Redis gets few calls with large batches,
-// and a far one up to maxCalls in flight.
+// has been out its hand-off (pace): so a Redis whose CPU is busy gets few
+// calls with large batches, and a far one up to maxCalls in flight, one
+// leaving every hand-off while the others travel.
 type flusher struct {
 	b     *batcher
 	batch []*request
 	work  batchWork
-	// handOff passes the turn on when the call is slow; passed says the
-	// turn of the current call was passed on, by it or at the call's end.
+	// handOff passes the turn on when the call is out long; passed says
+	// the turn of the current call was passed on, by it or at the call's
+	// end.
 	handOff *time.Timer
 	passed  atomic.Bool
 }
@@ -51,7 +54,7 @@ func newFlusher(b *batcher) *flusher {
 		f.passTurn()
 		// While this call holds its connection: warm's commands then
 		// take new ones, not the one the next call will want.
-		if b.slowStreak.Load() >= warmAfter {
+		if b.warmSoon.Load() && b.warmSoon.CompareAndSwap(true, false) {
 			b.warm()
 		}
 	})
@@ -98,27 +101,72 @@ func (f *flusher) run() {
 			}
 		}
 		f.passed.Store(false)
-		f.handOff.Reset(slowCall)
-		answered := b.send(&f.work, f.batch)
-		switch {
-		case f.handOff.Stop():
-			if b.slowStreak.Load() != 0 {
-				b.slowStreak.Store(0)
-			}
-		case answered:
-			b.slowStreak.Add(1)
-		}
+		f.handOff.Reset(time.Duration(b.handOff.Load()))
+		b.send(&f.work, f.batch)
+		f.handOff.Stop()
 		f.passTurn()
 		clear(f.batch)
 	}
 }
 
-// warm opens connections ahead of need, when calls are slow. A new
-// connection costs a handshake round trip before its first call; with Redis
-// far away, that is what pushes a decision past its deadline, and slow calls
-// are what makes the batcher send more calls at once. It runs one cheap
-// command on maxCalls connections at once, outside any decision's deadline,
-// which makes the pool hold that many (on a cluster, as many in all).
+// pace sets how long a call holds its turn, from what each call measures:
+// its round trip, and the time Redis spent in it (the script's reply says).
+// A call out longer than twice Redis's mean time per call is waiting for the
+// network, not for Redis's CPU: it hands its turn on. So calls leave no
+// closer together than Redis can run them, and batches stay large while its
+// CPU is what they wait for (its calls grow with their batches, and calls
+// queued in it make the round trips longer); and no further apart than a
+// round trip spread over maxCalls calls, so that with Redis far away a
+// request waits for its call a small part of a round trip, whatever the
+// distance, and one that finds a turn free goes out at once.
+type pace struct {
+	mu sync.Mutex
+	// redis and rtt are running means of a call's time in Redis and of
+	// its round trip.
+	redis, rtt time.Duration
+}
+
+// observe counts a call that took rtt, redis of it in Redis, and returns
+// the hand-off that follows.
+func (p *pace) observe(rtt, redis time.Duration) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rtt == 0 {
+		p.redis, p.rtt = redis, rtt
+	} else {
+		p.redis += (redis - p.redis) / paceWeight
+		p.rtt += (rtt - p.rtt) / paceWeight
+	}
+	return max(2*p.redis, p.rtt/maxCalls)
+}
+
+// measured counts a call that Redis answered, started at start, that
+// spent inRedis in Redis.
+//
+// A call on a new connection pays a handshake's round trips first: far,
+// when two round trips would take a tenth of a decision's time, that is a
+// deadline. So warmAfter far calls in a row make the next call open
+// connections ahead of need (warm), outside any deadline.
+func (b *batcher) measured(start time.Time, inRedis time.Duration) {
+	now := time.Now()
+	rtt := now.Sub(start)
+	b.handOff.Store(int64(b.pace.observe(rtt, inRedis)))
+
+	if rtt-inRedis < b.warmTimeout/40 {
+		if b.farStreak.Load() != 0 {
+			b.farStreak.Store(0)
+		}
+	} else if b.farStreak.Add(1) >= warmAfter {
+		b.warmSoon.Store(true)
+	}
+}
+
+// warm opens connections ahead of need, when Redis is far. A new connection
+// costs a handshake round trip before its first call; with Redis far away,
+// that is what pushes a decision past its deadline, and a far Redis is what
+// makes the batcher send more calls at once. It runs one cheap command on
+// maxCalls connections at once, outside any decision's deadline, which makes
+// the pool hold that many (on a cluster, as many in all).
 func (b *batcher) warm() {
 	now := time.Now().UnixNano()
 	last := b.lastWarm.Load()

@@ -33,7 +33,8 @@
 --          double (units left, after this request if recorded), reset double
 --          (µs: denied, until room for this cost; else until units next
 --          leave the window), token double (log: admission time; counter:
---          window index; -1: none)
+--          window index; -1: none); then, once, the call's time in Redis
+--          double (µs from its first TIME to its last)
 --
 -- A ring holds the admissions that may still be in the window, oldest first
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
@@ -54,8 +55,8 @@
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP = 64, 120, 512, 80
-local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
-if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
+local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], call('TIME')
+if not now then now = clock[1] * 1000000 + clock[2] end
 local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
 -- fresh returns reply, or nil after dropping key when it holds another kind's
 -- state (the zone's algorithm changed), which then starts over.
@@ -447,4 +448,6 @@ while pos <= #args do
     end
   end
 end
+local done = call('TIME') -- the call's own time, so the caller tells Redis's time from the network's
+out[#out + 1] = pack('>d', (done[1] - clock[1]) * 1000000 + done[2] - clock[2])
 return table.concat(out)

@@ -21,10 +21,12 @@ const DefaultKeyPrefix = "srl:"
 const defaultTimeout = 100 * time.Millisecond
 
 // RedisClient is what a RedisStore needs of a go-redis client: scripts,
-// pipelines and DEL. *redis.Client, *redis.ClusterClient, the failover
-// client of redis.NewFailoverClient and redis.UniversalClient all have it.
+// commands it builds itself, pipelines and DEL. *redis.Client,
+// *redis.ClusterClient, the failover client of redis.NewFailoverClient and
+// redis.UniversalClient all have it.
 type RedisClient interface {
 	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
 	Pipeline() redis.Pipeliner
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 }
@@ -121,6 +123,9 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
+	if !s.cluster || len(checks) == 1 {
+		return s.do(ctx, opAllow, nil, checks, decisions, nil, requestWait(checks))
+	}
 	keys := s.keys(checks)
 	groups := s.slotGroups(keys, all(len(checks)))
 	if len(groups) == 1 {
@@ -155,15 +160,21 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
-	keys := s.keys(checks)
-	groups := s.slotGroups(keys, all(len(checks)))
-	wait := requestWait(checks)
-	if len(groups) > 1 {
-		wait = 0
-	}
-	for _, idx := range groups {
-		if err := s.do(ctx, opPeek, keys, checks, decisions, idx, wait); err != nil {
+	if !s.cluster || len(checks) == 1 {
+		if err := s.do(ctx, opPeek, nil, checks, decisions, nil, requestWait(checks)); err != nil {
 			return err
+		}
+	} else {
+		keys := s.keys(checks)
+		groups := s.slotGroups(keys, all(len(checks)))
+		wait := requestWait(checks)
+		if len(groups) > 1 {
+			wait = 0
+		}
+		for _, idx := range groups {
+			if err := s.do(ctx, opPeek, keys, checks, decisions, idx, wait); err != nil {
+				return err
+			}
 		}
 	}
 	if !Admitted(decisions) {
@@ -192,14 +203,23 @@ func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions 
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
-	var idx []int
+	held := 0
+	for _, d := range decisions {
+		if holds(d) {
+			held++
+		}
+	}
+	if held == 0 {
+		return nil
+	}
+	if held == len(checks) && (!s.cluster || held == 1) {
+		return s.do(ctx, o, nil, checks, decisions, nil, 0)
+	}
+	idx := make([]int, 0, held)
 	for i, d := range decisions {
 		if holds(d) {
 			idx = append(idx, i)
 		}
-	}
-	if len(idx) == 0 {
-		return nil
 	}
 	keys := s.keys(checks)
 	var lost error
@@ -221,13 +241,13 @@ func (s *RedisStore) Reset(ctx context.Context, zone, key string) error {
 	return s.client.Del(ctx, s.Key(zone, key)).Err()
 }
 
-// do runs o for the checks at idx (whose keys share a slot) through the
-// batcher, with their decisions as its input and, after it, its output. It
-// ends at ctx's deadline or the store's timeout, whichever is sooner, with one
-// clock read.
+// do runs o for the checks at idx (whose keys share a slot; all of them
+// when nil, and keys then nil too) through the batcher, with their decisions
+// as its input and, after it, its output. It ends at ctx's deadline or the
+// store's timeout, whichever is sooner, with one clock read.
 func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
-	if len(idx) > 255 {
-		return fmt.Errorf("%d checks in one request, want at most 255", len(idx))
+	if n := len(idx); idx == nil && len(checks) > 255 || n > 255 {
+		return fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
 	}
 	r := &request{
 		ctx:      ctx,
@@ -237,7 +257,10 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 		wait:     wait,
 		deadline: time.Now().Add(s.timeout),
 	}
-	sub := len(idx) != len(checks)
+	if keys == nil {
+		r.keys = s.appendKeys(r.key[:0], checks)
+	}
+	sub := idx != nil && len(idx) != len(checks)
 	if sub {
 		r.keys, r.checks = make([]string, len(idx)), make([]Check, len(idx))
 		r.decisions = make([]Decision, len(idx))
@@ -257,7 +280,11 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 			}
 		}
 	}
-	r.args = appendRequest(make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks)), o, r.checks, r.decisions, wait, r.leases)
+	args := r.arg[:0]
+	if len(r.checks) > 1 {
+		args = make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks))
+	}
+	r.args = appendRequest(args, o, r.checks, r.decisions, wait, r.leases)
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
 		r.deadline = d
 	}
@@ -306,9 +333,12 @@ func (s *RedisStore) refund(ctx context.Context, keys []string, checks []Check, 
 }
 
 func (s *RedisStore) keys(checks []Check) []string {
-	keys := make([]string, len(checks))
-	for i, c := range checks {
-		keys[i] = s.Key(c.Zone, c.Key)
+	return s.appendKeys(make([]string, 0, len(checks)), checks)
+}
+
+func (s *RedisStore) appendKeys(keys []string, checks []Check) []string {
+	for _, c := range checks {
+		keys = append(keys, s.Key(c.Zone, c.Key))
 	}
 	return keys
 }

@@ -148,11 +148,22 @@ func replyNumber(b string) float64 {
 // replyLen is the size of the reply to requests of zones zones in all.
 func replyLen(requests, zones int) int { return requests*requestReplyLen + zones*zoneReplyLen }
 
-// checkReply reports a reply that is not want bytes long.
+// callTimeLen is the size of the call's own time in Redis, after the
+// requests' replies.
+const callTimeLen = 8
+
+// checkReply reports a reply that is not want bytes long, and the call's
+// time; it returns the requests' replies.
 func checkReply(reply any, want int) (string, error) {
 	s, ok := reply.(string)
-	if !ok || len(s) != want {
-		return "", fmt.Errorf("rate limit script: unexpected reply of %T (%d bytes, want %d)", reply, len(s), want)
+	if !ok || len(s) != want+callTimeLen {
+		return "", fmt.Errorf("rate limit script: unexpected reply of %T (%d bytes, want %d)", reply, len(s), want+callTimeLen)
 	}
-	return s, nil
+	return s[:want], nil
+}
+
+// callTime is the time a call spent in Redis, from its reply, which
+// checkReply accepted.
+func callTime(reply string) time.Duration {
+	return time.Duration(replyNumber(reply[len(reply)-callTimeLen:]) * float64(time.Microsecond))
 }

@@ -211,6 +211,22 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 
+	naive, err := startNaive(ctx, redisURL, far.url)
+	if err != nil {
+		return err
+	}
+	defer naive.stop()
+	for _, url := range []string{naive.plain, naive.near, naive.far} {
+		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
+			return fmt.Errorf("naive peer warm-up: %w", err)
+		}
+	}
+	naiveRes, err := runNaive(ctx, cfg, meter, naive, scripts[manySlug])
+	if err != nil {
+		return err
+	}
+	naive.stop()
+
 	waits, err := runWaits(ctx, cfg, rc, meter, site.admin, redisURL)
 	if err != nil {
 		return fmt.Errorf("waits: %w", err)
@@ -228,7 +244,7 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }

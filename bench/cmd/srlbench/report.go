@@ -250,6 +250,7 @@ type report struct {
 	seedSkip    error // why the seed did not run; nil if it did
 	rtt         roundTrips
 	waits       []waitsRun
+	naive       naiveResult
 }
 
 // command is how to reproduce the run.
@@ -390,6 +391,7 @@ func (r report) markdown(chartFile string) string {
 	p("")
 
 	r.peersSection(p)
+	r.naiveSection(p)
 
 	p("## Targets")
 	p("")
@@ -431,6 +433,7 @@ func (r report) markdown(chartFile string) string {
 			row(fmt.Sprintf("requests/s >= %.0fx the seed's (many clients)", targetSeedTimes), "not measured: the seed did not run", false)
 		}
 	}
+	r.naiveTargets(row)
 	var p99s, cpus []string
 	p99ok, cpuOK := true, true
 	for i, res := range r.results {
