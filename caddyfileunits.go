@@ -20,7 +20,7 @@ type unitsFields struct {
 //
 //	max_requests <n> | <placeholder> <fallback>
 //	cost         <n> | <placeholder>
-//	settle       header <name> | bytes
+//	settle       header <name> | bytes | json <path>...
 //
 // It reports false for any other name.
 func parseUnitsOption(d *caddyfile.Dispenser, name string, f unitsFields) (bool, error) {
@@ -69,7 +69,8 @@ func parseMaxRequestsOption(d *caddyfile.Dispenser, args []string, max *int64, m
 	return d.Errf("max_requests takes a number (max_requests 100), or a placeholder and a fallback (max_requests {http.request.header.X-Quota} 100), got %d arguments", len(args))
 }
 
-// parseSettle reads the arguments of settle: header <name>, or bytes.
+// parseSettle reads the arguments of settle: header <name>, bytes, or json
+// <path>...
 func parseSettle(d *caddyfile.Dispenser, args []string) (*Settle, error) {
 	var s Settle
 	switch {
@@ -77,8 +78,10 @@ func parseSettle(d *caddyfile.Dispenser, args []string) (*Settle, error) {
 		s.Header = args[1]
 	case len(args) == 1 && args[0] == "bytes":
 		s.Bytes = true
+	case len(args) >= 2 && args[0] == "json":
+		s.JSON = args[1:]
 	default:
-		return nil, d.Errf("settle takes header <name> (settle header X-Usage) or bytes (settle bytes), got %q", args)
+		return nil, d.Errf("settle takes header <name> (settle header X-Usage), bytes (settle bytes) or json <path>... (settle json usage.total_tokens), got %q", args)
 	}
 	if err := checkSettle(&s); err != nil {
 		return nil, d.Err(err.Error())

@@ -77,6 +77,9 @@ func newZoneUnits(zone, cost, maxRequestsFrom string, maxRequests int64, settle 
 		if settle.Bytes {
 			u.unit, u.settleSource = unitContentBytes, "response bytes"
 		}
+		if len(settle.JSON) > 0 {
+			u.settleSource = "json " + strings.Join(settle.JSON, " ")
+		}
 		u.settleFallbacks = newValueFallbacks(logger, zone, "settle found no whole number: the reservation stands", m.settleFallbacks.WithLabelValues(zone))
 	}
 	for _, p := range u.placeholders() {

@@ -86,7 +86,7 @@ func TestUnitsConfigErrors(t *testing.T) {
 		{`{"window": "1m", "max_requests": 5, "cost": "0"}`, `cost must be a whole number of at least 1, or a placeholder alone such as {http.request.header.X-Cost}, got "0"`},
 		{`{"window": "1m", "max_requests": 5, "cost": "6"}`, `cost 6 is above max_requests 5: no request would ever be admitted`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "cost": "{http.request.header.X-Cost"}]}`, `zone z: cost must be a whole number`},
-		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "bytes": true}}`, `settle takes a header or bytes, not both`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "bytes": true}}`, `settle takes a header, bytes or json paths, not more than one`},
 		{`{"window": "1m", "max_requests": 5, "settle": {}}`, `settle needs a header (settle header X-Usage) or bytes (settle bytes)`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "settle": {"header": "X Usage"}}]}`, `zone z: settle header: "X Usage" is not a header name`},
 		{`{"window": "1m", "max_requests": 5, "max_requests_from": "X-Quota"}`, `max_requests_from must be a placeholder alone, such as {http.request.header.X-Quota}, got "X-Quota"`},
