@@ -157,7 +157,7 @@ func checkSettle(s *Settle) error {
 // jsonMaxKey bytes.
 func checkJSONPath(p string) error {
 	for _, name := range strings.Split(p, ".") {
-		if name == "" || len(name) > jsonMaxKey || strings.ContainsAny(name, "\\\"{} \t") {
+		if name == "" || len(name) > jsonMaxKey || strings.ContainsAny(name, "\\\"{}[] \t") {
 			return fmt.Errorf("%q is not a dotted path of names such as usage.total_tokens", p)
 		}
 	}

@@ -22,7 +22,7 @@ func unitZone(t *testing.T, z *Zone) *Zone {
 		t.Fatal(err)
 	}
 	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
-	z.units = newZoneUnits(z.Name, z.Cost, z.MaxRequestsFrom, z.MaxRequests, z.Settle, zap.NewNop())
+	z.units = newZoneUnits(z.Name, z.Cost, nil, z.MaxRequestsFrom, z.MaxRequests, z.Settle, zap.NewNop())
 	z.prepareHeaders()
 	return z
 }
