@@ -41,8 +41,8 @@ func TestHeadersSpeakUnits(t *testing.T) {
 	h := http.Header{}
 	writeHeaders(h, headersLegacy, zones, checks, decisions, 2)
 	want := http.Header{
-		"Ratelimit-Policy":      {`"bw";q=1000000000;qu="content-bytes";w=3600, "tokens";q=100000;w=60, "tenants";q=5000;w=60`},
-		"Ratelimit":             {`"tenants";r=4000;t=0`},
+		"Ratelimit-Policy":      {`"bw";q=1000000000;qu="content-bytes";w=3600, "tokens";q=100000;srl-qu="units";w=60, "tenants";q=5000;w=60`},
+		"Ratelimit":             {`"tenants";r=4000;t=0, "tokens";r=99000;t=0, "bw";r=999999000;t=0`},
 		"X-Ratelimit-Limit":     {"5000"},
 		"X-Ratelimit-Remaining": {"4000"},
 		"X-Ratelimit-Reset":     {"0"},
