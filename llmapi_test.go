@@ -29,13 +29,15 @@ import (
 type llmAPI struct {
 	mu       sync.Mutex
 	reported map[string]int64
-	calls    map[string]int
-	running  map[string]int
-	most     map[string]int
+	// bodies is the bytes of the request bodies of each key.
+	bodies  map[string]int64
+	calls   map[string]int
+	running map[string]int
+	most    map[string]int
 }
 
 func newLLMAPI(t *testing.T) (*llmAPI, string) {
-	a := &llmAPI{reported: map[string]int64{}, calls: map[string]int{}, running: map[string]int{}, most: map[string]int{}}
+	a := &llmAPI{reported: map[string]int64{}, bodies: map[string]int64{}, calls: map[string]int{}, running: map[string]int{}, most: map[string]int{}}
 	srv := httptest.NewServer(a)
 	t.Cleanup(srv.Close)
 	return a, strings.TrimPrefix(srv.URL, "http://")
@@ -72,6 +74,7 @@ func (a *llmAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.running[key]++
 	a.most[key] = max(a.most[key], a.running[key])
 	a.calls[key]++
+	a.bodies[key] += int64(len(body))
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
@@ -165,6 +168,13 @@ func (a *llmAPI) usage(key string) (int64, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.reported[key], a.calls[key]
+}
+
+// bodyBytes is the bytes of the request bodies of key's calls.
+func (a *llmAPI) bodyBytes(key string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bodies[key]
 }
 
 func (a *llmAPI) mostAtOnce(key string) int {
