@@ -153,11 +153,12 @@ func checkSettle(s *Settle) error {
 }
 
 // checkJSONPath accepts a dotted path of object keys (usage.total_tokens),
-// each a plain name: no empty one, no quote or backslash, at most
-// jsonMaxKey bytes.
+// each a plain name: no empty one, no quote, backslash, bracket or brace,
+// no ':' or ',' (settle's paths name the zone's state: zoneIdentity), at
+// most jsonMaxKey bytes.
 func checkJSONPath(p string) error {
 	for _, name := range strings.Split(p, ".") {
-		if name == "" || len(name) > jsonMaxKey || strings.ContainsAny(name, "\\\"{}[] \t") {
+		if name == "" || len(name) > jsonMaxKey || strings.ContainsAny(name, "\\\"{}[]:, \t") {
 			return fmt.Errorf("%q is not a dotted path of names such as usage.total_tokens", p)
 		}
 	}

@@ -324,4 +324,35 @@ func TestSettleJSONPassesStreamsOn(t *testing.T) {
 	if used := unitsUsed(t, "sjpass", "k", 17); used != 17 {
 		t.Errorf("%d units charged, want 17", used)
 	}
+	// The zone's state is named by what it settles to: a zone of that name
+	// that settles otherwise keeps its own.
+	if s := adminState(t, "sjpass", "k"); s.Unit != "units" || s.Identity != "sjpass:1m:1000:json-usage.total_tokens" {
+		t.Errorf("admin state %+v, want unit units and identity sjpass:1m:1000:json-usage.total_tokens", s)
+	}
+}
+
+// FuzzJSONUsage: no body makes the reader panic, and the pieces a body comes
+// in never change what it reads.
+func FuzzJSONUsage(f *testing.F) {
+	f.Add([]byte(`{"usage": {"total_tokens": 42}}`), true, uint8(3))
+	f.Add([]byte("data: {\"usage\": {\"total_tokens\": 6}}\r\n\r\ndata: [DONE]\n\n"), true, uint8(1))
+	f.Add([]byte(`{"a": [{"usage": {"total_tokens": 1e3}}], "usage": {"total_tokens": "7"}}`), false, uint8(5))
+	f.Fuzz(func(t *testing.T, body []byte, sse bool, piece uint8) {
+		contentType := "application/json"
+		if sse {
+			contentType = "text/event-stream"
+		}
+		paths := [][]string{{"usage", "total_tokens"}, {"n"}}
+		whole := newJSONUsage(paths, contentType, "")
+		whole.write(body)
+		n1, why1 := whole.total()
+		step := int(piece%16) + 1
+		pieces := newJSONUsage(paths, contentType, "")
+		for i := 0; i < len(body); i += step {
+			pieces.write(body[i:min(i+step, len(body))])
+		}
+		if n2, why2 := pieces.total(); n1 != n2 || why1 != why2 {
+			t.Errorf("%q whole: %d %q; in pieces of %d: %d %q", body, n1, why1, step, n2, why2)
+		}
+	})
 }
