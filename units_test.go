@@ -92,6 +92,13 @@ func TestUnitsConfigErrors(t *testing.T) {
 		{`{"window": "1m", "max_requests": 5, "max_requests_from": "X-Quota"}`, `max_requests_from must be a placeholder alone, such as {http.request.header.X-Quota}, got "X-Quota"`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5}], "max_requests_from": "{http.request.header.X-Quota}"}`, `max_requests_from needs window and max_requests (its fallback); a zone has its own`},
 		{`{"window": "1m", "max_requests": 281474976710656}`, `max_requests must be at most 2^48-1 (281474976710655), got 281474976710656`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "json": ["usage.total_tokens"]}}`, `settle takes a header, bytes or json paths, not more than one`},
+		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "settle": {"json": ["usage..total_tokens"]}}]}`, `zone z: settle json: "usage..total_tokens" is not a dotted path`},
+		{`{"window": "1m", "max_requests": 5000, "cost": "5", "cost_json": {"paths": ["max_tokens"], "default": 4096}}`, `cost and cost json are one setting: set one (cost "5")`},
+		{`{"window": "1m", "max_requests": 5000, "cost_json": {"default": 4096}}`, `cost json needs at least one path and a default`},
+		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5000, "cost_json": {"paths": ["max_tokens"]}}]}`, `zone z: cost json: the default must be a whole number of at least 1, got 0`},
+		{`{"window": "1m", "max_requests": 1000, "cost_json": {"paths": ["max_tokens"], "default": 4096}}`, `cost json: the default 4096 is above max_requests 1000`},
+		{`{"zones": [{"name": "z", "concurrent": 2, "cost_json": {"paths": ["max_tokens"], "default": 1}}]}`, `cost_json`},
 	} {
 		err := provisionError(t, c.config)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
