@@ -79,15 +79,24 @@ func (u *jsonUsage) write(b []byte) {
 		return
 	}
 	if !u.sse {
-		for _, c := range b {
-			u.byte(c)
-		}
+		u.feed(b)
 		return
 	}
-	for _, c := range b {
-		switch u.ev.next(c) {
+	for i := 0; i < len(b); i++ {
+		if u.ev.state == sseValue {
+			// The rest of a data line, at once.
+			j := i
+			for j < len(b) && b[j] != '\n' && b[j] != '\r' {
+				j++
+			}
+			u.feed(b[i:j])
+			if i = j; i == len(b) {
+				return
+			}
+		}
+		switch u.ev.next(b[i]) {
 		case sseData:
-			u.byte(c)
+			u.byte(b[i])
 		case sseDataEnd:
 			// Lines of data join with a newline (whitespace to JSON).
 			u.byte('\n')
@@ -96,6 +105,33 @@ func (u *jsonUsage) write(b []byte) {
 			u.scan.reset()
 			clear(u.pending)
 		}
+	}
+}
+
+// feed reads bytes of a document, skipping at once what a string's value
+// holds and everything after the scanner stopped.
+func (u *jsonUsage) feed(b []byte) {
+	s := &u.scan
+	for i := 0; i < len(b); i++ {
+		switch {
+		case s.state == jsBroken:
+			return
+		case s.state == jsString:
+			j := i
+			for j < len(b) && b[j] != '"' && b[j] != '\\' && b[j] >= 0x20 {
+				j++
+			}
+			if s.inKey {
+				s.keyBytes(b[i:j])
+			}
+			if i = j; i == len(b) {
+				return
+			}
+		case s.state <= jsAfter && isSpace(b[i]):
+			// Whitespace between tokens says nothing.
+			continue
+		}
+		u.byte(b[i])
 	}
 }
 
@@ -341,12 +377,7 @@ func (s *jsonScanner) step(c byte) int {
 		case c < 0x20:
 			s.state = jsBroken
 		case s.inKey:
-			top := &s.frames[len(s.frames)-1]
-			if len(top.key) < jsonMaxKey {
-				top.key = append(top.key, c)
-			} else {
-				top.odd = true
-			}
+			s.keyBytes([]byte{c})
 		}
 	case jsEscape:
 		if s.hex > 0 {
@@ -399,6 +430,17 @@ func (s *jsonScanner) step(c byte) int {
 		}
 	}
 	return scanNothing
+}
+
+// keyBytes adds b to the key being read, up to jsonMaxKey bytes: a longer
+// key matches nothing.
+func (s *jsonScanner) keyBytes(b []byte) {
+	top := &s.frames[len(s.frames)-1]
+	if top.odd || len(top.key)+len(b) > jsonMaxKey {
+		top.odd = true
+		return
+	}
+	top.key = append(top.key, b...)
 }
 
 // value reads the first byte of a value.

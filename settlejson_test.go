@@ -356,3 +356,23 @@ func FuzzJSONUsage(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkJSONUsage reads a chat completion stream of 60 chunks and its
+// usage, as the bench's llm scenario streams it.
+func BenchmarkJSONUsage(b *testing.B) {
+	body := strings.Repeat(`data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": " token"}, "finish_reason": null}], "usage": null}`+"\n\n", 60) +
+		`data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 60, "total_tokens": 80}}` + "\n\ndata: [DONE]\n\n"
+	chunks := strings.SplitAfter(body, "\n\n")
+	paths := [][]string{{"usage", "total_tokens"}}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		u := newJSONUsage(paths, "text/event-stream", "")
+		for _, c := range chunks {
+			u.write([]byte(c))
+		}
+		if n, _ := u.total(); n != 80 {
+			b.Fatal(n)
+		}
+	}
+}

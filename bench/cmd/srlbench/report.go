@@ -250,6 +250,7 @@ type report struct {
 	seedSkip    error // why the seed did not run; nil if it did
 	rtt         roundTrips
 	waits       []waitsRun
+	llm         []llmRun
 }
 
 // command is how to reproduce the run.
@@ -460,6 +461,7 @@ func (r report) markdown(chartFile string) string {
 
 	r.farSection(p, all)
 	r.waitsSection(p)
+	r.llmSection(p)
 	r.memorySection(p)
 	r.perRunSection(p)
 	r.notesSection(p, all)
