@@ -23,9 +23,9 @@ type responseMeter struct {
 	// as the status went out ("" for none).
 	watched, sent     []string
 	watchBuf, sentBuf [2]string
-	// readers are the settles that read the body (settle json), and
-	// usages what each read, from the first byte on.
-	readers []*Settle
+	// readers are the JSON paths of the settles that read the body
+	// (settle json), and usages what each read, from the first byte on.
+	readers [][][]string
 	usages  []*jsonUsage
 	// whole is true when the response ended as its handlers meant it to:
 	// they returned no error, nothing failed to reach the client, and
@@ -46,21 +46,17 @@ func (m *responseMeter) watch(name string) {
 	m.watched = append(m.watched, name)
 }
 
-// follow makes the meter keep what settle s reads: a header, or the body's
-// usage.
-func (m *responseMeter) follow(s *Settle) {
-	switch {
-	case s.header != "":
-		m.watch(s.header)
-	case len(s.JSON) > 0:
-		m.readers = append(m.readers, s)
-	}
+// readJSON makes the meter read the usage at paths (not empty) from the
+// body.
+func (m *responseMeter) readJSON(paths [][]string) {
+	m.readers = append(m.readers, paths)
 }
 
-// jsonUsage is what settle s read of the body, nil if no body began.
-func (m *responseMeter) jsonUsage(s *Settle) *jsonUsage {
+// jsonUsage is what the meter read at paths (as given to readJSON) of the
+// body, nil if no body began.
+func (m *responseMeter) jsonUsage(paths [][]string) *jsonUsage {
 	for i, r := range m.readers {
-		if r == s && i < len(m.usages) {
+		if &r[0] == &paths[0] && i < len(m.usages) {
 			return m.usages[i]
 		}
 	}
@@ -89,8 +85,8 @@ func (m *responseMeter) final(status int) {
 	m.status = status
 	if len(m.readers) > 0 {
 		h := m.Header()
-		for _, s := range m.readers {
-			m.usages = append(m.usages, newJSONUsage(s.paths, h.Get("Content-Type"), h.Get("Content-Encoding")))
+		for _, paths := range m.readers {
+			m.usages = append(m.usages, newJSONUsage(paths, h.Get("Content-Type"), h.Get("Content-Encoding")))
 		}
 	}
 	if len(m.watched) == 0 {

@@ -33,7 +33,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 	m := newResponseMeter(w)
 	for _, z := range req.zones {
 		if z.units != nil && z.units.settle != nil {
-			m.follow(z.units.settle)
+			z.units.settle.follow(m)
 		}
 	}
 	defer func() {

@@ -103,10 +103,20 @@ func usage(m *responseMeter, name string) string {
 	return m.sentValue(name)
 }
 
+// follow makes m keep what s reads: a header, or the body's usage.
+func (s *Settle) follow(m *responseMeter) {
+	switch {
+	case s.header != "":
+		m.watch(s.header)
+	case len(s.paths) > 0:
+		m.readJSON(s.paths)
+	}
+}
+
 // jsonCost is the usage that the paths of JSON add up to in the body that
 // m read, when the response was whole.
 func (s *Settle) jsonCost(m *responseMeter, max int64) (int64, bool, string) {
-	u := m.jsonUsage(s)
+	u := m.jsonUsage(s.paths)
 	if u == nil {
 		// No body began (an error before any byte).
 		return 0, false, valueMissing
