@@ -42,6 +42,7 @@ run: build
 test:
 	bash scripts/ensure-redis.sh
 	bash scripts/ensure-prometheus.sh
+	bash scripts/ensure-node-sdks.sh
 	$(GO) vet ./...
 	# The soak test builds only with its tag: vet keeps it compiling.
 	$(GO) vet -tags soak .

@@ -110,7 +110,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.LogKeys = true
 		default:
-			handled, err := parseUnitsOption(d, name, unitsFields{&h.MaxRequests, &h.MaxRequestsFrom, &h.Cost, &h.Settle})
+			handled, err := parseUnitsOption(d, name, unitsFields{&h.MaxRequests, &h.MaxRequestsFrom, &h.Cost, &h.Settle, &h.CostJSON})
 			if err == nil && !handled {
 				handled, err = parseLimitOption(d, name, &h.Window, &h.Key, &h.Algorithm, &h.CountStatus)
 			}
@@ -143,6 +143,9 @@ func (h *Handler) checkLimitsGiven(d *caddyfile.Dispenser, window, maxRequests b
 		return d.Err(err.Error())
 	}
 	if err := checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom); window && err != nil {
+		return d.Err(err.Error())
+	}
+	if err := checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom); window && err != nil {
 		return d.Err(err.Error())
 	}
 	return nil
@@ -285,7 +288,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			z.MatchersRaw = caddyhttp.RawMatcherSets{matchers}
 			continue
 		}
-		handled, err := parseUnitsOption(d, name, unitsFields{&z.MaxRequests, &z.MaxRequestsFrom, &z.Cost, &z.Settle})
+		handled, err := parseUnitsOption(d, name, unitsFields{&z.MaxRequests, &z.MaxRequestsFrom, &z.Cost, &z.Settle, &z.CostJSON})
 		if err == nil && !handled {
 			handled, err = parseLimitOption(d, name, &z.Window, &z.Key, &z.Algorithm, &z.CountStatus)
 		}
@@ -318,6 +321,8 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	}
 	for _, err := range []error{
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
+		checkCostJSON(z.CostJSON, z.Cost),
+		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), z.Algorithm),
 	} {
 		if err != nil {

@@ -69,6 +69,11 @@ type Handler struct {
 	// sets none (see Settle). Default: none, the reservation stands.
 	Settle *Settle `json:"settle,omitempty"`
 
+	// CostJSON reads what a request reserves from its JSON body, instead
+	// of Cost, in the "default" zone and in each zone that sets no cost
+	// (see CostJSON). Default: none.
+	CostJSON *CostJSON `json:"cost_json,omitempty"`
+
 	// Key identifies the client, with placeholders expanded per request; it
 	// is also the key of every zone that sets none. Default:
 	// "{http.vars.client_ip}" (the Caddyfile's {client_ip}), the client
@@ -328,7 +333,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.afterResponse = false
-	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, Settle: h.Settle, Wait: h.Wait}
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, CostJSON: h.CostJSON, Settle: h.Settle, Wait: h.Wait}
 	for _, z := range h.zones {
 		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
@@ -350,7 +355,8 @@ func (h *Handler) Validate() error {
 	var errs []error
 	if hasDefault {
 		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
-			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), h.Algorithm))
+			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), h.Algorithm),
+			checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom))
 	}
 	// Provision has set the defaults of the optional fields.
 	errs = append(errs,
@@ -367,6 +373,7 @@ func (h *Handler) Validate() error {
 		checkZoneNames(hasDefault, h.Zones),
 		checkCountStatus(h.CountStatus),
 		checkCost(h.Cost),
+		checkCostJSON(h.CostJSON, h.Cost),
 		checkSettle(h.Settle),
 		checkMaxRequestsFrom(h.MaxRequestsFrom),
 		checkWait(time.Duration(h.Wait), ""),

@@ -16,16 +16,23 @@ import (
 // large ("99999999999999999999"), is a request that no wait admits: the
 // engine denies it as never admitted.
 type zoneCost struct {
-	// fixed is the cost of every request when from is nil.
+	// fixed is the cost of every request when from and json are nil.
 	fixed int64
 	from  *numberPlaceholder
+	// json reads the cost from the request's body (cost json).
+	json *CostJSON
 	// fallbacks counts requests whose value reserved 1 instead.
 	fallbacks *valueFallbacks
 }
 
 // newZoneCost returns the cost of the config value cost, which the rules
-// have checked: "" (1), a whole number, or a placeholder alone.
-func newZoneCost(cost string, fallbacks *valueFallbacks) zoneCost {
+// have checked: "" (1), a whole number, or a placeholder alone; or, when
+// costJSON is set, the cost that it reads.
+func newZoneCost(cost string, costJSON *CostJSON, fallbacks *valueFallbacks) zoneCost {
+	if costJSON != nil {
+		costJSON.provision()
+		return zoneCost{json: costJSON, fallbacks: fallbacks}
+	}
 	if isPlaceholder(cost) {
 		return zoneCost{from: parseNumberPlaceholder(cost), fallbacks: fallbacks}
 	}
@@ -38,6 +45,13 @@ func newZoneCost(cost string, fallbacks *valueFallbacks) zoneCost {
 
 // of returns what r reserves, from 1 to maxCount.
 func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer) int64 {
+	if c.json != nil {
+		n, why := c.json.of(r)
+		if why != "" {
+			c.fallbacks.record(c.json.source(), why)
+		}
+		return n
+	}
 	if c.from == nil {
 		return c.fixed
 	}
@@ -52,7 +66,7 @@ func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer) int64 {
 // largest is the most a request of the zone can reserve under max: the
 // fixed cost, or max itself when requests say their own.
 func (c *zoneCost) largest(max int64) int64 {
-	if c.from == nil {
+	if c.from == nil && c.json == nil {
 		return c.fixed
 	}
 	return max

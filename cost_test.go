@@ -156,8 +156,8 @@ func TestFixedCost(t *testing.T) {
 			}
 		}
 	}
-	if got, want := send(t, site, client).header.Get("RateLimit-Policy"), `"default";q=25;w=60`; got != want {
-		t.Errorf("RateLimit-Policy %q, want %q (no quota unit: the draft has none for units)", got, want)
+	if got, want := send(t, site, client).header.Get("RateLimit-Policy"), `"default";q=25;srl-qu="units";w=60`; got != want {
+		t.Errorf("RateLimit-Policy %q, want %q (the vendor-prefixed unit: the draft has none for units)", got, want)
 	}
 }
 

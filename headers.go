@@ -23,9 +23,11 @@ func (z *Zone) prepareHeaders() {
 // policyItem is the zone's RateLimit-Policy item for a call whose max is
 // maxText, in the zone's units: the draft's quota-unit parameter qu where
 // the draft has a value for the unit ("content-bytes",
-// "concurrent-requests"), none for requests (its default) and none for
-// units it has no value for (tokens, a cost). Requests in flight have no
-// window.
+// "concurrent-requests"), none for requests (its default), and for the
+// units it has no value for (tokens, a cost) the vendor-prefixed parameter
+// srl-qu="units", as the draft asks of other units: a client that knows
+// only the draft's reads requests, and the policy's name says what q
+// counts. Requests in flight have no window.
 func (z *Zone) policyItem(maxText string) string {
 	item := z.quotedName + ";q=" + maxText
 	switch z.unit() {
@@ -33,6 +35,8 @@ func (z *Zone) policyItem(maxText string) string {
 		return item + `;qu="concurrent-requests"`
 	case unitContentBytes:
 		item += `;qu="content-bytes"`
+	case unitUnits:
+		item += `;srl-qu="units"`
 	}
 	return item + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
 }
@@ -58,11 +62,14 @@ func policyOf(z *Zone, c limiter.Check) string {
 // (draft-ietf-httpapi-ratelimit-headers-11), in each zone's units:
 //
 //	RateLimit-Policy: "<zone>";q=<max>[;qu="<unit>"];w=<window seconds>, ... (every zone applied)
-//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free> (the most restrictive)
+//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free>, ... (every zone applied, the shown one first)
 //
 // and with mode legacy also X-RateLimit-Limit, X-RateLimit-Remaining and
-// X-RateLimit-Reset (seconds) of the most restrictive zone. It runs on every
-// request: the values share one backing array, and the RateLimit item is
+// X-RateLimit-Reset (seconds) of the shown zone, the most restrictive. The
+// RateLimit items after the first go nearest their limit first (the least
+// left of their max), so that a client of several budgets (tokens, calls,
+// requests in flight) sees each, the tightest first. It runs on every
+// request: the values share one backing array, and the RateLimit field is
 // built in one allocation.
 func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Check, decisions []limiter.Decision, shown int) {
 	if mode == headersOff {
@@ -77,14 +84,14 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Ch
 		policy = strings.Join(items, ", ")
 	}
 	z, d := zones[shown], decisions[shown]
-	var buf [96]byte
-	item := append(buf[:0], z.quotedName...)
-	item = append(item, ";r="...)
-	item = strconv.AppendInt(item, d.Remaining, 10)
-	if z.limit.Algorithm != limiter.Concurrency {
-		// A slot in flight frees when a request ends: no time to say.
-		item = append(item, ";t="...)
-		item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	var buf [96 * maxInlineZones]byte
+	item := appendRateLimitItem(buf[:0], z, d)
+	if len(zones) > 1 {
+		var orderBuf [maxInlineZones]int
+		for _, i := range nearestFirst(orderBuf[:0], checks, decisions, shown) {
+			item = append(item, ", "...)
+			item = appendRateLimitItem(item, zones[i], decisions[i])
+		}
 	}
 	if mode != headersLegacy {
 		values := make([]string, 2)
@@ -101,6 +108,41 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Ch
 	values[4] = formatSeconds(d.Reset)
 	h["Ratelimit-Policy"], h["Ratelimit"] = values[0:1:1], values[1:2:2]
 	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = values[2:3:3], values[3:4:4], values[4:5:5]
+}
+
+// appendRateLimitItem appends zone z's RateLimit item for decision d.
+func appendRateLimitItem(item []byte, z *Zone, d limiter.Decision) []byte {
+	item = append(item, z.quotedName...)
+	item = append(item, ";r="...)
+	item = strconv.AppendInt(item, d.Remaining, 10)
+	if z.limit.Algorithm != limiter.Concurrency {
+		// A slot in flight frees when a request ends: no time to say.
+		item = append(item, ";t="...)
+		item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	}
+	return item
+}
+
+// nearestFirst appends to order the indexes of the zones but shown, the
+// least left of their max first (a tie keeps the config's order).
+func nearestFirst(order []int, checks []limiter.Check, decisions []limiter.Decision, shown int) []int {
+	left := func(i int) float64 {
+		return float64(decisions[i].Remaining) / float64(max(checks[i].Limit.Max, 1))
+	}
+	for i := range checks {
+		if i == shown {
+			continue
+		}
+		// Insertion: a request has a few zones.
+		at := len(order)
+		for at > 0 && left(order[at-1]) > left(i) {
+			at--
+		}
+		order = append(order, 0)
+		copy(order[at+1:], order[at:])
+		order[at] = i
+	}
+	return order
 }
 
 // ceilSeconds rounds d up to whole seconds: a client that waits the rounded

@@ -53,11 +53,11 @@ func TestWriteHeaders(t *testing.T) {
 	}{
 		{headersDraft, http.Header{
 			"Ratelimit-Policy": {`"burst";q=10;w=1, "hourly";q=1000;w=3600`},
-			"Ratelimit":        {`"burst";r=9;t=1`},
+			"Ratelimit":        {`"burst";r=9;t=1, "hourly";r=999;t=3600`},
 		}},
 		{headersLegacy, http.Header{
 			"Ratelimit-Policy":      {`"burst";q=10;w=1, "hourly";q=1000;w=3600`},
-			"Ratelimit":             {`"burst";r=9;t=1`},
+			"Ratelimit":             {`"burst";r=9;t=1, "hourly";r=999;t=3600`},
 			"X-Ratelimit-Limit":     {"10"},
 			"X-Ratelimit-Remaining": {"9"},
 			"X-Ratelimit-Reset":     {"1"},

@@ -23,6 +23,15 @@ type responseMeter struct {
 	// as the status went out ("" for none).
 	watched, sent     []string
 	watchBuf, sentBuf [2]string
+	// readers are the JSON paths of the settles that read the body
+	// (settle json), and usages what each read, from the first byte on.
+	readers [][][]string
+	usages  []*jsonUsage
+	// whole is true when the response ended as its handlers meant it to:
+	// they returned no error, nothing failed to reach the client, and
+	// the client had not left (served).
+	whole    bool
+	writeErr bool
 }
 
 func newResponseMeter(w http.ResponseWriter) *responseMeter {
@@ -35,6 +44,29 @@ func (m *responseMeter) watch(name string) {
 		m.watched = m.watchBuf[:0]
 	}
 	m.watched = append(m.watched, name)
+}
+
+// readJSON makes the meter read the usage at paths (not empty) from the
+// body.
+func (m *responseMeter) readJSON(paths [][]string) {
+	m.readers = append(m.readers, paths)
+}
+
+// jsonUsage is what the meter read at paths (as given to readJSON) of the
+// body, nil if no body began.
+func (m *responseMeter) jsonUsage(paths [][]string) *jsonUsage {
+	for i, r := range m.readers {
+		if &r[0] == &paths[0] && i < len(m.usages) {
+			return m.usages[i]
+		}
+	}
+	return nil
+}
+
+// served records how the handlers after this one ended: err is what they
+// returned (a panic never gets here, and leaves whole false).
+func (m *responseMeter) served(r *http.Request, err error) {
+	m.whole = err == nil && !m.writeErr && r.Context().Err() == nil
 }
 
 // sentValue is the last value that header name (watched) had as the status
@@ -51,6 +83,12 @@ func (m *responseMeter) sentValue(name string) string {
 // final records the final status and keeps the watched headers.
 func (m *responseMeter) final(status int) {
 	m.status = status
+	if len(m.readers) > 0 {
+		h := m.Header()
+		for _, paths := range m.readers {
+			m.usages = append(m.usages, newJSONUsage(paths, h.Get("Content-Type"), h.Get("Content-Encoding")))
+		}
+	}
 	if len(m.watched) == 0 {
 		return
 	}
@@ -82,6 +120,13 @@ func (m *responseMeter) Write(b []byte) (int, error) {
 	}
 	n, err := m.ResponseWriterWrapper.Write(b)
 	m.bytes += int64(n)
+	if err != nil {
+		m.writeErr = true
+	}
+	// Read after the bytes went on: reading never delays them.
+	for _, u := range m.usages {
+		u.write(b[:n])
+	}
 	return n, err
 }
 
@@ -91,6 +136,10 @@ func (m *responseMeter) Write(b []byte) (int, error) {
 func (m *responseMeter) ReadFrom(r io.Reader) (int64, error) {
 	if m.status == 0 {
 		m.final(http.StatusOK)
+	}
+	if len(m.usages) > 0 {
+		// The body is read as it goes: through Write.
+		return io.Copy(writerOnly{m}, r)
 	}
 	n, err := m.ResponseWriterWrapper.ReadFrom(r)
 	m.bytes += n
@@ -113,6 +162,9 @@ func (m *responseMeter) finalStatus(err error) int {
 	}
 	return http.StatusInternalServerError
 }
+
+// writerOnly hides a writer's ReadFrom, so that io.Copy writes.
+type writerOnly struct{ io.Writer }
 
 // Interface guard
 var _ io.ReaderFrom = (*responseMeter)(nil)

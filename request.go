@@ -18,17 +18,22 @@ type request struct {
 	zones     []*Zone
 	checks    []limiter.Check
 	decisions []limiter.Decision
+	// fellBack says, index by index, whether the zone's key fell back to
+	// the client address, so that a zone that reuses an earlier zone's key
+	// counts its fallback too (key_fallbacks_total is per zone).
+	fellBack []bool
 
 	zonesBuf     [maxInlineZones]*Zone
 	checksBuf    [maxInlineZones]limiter.Check
 	decisionsBuf [maxInlineZones]limiter.Decision
+	fellBackBuf  [maxInlineZones]bool
 }
 
 // collect fills req with the zones that apply to r and their checks, each
 // with the client key that the zone's template builds (addresses grouped by
 // the prefix lengths).
 func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer, ipv4Bits, ipv6Bits int) error {
-	req.zones, req.checks = req.zonesBuf[:0], req.checksBuf[:0]
+	req.zones, req.checks, req.fellBack = req.zonesBuf[:0], req.checksBuf[:0], req.fellBackBuf[:0]
 	for _, z := range zones {
 		applies, err := z.applies(r)
 		if err != nil {
@@ -37,12 +42,17 @@ func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer
 		if !applies {
 			continue
 		}
-		c := limiter.Check{Zone: z.identity, Key: req.key(r, repl, z, ipv4Bits, ipv6Bits), Limit: z.limit}
+		key, fellBack := req.key(r, repl, z, ipv4Bits, ipv6Bits)
+		if fellBack {
+			z.fallbacks.record(z.Key)
+		}
+		c := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit}
 		if z.units != nil {
 			z.units.price(r, repl, &c)
 		}
 		req.checks = append(req.checks, c)
 		req.zones = append(req.zones, z)
+		req.fellBack = append(req.fellBack, fellBack)
 	}
 	if len(req.checks) <= maxInlineZones {
 		req.decisions = req.decisionsBuf[:len(req.checks)]
@@ -52,17 +62,14 @@ func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer
 	return nil
 }
 
-// key returns the client key of zone z, reusing the key already built for
-// an earlier zone with the same template.
-func (req *request) key(r *http.Request, repl *caddy.Replacer, z *Zone, ipv4Bits, ipv6Bits int) string {
+// key returns the client key of zone z, and whether it fell back to the
+// client address, reusing the key already built for an earlier zone with
+// the same template.
+func (req *request) key(r *http.Request, repl *caddy.Replacer, z *Zone, ipv4Bits, ipv6Bits int) (string, bool) {
 	for i, other := range req.zones {
 		if other.Key == z.Key {
-			return req.checks[i].Key
+			return req.checks[i].Key, req.fellBack[i]
 		}
 	}
-	key, fellBack := z.key.key(r, repl, ipv4Bits, ipv6Bits)
-	if fellBack {
-		z.fallbacks.record(z.Key)
-	}
-	return key
+	return z.key.key(r, repl, ipv4Bits, ipv6Bits)
 }

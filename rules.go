@@ -125,17 +125,42 @@ func checkCostFits(cost string, maxRequests int64, maxRequestsFrom string) error
 	return nil
 }
 
-// checkSettle accepts a header name or bytes, one of them.
+// checkSettle accepts a header name, bytes, or JSON paths, one of them.
 func checkSettle(s *Settle) error {
-	switch {
-	case s == nil:
+	if s == nil {
 		return nil
-	case s.Bytes && s.Header != "":
-		return fmt.Errorf("settle takes a header or bytes, not both (header %q)", s.Header)
-	case !s.Bytes && s.Header == "":
-		return errors.New("settle needs a header (settle header X-Usage) or bytes (settle bytes)")
-	case !isToken(s.Header) && !s.Bytes:
+	}
+	set := 0
+	for _, on := range []bool{s.Bytes, s.Header != "", len(s.JSON) > 0} {
+		if on {
+			set++
+		}
+	}
+	switch {
+	case set > 1:
+		return errors.New("settle takes a header, bytes or json paths, not more than one")
+	case set == 0:
+		return errors.New("settle needs a header (settle header X-Usage) or bytes (settle bytes) or json paths (settle json usage.total_tokens)")
+	case s.Header != "" && !isToken(s.Header):
 		return fmt.Errorf("settle header: %q is not a header name", s.Header)
+	}
+	for _, p := range s.JSON {
+		if err := checkJSONPath(p); err != nil {
+			return fmt.Errorf("settle json: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkJSONPath accepts a dotted path of object keys (usage.total_tokens),
+// each a plain name: no empty one, no quote, backslash, bracket or brace,
+// no ':' or ',' (settle's paths name the zone's state: zoneIdentity), at
+// most jsonMaxKey bytes.
+func checkJSONPath(p string) error {
+	for _, name := range strings.Split(p, ".") {
+		if name == "" || len(name) > jsonMaxKey || strings.ContainsAny(name, "\\\"{}[]:, \t") {
+			return fmt.Errorf("%q is not a dotted path of names such as usage.total_tokens", p)
+		}
 	}
 	return nil
 }

@@ -124,8 +124,8 @@ func TestZonesAcrossSlotsOnCluster(t *testing.T) {
 	if card != 0 {
 		t.Errorf("c3's burst holds %d admissions after hourly denied across slots, want 0 (refunded)", card)
 	}
-	if status, h := request("c3", "other"); status != http.StatusOK || h.Get("RateLimit") != `"burst";r=2;t=60` {
-		t.Errorf("c3 with another token: %d %q, want 200 \"burst\";r=2;t=60", status, h.Get("RateLimit"))
+	if status, h := request("c3", "other"); status != http.StatusOK || h.Get("RateLimit") != `"burst";r=2;t=60, "hourly";r=4;t=3600` {
+		t.Errorf("c3 with another token: %d %q, want 200 \"burst\";r=2;t=60, \"hourly\";r=4;t=3600", status, h.Get("RateLimit"))
 	}
 }
 

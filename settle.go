@@ -32,8 +32,8 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 	}
 	m := newResponseMeter(w)
 	for _, z := range req.zones {
-		if z.units != nil && z.units.settle != nil && z.units.settle.header != "" {
-			m.watch(z.units.settle.header)
+		if z.units != nil && z.units.settle != nil {
+			z.units.settle.follow(m)
 		}
 	}
 	defer func() {
@@ -42,7 +42,9 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 			b.settle(context.WithoutCancel(r.Context()), s.checks, s.decisions, s.lowered, src)
 		}
 	}()
-	return next.ServeHTTP(m, r)
+	err = next.ServeHTTP(m, r)
+	m.served(r, err)
+	return err
 }
 
 // followsResponse reports whether any of the request's zones acts once the

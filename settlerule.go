@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"net/http"
 	"net/textproto"
+	"strings"
 )
 
 // Settle says how a zone learns what a request really cost, which is known
@@ -33,13 +34,36 @@ type Settle struct {
 	// switch (a WebSocket) are not counted.
 	Bytes bool `json:"bytes,omitempty"`
 
+	// JSON names the numbers of the response body that make its real
+	// cost, as LLM APIs report usage: the cost is the sum, over these
+	// dotted paths ("usage.total_tokens"), of the last number found at
+	// each, in the body's JSON document (or each of a sequence, as
+	// newline-delimited JSON), or in the data of each event of a
+	// text/event-stream. A path matches at any depth: its names are the
+	// keys of consecutive objects, the last one the number's own, so
+	// "usage.total_tokens" finds response.usage.total_tokens too. The
+	// body passes through as it comes, read as it goes without being
+	// kept; a document or event counts once it is whole. No number at
+	// any path, a last number that is not a whole number ("-5", "1.5",
+	// "1e3"), a compressed body (a Content-Encoding), or a response cut
+	// short (the client left, the upstream broke off, the handler
+	// failed): the reservation stands, counted and logged as for header.
+	// A sum above the call's max_requests counts as max_requests.
+	JSON []string `json:"json,omitempty"`
+
 	// header is Header in canonical form.
 	header string
+	// paths are the JSON paths, split at their dots.
+	paths [][]string
 }
 
 // provision precomputes what each response needs.
 func (s *Settle) provision() {
 	s.header = textproto.CanonicalMIMEHeaderKey(s.Header)
+	s.paths = make([][]string, len(s.JSON))
+	for i, p := range s.JSON {
+		s.paths[i] = strings.Split(p, ".")
+	}
 }
 
 // cost returns what the response m metered cost, at most max. ok is false
@@ -48,6 +72,9 @@ func (s *Settle) provision() {
 func (s *Settle) cost(m *responseMeter, max int64) (cost int64, ok bool, why string) {
 	if s.Bytes {
 		return min(m.bytes, max), true, ""
+	}
+	if len(s.JSON) > 0 {
+		return s.jsonCost(m, max)
 	}
 	v := usage(m, s.header)
 	n, ok := parseCount(v)
@@ -74,4 +101,33 @@ func usage(m *responseMeter, name string) string {
 		return v[len(v)-1]
 	}
 	return m.sentValue(name)
+}
+
+// follow makes m keep what s reads: a header, or the body's usage.
+func (s *Settle) follow(m *responseMeter) {
+	switch {
+	case s.header != "":
+		m.watch(s.header)
+	case len(s.paths) > 0:
+		m.readJSON(s.paths)
+	}
+}
+
+// jsonCost is the usage that the paths of JSON add up to in the body that
+// m read, when the response was whole.
+func (s *Settle) jsonCost(m *responseMeter, max int64) (int64, bool, string) {
+	u := m.jsonUsage(s.paths)
+	if u == nil {
+		// No body began (an error before any byte).
+		return 0, false, valueMissing
+	}
+	if !m.whole {
+		// Its usage comes last: what was read is not the call's.
+		return 0, false, usageCut
+	}
+	n, why := u.total()
+	if why != "" {
+		return 0, false, why
+	}
+	return min(n, max), true, ""
 }

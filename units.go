@@ -46,15 +46,19 @@ type zoneUnits struct {
 }
 
 // newZoneUnits returns what zone needs per request for its config values
-// cost, maxRequestsFrom (with the fallback maxRequests) and settle, nil when
+// cost or costJSON, maxRequestsFrom (with the fallback maxRequests) and settle, nil when
 // they are all empty; it binds their metrics.
-func newZoneUnits(zone, cost, maxRequestsFrom string, maxRequests int64, settle *Settle, logger *zap.Logger) *zoneUnits {
-	if cost == "" && maxRequestsFrom == "" && settle == nil {
+func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string, maxRequests int64, settle *Settle, logger *zap.Logger) *zoneUnits {
+	if cost == "" && costJSON == nil && maxRequestsFrom == "" && settle == nil {
 		return nil
 	}
 	m := &limiterMetrics
+	msg := "cost is not a whole number of at least 1: the request reserves 1"
+	if costJSON != nil {
+		msg = "cost json found no usable body: the request reserves the default"
+	}
 	u := &zoneUnits{
-		cost:     newZoneCost(cost, newValueFallbacks(logger, zone, "cost is not a whole number of at least 1: the request reserves 1", m.costFallbacks.WithLabelValues(zone))),
+		cost:     newZoneCost(cost, costJSON, newValueFallbacks(logger, zone, msg, m.costFallbacks.WithLabelValues(zone))),
 		settle:   settle,
 		unit:     unitRequests,
 		admitted: m.unitsAdmitted.WithLabelValues(zone),
@@ -68,7 +72,7 @@ func newZoneUnits(zone, cost, maxRequestsFrom string, maxRequests int64, settle 
 			fallbacks: newValueFallbacks(logger, zone, "max_requests placeholder gave no whole number from 1 to 2^48-1: the fallback applies", m.quotaFallbacks.WithLabelValues(zone)),
 		}
 	}
-	if u.cost.from != nil || u.cost.fixed > 1 {
+	if u.cost.from != nil || u.cost.json != nil || u.cost.fixed > 1 {
 		u.unit = unitUnits
 	}
 	if settle != nil {
@@ -76,6 +80,9 @@ func newZoneUnits(zone, cost, maxRequestsFrom string, maxRequests int64, settle 
 		u.unit, u.settleSource = unitUnits, "header "+settle.Header
 		if settle.Bytes {
 			u.unit, u.settleSource = unitContentBytes, "response bytes"
+		}
+		if len(settle.JSON) > 0 {
+			u.settleSource = "json " + strings.Join(settle.JSON, " ")
 		}
 		u.settleFallbacks = newValueFallbacks(logger, zone, "settle found no whole number: the reservation stands", m.settleFallbacks.WithLabelValues(zone))
 	}

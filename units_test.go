@@ -22,7 +22,7 @@ func unitZone(t *testing.T, z *Zone) *Zone {
 		t.Fatal(err)
 	}
 	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
-	z.units = newZoneUnits(z.Name, z.Cost, z.MaxRequestsFrom, z.MaxRequests, z.Settle, zap.NewNop())
+	z.units = newZoneUnits(z.Name, z.Cost, nil, z.MaxRequestsFrom, z.MaxRequests, z.Settle, zap.NewNop())
 	z.prepareHeaders()
 	return z
 }
@@ -41,8 +41,8 @@ func TestHeadersSpeakUnits(t *testing.T) {
 	h := http.Header{}
 	writeHeaders(h, headersLegacy, zones, checks, decisions, 2)
 	want := http.Header{
-		"Ratelimit-Policy":      {`"bw";q=1000000000;qu="content-bytes";w=3600, "tokens";q=100000;w=60, "tenants";q=5000;w=60`},
-		"Ratelimit":             {`"tenants";r=4000;t=0`},
+		"Ratelimit-Policy":      {`"bw";q=1000000000;qu="content-bytes";w=3600, "tokens";q=100000;srl-qu="units";w=60, "tenants";q=5000;w=60`},
+		"Ratelimit":             {`"tenants";r=4000;t=0, "tokens";r=99000;t=0, "bw";r=999999000;t=0`},
 		"X-Ratelimit-Limit":     {"5000"},
 		"X-Ratelimit-Remaining": {"4000"},
 		"X-Ratelimit-Reset":     {"0"},
@@ -86,12 +86,19 @@ func TestUnitsConfigErrors(t *testing.T) {
 		{`{"window": "1m", "max_requests": 5, "cost": "0"}`, `cost must be a whole number of at least 1, or a placeholder alone such as {http.request.header.X-Cost}, got "0"`},
 		{`{"window": "1m", "max_requests": 5, "cost": "6"}`, `cost 6 is above max_requests 5: no request would ever be admitted`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "cost": "{http.request.header.X-Cost"}]}`, `zone z: cost must be a whole number`},
-		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "bytes": true}}`, `settle takes a header or bytes, not both`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "bytes": true}}`, `settle takes a header, bytes or json paths, not more than one`},
 		{`{"window": "1m", "max_requests": 5, "settle": {}}`, `settle needs a header (settle header X-Usage) or bytes (settle bytes)`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "settle": {"header": "X Usage"}}]}`, `zone z: settle header: "X Usage" is not a header name`},
 		{`{"window": "1m", "max_requests": 5, "max_requests_from": "X-Quota"}`, `max_requests_from must be a placeholder alone, such as {http.request.header.X-Quota}, got "X-Quota"`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5}], "max_requests_from": "{http.request.header.X-Quota}"}`, `max_requests_from needs window and max_requests (its fallback); a zone has its own`},
 		{`{"window": "1m", "max_requests": 281474976710656}`, `max_requests must be at most 2^48-1 (281474976710655), got 281474976710656`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "json": ["usage.total_tokens"]}}`, `settle takes a header, bytes or json paths, not more than one`},
+		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "settle": {"json": ["usage..total_tokens"]}}]}`, `zone z: settle json: "usage..total_tokens" is not a dotted path`},
+		{`{"window": "1m", "max_requests": 5000, "cost": "5", "cost_json": {"paths": ["max_tokens"], "default": 4096}}`, `cost and cost json are one setting: set one (cost "5")`},
+		{`{"window": "1m", "max_requests": 5000, "cost_json": {"default": 4096}}`, `cost json needs at least one path and a default`},
+		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5000, "cost_json": {"paths": ["max_tokens"]}}]}`, `zone z: cost json: the default must be a whole number of at least 1, got 0`},
+		{`{"window": "1m", "max_requests": 1000, "cost_json": {"paths": ["max_tokens"], "default": 4096}}`, `cost json: the default 4096 is above max_requests 1000`},
+		{`{"zones": [{"name": "z", "concurrent": 2, "cost_json": {"paths": ["max_tokens"], "default": 1}}]}`, `cost_json`},
 	} {
 		err := provisionError(t, c.config)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -72,6 +72,11 @@ type Zone struct {
 	// else none: the reservation stands.
 	Settle *Settle `json:"settle,omitempty"`
 
+	// CostJSON reads what a request reserves from its JSON body, instead
+	// of Cost (see CostJSON). Default: the handler's cost_json, when the
+	// zone sets no cost.
+	CostJSON *CostJSON `json:"cost_json,omitempty"`
+
 	// Key identifies the client in this zone, with placeholders expanded per
 	// request (see the handler's key). Default: the handler's key.
 	Key string `json:"key,omitempty"`
@@ -150,8 +155,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	if z.CountStatus == nil && !z.concurrency() {
 		z.CountStatus = defaults.CountStatus
 	}
-	if z.Cost == "" && !z.concurrency() {
-		z.Cost = defaults.Cost
+	if z.Cost == "" && z.CostJSON == nil && !z.concurrency() {
+		z.Cost, z.CostJSON = defaults.Cost, defaults.CostJSON
 	}
 	if z.Settle == nil && !z.concurrency() {
 		z.Settle = defaults.Settle
@@ -179,7 +184,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 				zap.String("zone", z.Name), zap.Int64("max_requests", z.MaxRequests))
 		}
 	}
-	z.units = newZoneUnits(z.Name, z.Cost, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
+	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
 	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
 	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
 	z.key = parseKeyTemplate(z.Key)
@@ -246,6 +251,8 @@ func (z *Zone) validate() error {
 		checkSettle(z.Settle),
 		checkMaxRequestsFrom(z.MaxRequestsFrom),
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
+		checkCostJSON(z.CostJSON, z.Cost),
+		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), z.Algorithm),
 	}
 	if z.concurrency() {
@@ -287,6 +294,9 @@ func (z *Zone) countingFields() string {
 	}
 	if z.Settle != nil {
 		set = append(set, "settle")
+	}
+	if z.CostJSON != nil {
+		set = append(set, "cost_json")
 	}
 	return strings.Join(set, ", ")
 }

@@ -56,6 +56,8 @@ func zoneIdentity(name string, limit limiter.Limit, perTenant bool, countStatus 
 	case settle == nil:
 	case settle.Bytes:
 		b.WriteString(":bytes")
+	case len(settle.JSON) > 0:
+		b.WriteString(":json-" + strings.Join(settle.JSON, ","))
 	default:
 		b.WriteString(":header-" + strings.ToLower(settle.Header))
 	}

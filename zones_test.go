@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -52,7 +53,7 @@ http://localhost:9080 {
 		t.Errorf("c3's burst holds %d admissions after a request hourly denied, want 0", card)
 	}
 	res = request("c3", "other-token")
-	if got, want := res.header.Get("RateLimit"), `"burst";r=2;t=60`; res.status != http.StatusOK || got != want {
+	if got, want := res.header.Get("RateLimit"), `"burst";r=2;t=60, "hourly";r=4;t=3600`; res.status != http.StatusOK || got != want {
 		t.Errorf("c3 with another token: %d %q, want 200 %q", res.status, got, want)
 	}
 	// And burst alone denies too.
@@ -192,8 +193,12 @@ func TestManyZones(t *testing.T) {
 		if status != http.StatusOK {
 			t.Fatalf("request %d: status %d", i, status)
 		}
-		if got, want := h.Get("RateLimit"), `"z1";r=`+strconv.Itoa(11-i)+`;t=60`; got != want {
-			t.Errorf("request %d: RateLimit %q, want %q (the zone with the fewest left)", i, got, want)
+		var items []string
+		for z := 1; z <= 6; z++ {
+			items = append(items, `"z`+strconv.Itoa(z)+`";r=`+strconv.Itoa(10+z-i)+`;t=60`)
+		}
+		if got, want := h.Get("RateLimit"), strings.Join(items, ", "); got != want {
+			t.Errorf("request %d: RateLimit %q, want %q (every zone, the fewest left first)", i, got, want)
 		}
 	}
 	if res := send(t, "/", to(in), from("192.0.2.50")); res.status != http.StatusTooManyRequests || res.header.Get("Retry-After") == "" {

@@ -231,6 +231,10 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("waits: %w", err)
 	}
+	llm, err := runLLM(ctx, cfg, meter, site.admin, redisURL)
+	if err != nil {
+		return fmt.Errorf("llm: %w", err)
+	}
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
@@ -244,7 +248,7 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }

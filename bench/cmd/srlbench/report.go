@@ -251,6 +251,7 @@ type report struct {
 	rtt         roundTrips
 	waits       []waitsRun
 	naive       naiveResult
+	llm         []llmRun
 }
 
 // command is how to reproduce the run.
@@ -463,6 +464,7 @@ func (r report) markdown(chartFile string) string {
 
 	r.farSection(p, all)
 	r.waitsSection(p)
+	r.llmSection(p)
 	r.memorySection(p)
 	r.perRunSection(p)
 	r.notesSection(p, all)
