@@ -306,34 +306,40 @@ local function log_record(k, W, mx, c, at, held, reset)
   return at, held + c, first and reset or at + W - now
 end
 
--- Settles the admission at time token to c units. A count ring takes a
--- refund out (the newer entries move back); any other change makes it a
--- units ring; entries settled to zero go once newest.
-local function log_settle(k, W, c, token)
+-- Settles the admission at time token to c units, charged from now: the
+-- reservation is taken back (a count ring takes its entry out, the newer
+-- entries move back; a units ring holds it at zero, dropped once newest),
+-- and c is recorded as an admission now, or just after the newest.
+local function log_settle(k, W, mx, c, token)
   load(k, false)
-  if n == 0 or token > last then return 0 end
-  -- Most settle one of the newest: looking back from it, in a chunk that ends there.
-  local n0, hi, step, o = n, n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
-  if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
-  while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
-  local e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
-  local old = t(e) == token and u(e)
-  if not old then return 0 elseif c == old then return 1 end
-  if ver ~= 2 and c == 0 then
+  local e, old = n - 1, nil
+  if n > 0 and token <= last then
+    -- Most settle one of the newest: looking back from it, in a chunk that ends there.
+    local hi, step, o = n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
+    if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
+    while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
+    e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
+    old = t(e) == token and u(e)
+  end
+  if old and ver ~= 2 then
     local b, p = range(e + 1, n), (h + e) % cap
     if #b > 0 then put(H + 6 * p, sub(b, 1, 6 * (cap - p))) end
     if #b > 6 * (cap - p) then put(H, sub(b, 6 * (cap - p) + 1)) end
     n = n - 1
-  else
-    if ver ~= 2 then reshape(cap, 2) end
-    c = min(c, 2 ^ 48 - 1 - (total - flo) % 2 ^ 48 + old)
-    put(H + 12 * ((h + e) % cap) + 6, u48(c))
-    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) + c - old)) end
-    total = (total + c - old) % 2 ^ 48
+  elseif old then
+    put(H + 12 * ((h + e) % cap) + 6, u48(0))
+    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) - old)) end
+    total = (total - old) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  mc = e < mc and 0 or min(mc, n) -- a changed copy: the mirror no longer holds what the ring does
-  commit(n == n0 and last or n > 0 and t(n - 1) or now, W)
+  if old then
+    mc = e < mc and 0 or min(mc, n) -- a changed copy: the mirror no longer holds what the ring does
+    commit(e < n and last or n > 0 and t(n - 1) or now, W)
+  end
+  if c > 0 then -- sums are mod 2^48: what a ring holds saturates
+    local _, held, reset = log_decide(k, W, mx, 1)
+    log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), now, held, reset)
+  end
   return 1
 end
 
@@ -356,11 +362,13 @@ local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
   if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
   return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
 end
-local function counter_settle(k, W, c, token, aux)
-  local hm = fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
-  local field = tonumber(hm[1]) == token and 2 or tonumber(hm[1]) == token + 1 and 3
-  if field then call('HSET', k, field == 2 and 'c' or 'p', max(0, (tonumber(hm[field]) or 0) + c - unpack('>d', aux))) end
-  return field and 1 or 0
+-- A settle takes the reservation (aux) back from its window (token) and
+-- charges c to the current one.
+local function counter_settle(k, W, mx, c, token, aux)
+  local room, held, reset, idx, e, cur, prev = counter_decide(k, W, mx, 0)
+  if token == idx then cur = max(0, cur - unpack('>d', aux)) elseif token == idx - 1 then prev = max(0, prev - unpack('>d', aux)) end
+  counter_record(k, W, mx, c, now, held, reset, idx, e, cur, prev)
+  return 1
 end
 
 -- A concurrency zone: the leases whose expiry is after now; its key lives as
@@ -387,7 +395,7 @@ end
 
 local decide = {[0] = log_decide, counter_decide, lease_decide}
 local record = {[0] = log_record, counter_record, lease_record}
-local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, aux) return call('ZREM', k, aux) end}
+local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, _, aux) return call('ZREM', k, aux) end}
 -- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
 -- zones take, 0 denied) and reset; reply packs a zone's answer.
 local function verdict(kind, c, mx, room, reset, wait)
@@ -422,7 +430,7 @@ while pos <= #args do
     if op > 1 then
       for i = 1, nz do
         local z = Z[i]
-        local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[COST], z[TOKEN], z[AUX])
+        local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
           or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
         out[#out + 1] = reply(i == 1, 0, done, 0, 0, 0, -1)
       end

@@ -284,49 +284,57 @@ func (s *MemoryStore) Settle(_ context.Context, checks []Check, decisions []Deci
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
 	for i, c := range checks {
 		h := decisions[i].held
 		decisions[i].held = holding{}
-		st := s.state[memoryKey{c.Zone, c.Key}]
-		if !h.recorded || st == nil || st.kind != c.Limit.Algorithm {
+		k := memoryKey{c.Zone, c.Key}
+		st := s.state[k]
+		if !h.recorded {
 			continue
 		}
-		st.settle(h, c.Cost)
+		if st == nil || st.kind != c.Limit.Algorithm {
+			if c.Cost == 0 || c.Limit.Algorithm == Concurrency {
+				continue
+			}
+			st = &memoryState{kind: c.Limit.Algorithm}
+			s.state[k] = st
+		}
+		st.settle(h, now, c.Limit, c.Cost)
 	}
 	return nil
 }
 
-// settle changes what h recorded to cost units.
-func (st *memoryState) settle(h holding, cost int64) {
+// settle takes back what h reserved and charges cost units from now: the
+// real cost counts from when the response ended, however long it ran.
+func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) {
+	w := microseconds(l.Window)
 	switch st.kind {
 	case SlidingLog:
-		var total int64
-		e := -1
 		for i, a := range st.log {
-			total += a.units
 			if a.at == h.at {
-				e = i
+				st.log = append(st.log[:i], st.log[i+1:]...)
+				break
 			}
 		}
-		if e < 0 {
+		if cost == 0 {
 			return
 		}
+		var z zoneDecision
+		st.decide(&z, now, l, 0)
 		// Sums are kept modulo 2^48 in Redis: what a zone holds saturates.
-		old := st.log[e].units
-		cost = min(cost, maxUnits-total+old)
-		if cost == 0 {
-			st.log = append(st.log[:e], st.log[e+1:]...)
-		} else {
-			st.log[e].units = cost
-		}
+		cost = min(cost, maxUnits-int64(z.held))
+		st.record(&z, now, now, l, cost)
 	case SlidingCounter:
-		d := cost - h.units
-		switch st.index {
+		c, p := st.rolled(now, w)
+		switch now / w {
 		case h.at:
-			st.cur = max(0, st.cur+d)
+			c = max(0, c-h.units)
 		case h.at + 1:
-			st.prev = max(0, st.prev+d)
+			p = max(0, p-h.units)
 		}
+		st.index, st.cur, st.prev = now/w, c+cost, p
+		st.expires = now - now%w + 2*w
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}

@@ -63,7 +63,7 @@ func (m *model) allow(now int64, o op, checks []Check, ds []Decision) {
 			admitted = false
 			for _, earlier := range groups[:g] {
 				for _, i := range earlier {
-					m.settleOne(checks[i], ds[i].held, 0)
+					m.settleOne(now, checks[i], ds[i].held, 0)
 					ds[i].held = holding{}
 					ds[i].Remaining += reserved(checks[i])
 				}
@@ -247,37 +247,55 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 	}
 }
 
-func (m *model) settle(checks []Check, ds []Decision) {
+func (m *model) settle(now int64, checks []Check, ds []Decision) {
 	for i, c := range checks {
 		if ds[i].held.recorded {
-			m.settleOne(c, ds[i].held, c.Cost)
+			m.settleOne(now, c, ds[i].held, c.Cost)
 		}
 		ds[i].held = holding{}
 	}
 }
 
-func (m *model) settleOne(c Check, h holding, cost int64) {
+// settleOne takes back what h reserved and charges cost from now, when the
+// response ended: in a log, an admission then (or just after the newest).
+func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 	st := m.get(c)
+	w := microseconds(c.Limit.Window)
 	switch c.Limit.Algorithm {
 	case SlidingLog:
-		for i, a := range st.log {
-			if a.at != h.at {
-				continue
+		var kept []admission
+		var held int64
+		for _, a := range st.log {
+			// What aged out goes only with a record (the clock may step back).
+			if a.at != h.at && (cost == 0 || a.at > now-w) {
+				kept = append(kept, a)
+				held += a.units
 			}
-			if cost == 0 {
-				st.log = append(st.log[:i], st.log[i+1:]...)
-			} else {
-				st.log[i].units = cost
-			}
-			return
 		}
+		if cost > 0 {
+			t := now
+			if n := len(kept); n > 0 && kept[n-1].at >= t {
+				t = kept[n-1].at + 1
+			}
+			kept = append(kept, admission{t, min(cost, maxUnits-held)})
+		}
+		st.log = kept
 	case SlidingCounter:
-		switch st.index {
-		case h.at:
-			st.cur = max(0, st.cur+cost-h.units)
-		case h.at + 1:
-			st.prev = max(0, st.prev+cost-h.units)
+		index := now / w
+		cur, prev := st.cur, st.prev
+		switch {
+		case st.index < index-1:
+			cur, prev = 0, 0
+		case st.index == index-1:
+			cur, prev = 0, st.cur
 		}
+		switch index {
+		case h.at:
+			cur = max(0, cur-h.units)
+		case h.at + 1:
+			prev = max(0, prev-h.units)
+		}
+		st.index, st.cur, st.prev = index, cur+cost, prev
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}
@@ -389,7 +407,7 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 			}
 			ds := decisions[st.of]
 			if st.op == opSettle {
-				m.settle(st.checks, ds)
+				m.settle(now, st.checks, ds)
 				admitted = deleteValue(admitted, st.of)
 			} else {
 				st.wantErr = m.extend(now, st.checks, ds) != nil
@@ -542,7 +560,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 				err = s.Peek(ctx, st.checks, ds)
 			}
 		case opSettle:
-			m.settle(st.checks, mine[st.of])
+			m.settle(now, st.checks, mine[st.of])
 			err = s.Settle(ctx, st.checks, got[st.of])
 		case opExtend:
 			wantErr := m.extend(now, st.checks, mine[st.of]) != nil
