@@ -51,6 +51,8 @@ func TestContract(t *testing.T) {
 	}{
 		{"Units", testUnits},
 		{"SettleDownUpAndTwice", testSettle},
+		{"SettleCountsFromTheEnd", testSettleFromEnd},
+		{"SettlesOutOfOrder", testSettleOutOfOrder},
 		{"WaitsPromiseTheirSlot", testWaits},
 		{"SeveralZonesGoOnTogether", testSeveralZonesWait},
 		{"Leases", testLeases},
@@ -186,6 +188,97 @@ func testSettle(t *testing.T, s clockedStore) {
 		t.Fatal(err)
 	}
 	want(t, "after settling what aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 100})
+}
+
+// testSettleFromEnd: a settled cost counts from the settle (when the
+// response ended), in a log and in a counter, so a call longer than the
+// window is charged like any other and its client waits a full window after
+// it; a short one blocks a window from its end, not from its start.
+func testSettleFromEnd(t *testing.T, s clockedStore) {
+	ctx := context.Background()
+	for _, algo := range []Algorithm{SlidingLog, SlidingCounter} {
+		c := Check{Zone: "bytes-" + algo.String(), Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100, Algorithm: algo}}
+		s.at(100 * sec) // the start of a counter's fixed window
+		long := decide(t, s, false, c)
+		// A stream of 12s reports the whole budget.
+		s.at(112 * sec)
+		c.Cost = 100
+		if err := s.Settle(ctx, []Check{c}, long); err != nil {
+			t.Fatal(err)
+		}
+		c.Cost = 1
+		d := decide(t, s, false, c)[0]
+		if d.Allowed || d.RetryAfter < 8*sec {
+			t.Errorf("%s: a call right after a 12s stream that spent the budget: %+v, want denied for most of a window", algo, d)
+		}
+		if algo == SlidingLog {
+			want(t, "log: after a 12s stream that spent the budget", d, Decision{Reset: 10 * sec, RetryAfter: 10 * sec})
+			s.at(121*sec + 999*time.Millisecond)
+			want(t, "log: just before it ages out", decide(t, s, true, c)[0], Decision{Reset: time.Millisecond, RetryAfter: time.Millisecond})
+			s.at(122 * sec)
+			want(t, "log: a window after the stream ended", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 99, Reset: 10 * sec})
+		}
+	}
+	// A 5s call in a 10s window, reserving and spending the whole budget,
+	// blocks until a window after its end.
+	c := Check{Zone: "short", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100}, Cost: 100}
+	s.at(200 * sec)
+	short := decide(t, s, false, c)
+	s.at(205 * sec)
+	if err := s.Settle(ctx, []Check{c}, short); err != nil {
+		t.Fatal(err)
+	}
+	s.at(212 * sec)
+	want(t, "7s after a 5s call ended", decide(t, s, false, c)[0], Decision{Reset: 3 * sec, RetryAfter: 3 * sec})
+	s.at(215 * sec)
+	want(t, "10s after it ended", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 0, Reset: 10 * sec})
+}
+
+// testSettleOutOfOrder: settles that arrive in another order than their
+// admissions take back each its own reservation and charge at their own
+// times; a settle while requests wait for later slots charges just after
+// the newest of them.
+func testSettleOutOfOrder(t *testing.T, s clockedStore) {
+	ctx := context.Background()
+	c := Check{Zone: "tokens", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100}, Cost: 40}
+	s.at(0)
+	a := decide(t, s, false, c)
+	s.at(1 * sec)
+	b := decide(t, s, false, c)
+	s.at(2 * sec)
+	c.Cost = 15
+	if err := s.Settle(ctx, []Check{c}, b); err != nil {
+		t.Fatal(err)
+	}
+	s.at(3 * sec)
+	c.Cost = 25
+	if err := s.Settle(ctx, []Check{c}, a); err != nil {
+		t.Fatal(err)
+	}
+	c.Cost = 61
+	want(t, "after two settles out of order", decide(t, s, true, c)[0], Decision{Remaining: 60, Reset: 9 * sec, RetryAfter: 9 * sec})
+	s.at(12 * sec)
+	want(t, "once the first settled aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 75, Reset: sec})
+	s.at(13 * sec)
+	want(t, "once both aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 100})
+
+	// A count zone of 2: a request waits for the slot at 30s; a settle at
+	// 22s charges just after it, never before a promised admission.
+	n := Check{Zone: "api", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 2}}
+	s.at(20 * sec)
+	first := decide(t, s, false, n)
+	s.at(21 * sec)
+	decide(t, s, false, n)
+	n.Wait = 9 * sec
+	want(t, "a wait for the slot at 30s", decide(t, s, false, n)[0], Decision{Allowed: true, Delay: 9 * sec, Reset: 9 * sec})
+	s.at(22 * sec)
+	n.Cost, n.Wait = 1, 0
+	if err := s.Settle(ctx, []Check{n}, first); err != nil {
+		t.Fatal(err)
+	}
+	s.at(31 * sec)
+	// 21s aged out; held: 30s and the settle's charge just after it.
+	want(t, "after the promised slot", decide(t, s, true, n)[0], Decision{Reset: 9 * sec, RetryAfter: 9 * sec})
 }
 
 // testWaits: a request that may wait is admitted at the earliest time it
