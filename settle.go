@@ -108,11 +108,13 @@ func (req *request) givenBack() *settlement {
 }
 
 // add adds the admission that decision d recorded for check c of zone z,
-// settled to cost, unless that is what it reserved; s may be nil, and add
-// returns the settlement, created on the first change.
+// settled to cost, unless that is what it reserved in a zone that does not
+// settle; s may be nil, and add returns the settlement, created on the first
+// change. A zone that settles settles always: its cost counts from when the
+// response ended, even when it is what it reserved.
 func (s *settlement) add(z *Zone, c limiter.Check, d limiter.Decision, cost int64) *settlement {
 	reserved := max(c.Cost, 1)
-	if cost == reserved {
+	if cost == reserved && (z.units == nil || z.units.settle == nil) {
 		return s
 	}
 	if s == nil {

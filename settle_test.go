@@ -113,10 +113,11 @@ func TestSettleWithCountStatus(t *testing.T) {
 	}
 }
 
-// TestSettleOneMoreCall: a request whose cost is settled after the response
-// costs one more script call, and no announcement when it costs more than
-// it reserved; one whose reservation stands costs none more; and count
-// zones cost what they did.
+// TestSettleOneMoreCall: a request of a zone that settles costs one more
+// script call after the response, even when its usage is what it reserved
+// (the cost then moves to when the response ended), and no announcement
+// when it costs more than it reserved; one whose reservation stands (no
+// settle) costs none more; and count zones cost what they did.
 func TestSettleOneMoreCall(t *testing.T) {
 	prefix := uniquePrefix(t)
 	rc := sharedRedis.Client(t)
@@ -128,7 +129,7 @@ func TestSettleOneMoreCall(t *testing.T) {
 		{"count zone", `"window": "1m", "max_requests": 1000000`, "", 1, 0},
 		{"cost", `"window": "1m", "max_requests": 1000000, "cost": "3"`, "", 1, 0},
 		{"settled up", `"window": "1m", "max_requests": 1000000, "settle": {"header": "X-Usage"}`, "7", 2, 0},
-		{"settled to the reservation", `"window": "1m", "max_requests": 1000000, "cost": "7", "settle": {"header": "X-Usage"}`, "7", 1, 0},
+		{"settled to the reservation", `"window": "1m", "max_requests": 1000000, "cost": "7", "settle": {"header": "X-Usage"}`, "7", 2, 0},
 		{"settled down", `"window": "1m", "max_requests": 1000000, "cost": "9", "settle": {"header": "X-Usage"}`, "7", 2, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -322,5 +323,55 @@ func TestSettleReadsAUsageHiddenFromClients(t *testing.T) {
 	}
 	if got := unitsUsed(t, zone, "127.0.0.5", 33); got != 33 {
 		t.Errorf("%d units used, want the 33 the upstream reported", got)
+	}
+}
+
+// TestSettleLongStreamCountsFromItsEnd: through Caddy, reverse_proxy and
+// Redis, a stream longer than the window (about 3s in a zone of 2s) that
+// sends the whole budget is charged when it ends: the client's next call is
+// denied for about a window, the admin API shows the budget spent, and the
+// client is let in again once a window has passed since the stream ended.
+func TestSettleLongStreamCountsFromItsEnd(t *testing.T) {
+	upstream := usageUpstream(t)
+	zone := uniqueZone("long")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 2s 1000 {
+			settle bytes
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+` {
+		flush_interval -1
+	}
+}`)
+	stream := withHeaders(map[string][]string{"X-Test-Bytes": {"1000"}, "X-Test-Chunk": {"100"}, "X-Test-Chunk-Delay": {"300ms"}})
+	start := time.Now()
+	if res := send(t, site, from("127.0.0.5"), stream); res.status != http.StatusOK || len(res.body) != 1000 {
+		t.Fatalf("the stream: %d, %d bytes", res.status, len(res.body))
+	}
+	ended := time.Now()
+	if took := ended.Sub(start); took < 2500*time.Millisecond {
+		t.Fatalf("the stream took %v, want longer than the window", took)
+	}
+	if used := unitsUsed(t, zone, "127.0.0.5", 1000); used != 1000 {
+		t.Errorf("after a stream of 1000 bytes longer than the window: %d bytes charged, want 1000", used)
+	}
+	res := send(t, site, from("127.0.0.5"))
+	if retry, _ := strconv.Atoi(res.header.Get("Retry-After")); res.status != http.StatusTooManyRequests || retry < 1 {
+		t.Fatalf("right after the stream: %d, Retry-After %q; want 429 for about the window", res.status, res.header.Get("Retry-After"))
+	}
+	// Let in again a window after the end (polled: the machine may be slow).
+	deadline := time.Now().Add(10 * time.Second)
+	for send(t, site, from("127.0.0.5")).status != http.StatusOK {
+		if time.Now().After(deadline) {
+			t.Fatal("still denied 10s after the stream ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if waited := time.Since(ended); waited < 1500*time.Millisecond {
+		t.Errorf("let in again %v after the stream ended, want about the window (2s)", waited)
 	}
 }
