@@ -318,7 +318,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	}
 	for _, err := range []error{
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
-		checkWait(time.Duration(z.Wait), z.Algorithm),
+		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	} {
 		if err != nil {
 			return nil, d.Errf("zone %s: %v", z.Name, err)

@@ -346,7 +346,7 @@ func (h *Handler) Validate() error {
 	var errs []error
 	if hasDefault {
 		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
-			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), h.Algorithm))
+			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), time.Duration(h.Window), h.Algorithm))
 	}
 	// Provision has set the defaults of the optional fields.
 	errs = append(errs,
@@ -365,7 +365,7 @@ func (h *Handler) Validate() error {
 		checkCost(h.Cost),
 		checkSettle(h.Settle),
 		checkMaxRequestsFrom(h.MaxRequestsFrom),
-		checkWait(time.Duration(h.Wait), ""),
+		checkWait(time.Duration(h.Wait), 0, ""),
 		checkMaxWaiting(h.MaxWaiting),
 	)
 	if h.MaxRequestsFrom != "" && !hasDefault {

@@ -245,7 +245,7 @@ func (z *Zone) validate() error {
 		checkSettle(z.Settle),
 		checkMaxRequestsFrom(z.MaxRequestsFrom),
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
-		checkWait(time.Duration(z.Wait), z.Algorithm),
+		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	}
 	if z.concurrency() {
 		rules = []error{

@@ -54,6 +54,7 @@ func TestContract(t *testing.T) {
 		{"SettleCountsFromTheEnd", testSettleFromEnd},
 		{"SettlesOutOfOrder", testSettleOutOfOrder},
 		{"WaitsPromiseTheirSlot", testWaits},
+		{"WaitsLongerThanTheWindow", testLongWaits},
 		{"SeveralZonesGoOnTogether", testSeveralZonesWait},
 		{"Leases", testLeases},
 		{"ChangingMax", testChangingMax},
@@ -311,10 +312,37 @@ func testWaits(t *testing.T, s clockedStore) {
 	}
 	c.Cost, c.Wait = 0, 2*sec
 	want(t, "after the promise was given back", decide(t, s, false, c)[0], Decision{Allowed: true, Delay: 1 * sec, Reset: 1 * sec})
-	// A wait longer than the window counts as the window.
-	c.Wait = time.Hour
-	s.at(9*sec + 500*time.Millisecond)
-	want(t, "a wait of an hour", decide(t, s, false, c)[0], Decision{Allowed: true, Delay: 1500 * time.Millisecond, Reset: 500 * time.Millisecond})
+	// A wait of more than MaxWaitWindows windows is refused.
+	c.Wait = MaxWaitWindows*c.Limit.Window + time.Microsecond
+	if err := s.Allow(ctx, []Check{c}, make([]Decision, 1)); err == nil {
+		t.Errorf("a wait of %v in a window of %v: no error", c.Wait, c.Limit.Window)
+	}
+}
+
+// testLongWaits: a wait longer than the window holds as long as it says: ten
+// requests at once against 2 per 10s with a wait of 35s go on two by two at
+// 0, 10, 20 and 30s, each recorded at its slot; the ninth would need 40s
+// and is denied at once, told to come back when 40s is within its wait.
+func testLongWaits(t *testing.T, s clockedStore) {
+	c := Check{Zone: "line", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 2}, Wait: 35 * sec}
+	s.at(0)
+	for i := range 10 {
+		d := decide(t, s, false, c)[0]
+		if i >= 8 {
+			want(t, "beyond the wait", d, Decision{Reset: 40 * sec, RetryAfter: 5 * sec})
+			continue
+		}
+		slot := time.Duration(i/2) * 10 * sec
+		if !d.Allowed || d.Delay < slot || d.Delay > slot+10*time.Microsecond {
+			t.Errorf("request %d: %+v, want admitted with a delay of %v", i+1, exported(d), slot)
+		}
+	}
+	// The line holds: at 25s the next slot is at 40s.
+	s.at(25 * sec)
+	c.Wait = 0
+	want(t, "while the line is served", decide(t, s, true, c)[0], Decision{Reset: 15 * sec, RetryAfter: 15 * sec})
+	s.at(40 * sec)
+	want(t, "once the line is served", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 0, Reset: time.Microsecond})
 }
 
 // testSeveralZonesWait: the zones of one request go on together at the

@@ -21,9 +21,9 @@
 //   - Denials are free. A denied request records nothing, in any zone, so a
 //     client that keeps sending while denied is let through again as soon as
 //     enough of its admissions age out; RetryAfter says exactly when.
-//   - Waits. A log check may accept a Wait: when the zone cannot admit now but
-//     can within the wait, the request is admitted at the earliest time it
-//     can be, its admission is recorded at that future time (so every process
+//   - Waits. A log check may accept a Wait, even of several windows: when
+//     the zone cannot admit now but can within the wait, the request is
+//     admitted at the earliest time it can be, its admission is recorded at that future time (so every process
 //     counts it, and no later request takes its slot), and Decision.Delay says
 //     how long the caller must hold the request. With several zones, the
 //     admission time is the latest of theirs, and every zone records it then.
@@ -130,9 +130,11 @@ type Check struct {
 	// (a refund). A concurrency zone counts requests: its Cost must be 0 or 1.
 	Cost int64
 	// Wait is the longest the caller will hold the request for its slot in a
-	// log zone; zero means no wait, and a Wait longer than Window counts as
-	// Window. A request waits at most the least Wait of its log checks.
-	// Counter and concurrency zones take no wait.
+	// log zone; zero means no wait. It may be longer than Window, up to
+	// MaxWaitWindows windows: a zone of Max n per Window with a wait w then
+	// holds about n*w/Window requests in line, each admitted at its own slot.
+	// A request waits at most the least Wait of its log checks. Counter and
+	// concurrency zones take no wait.
 	Wait time.Duration
 }
 
@@ -228,6 +230,11 @@ const (
 	maxWindow = 2 * 365 * 24 * time.Hour
 )
 
+// MaxWaitWindows bounds a Wait, in windows of its zone (and it is at most
+// two years): a ring then keeps at most the admissions of MaxWaitWindows+1
+// windows, Max in each.
+const MaxWaitWindows = 16
+
 // checkInput reports the first check that no store can decide, naming it and
 // what is wrong, or decisions of the wrong length.
 func checkInput(checks []Check, decisions []Decision) error {
@@ -254,6 +261,8 @@ func checkInput(checks []Check, decisions []Decision) error {
 			problem = fmt.Sprintf("cost %d is above 2^53", c.Cost)
 		case c.Wait < 0:
 			problem = fmt.Sprintf("wait %v is negative", c.Wait)
+		case c.Wait > MaxWaitWindows*l.Window || c.Wait > maxWindow:
+			problem = fmt.Sprintf("wait %v is longer than %d windows of %v, or two years", c.Wait, MaxWaitWindows, l.Window)
 		case c.Wait > 0 && l.Algorithm != SlidingLog:
 			problem = fmt.Sprintf("a %s zone takes no wait (wait %v)", l.Algorithm, c.Wait)
 		case c.Cost > 1 && l.Algorithm == Concurrency:
@@ -270,16 +279,15 @@ func checkInput(checks []Check, decisions []Decision) error {
 func reserved(c Check) int64 { return max(c.Cost, 1) }
 
 // requestWait is how long a request of checks may wait for its slot: the
-// least of its log checks' waits, each at most its window.
+// least of its log checks' waits.
 func requestWait(checks []Check) time.Duration {
 	wait := time.Duration(-1)
 	for _, c := range checks {
 		if c.Limit.Algorithm != SlidingLog {
 			continue
 		}
-		w := min(c.Wait, c.Limit.Window)
-		if wait < 0 || w < wait {
-			wait = w
+		if wait < 0 || c.Wait < wait {
+			wait = c.Wait
 		}
 	}
 	return max(wait, 0)

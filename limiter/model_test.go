@@ -448,6 +448,9 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 			}
 			if c.Limit.Algorithm == SlidingLog && rng.IntN(2) == 0 {
 				c.Wait = time.Duration(rng.Int64N(12_000_000)) * time.Microsecond
+				if rng.IntN(6) == 0 {
+					c.Wait *= 4 // several windows: a line of promised slots
+				}
 			}
 			st.checks = append(st.checks, c)
 		}
