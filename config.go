@@ -100,8 +100,10 @@ type Handler struct {
 	// admission is recorded at that later time, so no other request takes
 	// its slot. It is the default zone's, and that of every zone of
 	// algorithm log that sets none; a request waits only if every zone that
-	// applies to it has a wait, and at most the least of them (and at most
-	// the zone's window). Never past the request's deadline or the server's
+	// applies to it has a wait, and at most the least of them. It may be
+	// longer than the window, up to 16 windows of each zone it applies to:
+	// a zone then holds a line of requests, each admitted at its own slot.
+	// Never past the request's deadline or the server's
 	// write timeout (or its read timeout, when a body is still to be read).
 	// A held request whose client goes away gives its slot back. Default 0:
 	// no wait, a request that cannot be admitted now is denied.
