@@ -124,7 +124,12 @@ func (s *settlement) add(z *Zone, c limiter.Check, d limiter.Decision, cost int6
 	lowered := notLowered
 	if cost < reserved {
 		lowered = loweredHere
-		if z.denialMayRestOn(c, d) {
+		switch {
+		case z.sameReservations():
+			// The store tells whether a denial may rest on it, whichever
+			// admission of the full window settles first.
+			lowered = loweredIfNoRoom
+		case z.denialMayRestOn(c, d):
 			lowered = loweredEverywhere
 		}
 	}
@@ -161,4 +166,13 @@ func (z *Zone) denialMayRestOn(c limiter.Check, d limiter.Decision) bool {
 		return d.Remaining < max(c.Cost, 1)
 	}
 	return z.units.settle != nil || d.Remaining < z.units.cost.largest(c.Limit.Max)
+}
+
+// sameReservations reports whether every request of the zone reserves the
+// same under the same max (no cost or max from a placeholder): a denial of
+// one of them can then rest on an admission only when the zone had no room
+// for that reservation, which the store reports when it settles
+// (limiter.Decision.Lifts), so a settle down is announced only then.
+func (z *Zone) sameReservations() bool {
+	return z.limit.Algorithm != limiter.Concurrency && z.MaxRequestsFrom == "" && (z.units == nil || z.units.cost.from == nil)
 }

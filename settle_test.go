@@ -116,8 +116,9 @@ func TestSettleWithCountStatus(t *testing.T) {
 // TestSettleOneMoreCall: a request of a zone that settles costs one more
 // script call after the response, even when its usage is what it reserved
 // (the cost then moves to when the response ended), and no announcement
-// when it costs more than it reserved; one whose reservation stands (no
-// settle) costs none more; and count zones cost what they did.
+// when it costs more than it reserved, nor when it costs less while the
+// zone had room for another request (nobody can have been denied); one whose reservation stands (no settle)
+// costs none more; and count zones cost what they did.
 func TestSettleOneMoreCall(t *testing.T) {
 	prefix := uniquePrefix(t)
 	rc := sharedRedis.Client(t)
@@ -130,7 +131,7 @@ func TestSettleOneMoreCall(t *testing.T) {
 		{"cost", `"window": "1m", "max_requests": 1000000, "cost": "3"`, "", 1, 0},
 		{"settled up", `"window": "1m", "max_requests": 1000000, "settle": {"header": "X-Usage"}`, "7", 2, 0},
 		{"settled to the reservation", `"window": "1m", "max_requests": 1000000, "cost": "7", "settle": {"header": "X-Usage"}`, "7", 2, 0},
-		{"settled down", `"window": "1m", "max_requests": 1000000, "cost": "9", "settle": {"header": "X-Usage"}`, "7", 2, 1},
+		{"settled down", `"window": "1m", "max_requests": 1000000, "cost": "9", "settle": {"header": "X-Usage"}`, "7", 2, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			in := newInstance(t, `{`+c.zone+`, "redis": "`+sharedRedis.URL()+`", "key_prefix": "`+prefix+`", "timeout": "1s"}`)
@@ -373,5 +374,41 @@ func TestSettleLongStreamCountsFromItsEnd(t *testing.T) {
 	}
 	if waited := time.Since(ended); waited < 1500*time.Millisecond {
 		t.Errorf("let in again %v after the stream ended, want about the window (2s)", waited)
+	}
+}
+
+// TestSettleDownAnnouncesOnlyWhenFull: through Caddy and Redis, a zone that
+// reserves 10,000,000 bytes and settles to the bytes sent announces nothing
+// while its client has room (200 small responses: at most one PUBLISH in a
+// hundred settles); once the client's budget is spent, a settle down is
+// announced, so a denial cached elsewhere still lifts (see
+// TestSettleDownLiftsADenialElsewhere).
+func TestSettleDownAnnouncesOnlyWhenFull(t *testing.T) {
+	zone := uniqueZone("reserve")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 1000000000 {
+			cost 10000000
+			settle bytes
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "hello"
+}`)
+	rc := sharedRedis.Client(t)
+	send(t, site, from("127.0.0.8")) // loads the script
+	publishes := commandCalls(t, rc, "publish")
+	const requests = 200
+	for i := range requests {
+		if res := send(t, site, from("127.0.0.8")); res.status != http.StatusOK {
+			t.Fatalf("request %d: %d", i+1, res.status)
+		}
+	}
+	got := commandCalls(t, rc, "publish") - publishes
+	t.Logf("%d PUBLISH for %d settled requests", got, requests)
+	if got > requests/100 {
+		t.Errorf("%d announcements for %d requests settled down while nobody was denied, want at most %d", got, requests, requests/100)
 	}
 }

@@ -308,13 +308,12 @@ end
 
 -- Settles the admission at time token to c units, charged from now: the
 -- reservation is taken back (a count ring takes its entry out, the newer
--- entries move back; a units ring holds it at zero, dropped once newest),
--- and c is recorded as an admission now, or just after the newest.
+-- move back; a units ring holds it at zero, dropped once newest), and c is
+-- recorded as an admission now, or just after the newest. Returns the units
+-- held before.
 local function log_settle(k, W, mx, c, token)
-  load(k, false)
-  local e, old = n - 1, nil
-  if n > 0 and token <= last then
-    -- Most settle one of the newest: looking back from it, in a chunk that ends there.
+  local _, held0, _, e, old = log_decide(k, W, mx, 0) -- e, old: the entry settled, its units
+  if n > 0 and token <= last then -- most settle one of the newest: looking back from it
     local hi, step, o = n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
     if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
     while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
@@ -337,10 +336,10 @@ local function log_settle(k, W, mx, c, token)
     commit(e < n and last or n > 0 and t(n - 1) or now, W)
   end
   if c > 0 then -- sums are mod 2^48: what a ring holds saturates
-    local _, held, reset = log_decide(k, W, mx, 1)
+    local _, held, reset = log_decide(k, W, mx, 0)
     log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), now, held, reset)
   end
-  return 1
+  return 1, held0
 end
 
 -- The sliding counter: the previous fixed window's units, weighted by how much
@@ -362,13 +361,12 @@ local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
   if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
   return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
 end
--- A settle takes the reservation (aux) back from its window (token) and
--- charges c to the current one.
+-- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
 local function counter_settle(k, W, mx, c, token, aux)
   local room, held, reset, idx, e, cur, prev = counter_decide(k, W, mx, 0)
   if token == idx then cur = max(0, cur - unpack('>d', aux)) elseif token == idx - 1 then prev = max(0, prev - unpack('>d', aux)) end
   counter_record(k, W, mx, c, now, held, reset, idx, e, cur, prev)
-  return 1
+  return 1, held
 end
 
 -- A concurrency zone: the leases whose expiry is after now; its key lives as
@@ -429,10 +427,10 @@ while pos <= #args do
     end
     if op > 1 then
       for i = 1, nz do
-        local z = Z[i]
-        local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
-          or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
-        out[#out + 1] = reply(i == 1, 0, done, 0, 0, 0, -1)
+        local z, done, held = Z[i], 0, nil -- a settle says what its zone held before it
+        if op == 2 then done, held = settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
+        elseif z[KIND] == 2 then done = lease_extend(z[KEY], z[WIN], z[AUX]) end
+        out[#out + 1] = reply(i == 1, 0, done, z[MAX], held or z[MAX], 0, -1)
       end
     else
       -- All decide, then record at the latest room if every one admits.

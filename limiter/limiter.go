@@ -31,7 +31,9 @@
 //     is an error.
 //   - Settling. After a request, Store.Settle replaces what its admission cost
 //     with the real cost (Check.Cost, where 0 means 0): lower, zero (a refund)
-//     or higher than reserved. A charge above the reservation is recorded in
+//     or higher than reserved. The real cost counts from the settle, when the
+//     response ended: the reservation is taken back and the cost recorded as
+//     an admission then, so a call longer than Window is charged too. A charge above the reservation is recorded in
 //     full even past Max; the client then waits until enough ages out. Settle
 //     also releases the request's leases. Settling twice does nothing.
 //   - Changing Max. Max may differ from one call to the next for the same
@@ -165,6 +167,15 @@ type Decision struct {
 	// future. Zero when it goes on now, and when denied.
 	Delay time.Duration
 
+	// Lifts is set by Settle: just before it, the zone had no room for
+	// another request reserving what this one did (in a log or counter
+	// zone). Only then can a denial of such a request, cached anywhere,
+	// rest on what the settle took back; when such a request fitted, any
+	// denial of it had expired. A caller that announces lowered costs to
+	// other processes' deny caches need do so only when Lifts is set, for a
+	// zone whose requests all reserve the same under the same Max.
+	Lifts bool
+
 	// held is what the store recorded, for Settle and Extend.
 	held holding
 }
@@ -195,9 +206,11 @@ type Store interface {
 	Peek(ctx context.Context, checks []Check, decisions []Decision) error
 	// Settle replaces what the Allow that filled decisions recorded with
 	// checks[i].Cost (0 takes the admission back), and releases its leases.
-	// An admission that has aged out meanwhile is left alone. It marks the
-	// decisions as settled, so a second Settle does nothing, and changes
-	// none of their exported figures.
+	// The cost counts from the settle, as an admission then (or just after
+	// the newest): the reservation is taken back, if it has not aged out,
+	// and the cost recorded anew. It marks the decisions as settled, so a
+	// second Settle does nothing, and changes none of their exported figures
+	// but Lifts.
 	Settle(ctx context.Context, checks []Check, decisions []Decision) error
 	// Extend restarts the lease time of the leases that decisions hold. A
 	// lease that expired first is lost: Extend then returns an error that

@@ -300,15 +300,22 @@ func (s *MemoryStore) Settle(_ context.Context, checks []Check, decisions []Deci
 			st = &memoryState{kind: c.Limit.Algorithm}
 			s.state[k] = st
 		}
-		st.settle(h, now, c.Limit, c.Cost)
+		decisions[i].Lifts = st.settle(h, now, c.Limit, c.Cost)
 	}
 	return nil
 }
 
 // settle takes back what h reserved and charges cost units from now: the
-// real cost counts from when the response ended, however long it ran.
-func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) {
+// real cost counts from when the response ended, however long it ran. It
+// reports whether the zone had no room for h's reservation before (see
+// Decision.Lifts).
+func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts bool) {
 	w := microseconds(l.Window)
+	if st.kind != Concurrency {
+		var z zoneDecision
+		st.decide(&z, now, l, 0)
+		lifts = max(0, int64(math.Floor(float64(l.Max)-z.held))) < h.units
+	}
 	switch st.kind {
 	case SlidingLog:
 		for i, a := range st.log {
@@ -318,7 +325,7 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) {
 			}
 		}
 		if cost == 0 {
-			return
+			return lifts
 		}
 		var z zoneDecision
 		st.decide(&z, now, l, 0)
@@ -338,6 +345,7 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) {
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}
+	return lifts
 }
 
 // Extend implements Store.

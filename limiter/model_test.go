@@ -249,8 +249,12 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 
 func (m *model) settle(now int64, checks []Check, ds []Decision) {
 	for i, c := range checks {
-		if ds[i].held.recorded {
-			m.settleOne(now, c, ds[i].held, c.Cost)
+		if h := ds[i].held; h.recorded {
+			// Lifts: a request of the same reservation did not fit before.
+			before := make([]Decision, 1)
+			m.decide(now, opPeek, []Check{c}, before, []int{0}, 0)
+			ds[i].Lifts = c.Limit.Algorithm != Concurrency && before[0].Remaining < h.units
+			m.settleOne(now, c, h, c.Cost)
 		}
 		ds[i].held = holding{}
 	}
@@ -540,7 +544,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 	got := make([][]Decision, len(schedule))
 	mine := make([][]Decision, len(schedule))
 	ctx := context.Background()
-	var denied, delayed, never, lost int
+	var denied, delayed, never, lost, lifts int
 	for i, st := range schedule {
 		now += st.advance
 		ds := make([]Decision, len(st.checks))
@@ -565,6 +569,14 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		case opSettle:
 			m.settle(now, st.checks, mine[st.of])
 			err = s.Settle(ctx, st.checks, got[st.of])
+			for j, d := range got[st.of] {
+				if d.Lifts != mine[st.of][j].Lifts {
+					t.Fatalf("step %d at %d, settle of %+v: check %d lifts %v, want %v", i, now, st.checks, j, d.Lifts, mine[st.of][j].Lifts)
+				}
+				if d.Lifts {
+					lifts++
+				}
+			}
 		case opExtend:
 			wantErr := m.extend(now, st.checks, mine[st.of]) != nil
 			err = s.Extend(ctx, st.checks, got[st.of])
@@ -603,8 +615,8 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		}
 	}
 	// The schedule must reach every case, or it tests little.
-	t.Logf("%d steps: %d denials, %d delayed, %d never, %d leases lost", len(schedule), denied, delayed, never, lost)
-	if denied == 0 || delayed == 0 || never == 0 || lost == 0 {
-		t.Errorf("the schedule missed a case: %d denials, %d delayed, %d never, %d leases lost", denied, delayed, never, lost)
+	t.Logf("%d steps: %d denials, %d delayed, %d never, %d leases lost, %d settles that may lift a denial", len(schedule), denied, delayed, never, lost, lifts)
+	if denied == 0 || delayed == 0 || never == 0 || lost == 0 || lifts == 0 {
+		t.Errorf("the schedule missed a case: %d denials, %d delayed, %d never, %d leases lost, %d lifts", denied, delayed, never, lost, lifts)
 	}
 }
