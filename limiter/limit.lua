@@ -8,12 +8,17 @@
 -- now). If room - now <= wait, the request goes on at room, recorded then or
 -- just after t_n (times strictly increase); else it is denied, reset = room -
 -- now; c > max never fits. With several zones it goes on at the latest room,
--- recorded then in each. A promised admission is recorded at its future
--- time, so no later one takes its slot: units with times in any window never
--- exceed max, exact for each call's own max. Settling changes an admission's
--- units (zero takes it back). A counter weighs units as it weighs requests;
--- a concurrency zone holds one lease per request in flight, expiring window
--- after it was taken or extended. Neither waits (the store refuses a wait).
+-- recorded then in each. A record goes after every kept entry and only those
+-- after t_j = room - window share its window, so units with times in any
+-- window never exceed max, exact for each call's own max; a wait may span
+-- windows (the ring keeps what it spans). A settle counts from its time s:
+-- it takes the reservation r (admitted at a) back and records the real cost
+-- c then, or just after t_n. For c <= r and s < a + window every decision
+-- before s counted r, so windows through s stay within max; a longer call
+-- (r aged out first) or a slot promised past a + window may, as c > r does,
+-- put a window over max by c until it ages out. A counter weighs units as
+-- it weighs requests; a concurrency zone holds one lease per request in
+-- flight, expiring window after it was taken or extended. Neither waits.
 --
 -- KEYS[i]  the i-th zone's state, requests in order: log, a ring (below);
 --          counter, hash {w = current fixed window's index, c = its units,
@@ -30,7 +35,8 @@
 -- Reply    per request: delay double (µs an admitted request waits; 0 when
 --          denied); per zone: flag u8 (0 denied, 1 admits (recorded if all
 --          do), 2 never: cost above max; settle, extend: 1 done), remaining
---          double (units left, after this request if recorded), reset double
+--          double (units left, after this request if recorded; settle: before
+--          it, so its caller knows if a denial may rest on it), reset double
 --          (µs: denied, until room for this cost; else until units next
 --          leave the window), token double (log: admission time; counter:
 --          window index; -1: none)
@@ -95,8 +101,7 @@ local function load(k, small)
   elseif version == 2 and vlen >= 46 then size, h, n, exp, seq, flo, total, last, mh, mc = unpack('>I4I4I4I5dI6I6I6BB', v, 2)
   else version = 0 end
   if version > 0 and (vlen == shape(version, size) or vlen >= (small and SMALL or 142)) then
-    last, t = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc
-    return
+    last, t = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc return
   end
   -- Nothing, or nothing this version reads: the ring starts over.
   h, n, exp, v, vlen, last, t, mc = 0, 0, ms, '', 0, nil, tc, 0
@@ -108,7 +113,6 @@ local function restore(r)
   f, first, before, newest, t, mc = r[14], r[15], r[16], r[17], tc, r[18]
   shape(r[5], r[6])
 end
-
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (from v,
 -- or w, which reads a chunk from there when it does not hold it); put writes
 -- b at off, or into v when it is a whole value made anew (commit writes it),
@@ -129,7 +133,6 @@ local function put(off, b)
   if lo < up then w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
 local function u48(x) return pack('>I6', x % 2 ^ 48) end
-
 -- t returns the time of entry i (0 is the oldest kept; tw when v holds the
 -- whole value), u its units, s the units of the entries kept up to it (0 for
 -- i < 0): in a units ring, the base of i's bucket (the floor, in the
@@ -168,7 +171,6 @@ local function gallop(get, x, lo)
   local i = search(get, x, lo, min(hi, n))
   return i, i < n and (i == hi and y or get(i)) or nil
 end
-
 -- range returns the entries [i, j), oldest first.
 local function range(i, j)
   if j <= i then return '' end
@@ -176,7 +178,6 @@ local function range(i, j)
   local a = min(j - i, cap - p)
   return a < j - i and bytes(H + E * p, E * a) .. bytes(H, E * (j - i - a)) or bytes(H + E * p, E * a)
 end
-
 -- reshape gives the ring size slots in the layout of version: grown, shrunk,
 -- or a count ring made a units ring (1 unit an entry). A large ring grows in
 -- place: the value is extended, and the smaller of the older and the newer
@@ -221,7 +222,6 @@ local function reshape(size, version)
     exp = ms
   end
 end
-
 -- commit writes b at offset off and the header, and keeps the key until its
 -- newest admission ages out, and an eighth of a window more (a key in use is
 -- then not given a new expiry at each admission); an empty ring goes.
@@ -244,7 +244,6 @@ local function commit(at, window, off, b)
   if off then call('SETRANGE', key, fmt('%d', off), b) end
   call('SETRANGE', key, '0', header() .. m)
 end
-
 -- A log zone's decision, before any write: when a request of cost c fits
 -- (room), the units in the window (held), until units leave it (reset); and
 -- the decision in hand.
@@ -278,7 +277,6 @@ local function log_decide(k, W, mx, c)
   end
   return room, held, first and first + W - now or 0
 end
-
 -- Records an admission of a log zone at time at (or just after the newest),
 -- dropping what aged out, growing, shrinking or making a units ring.
 local function log_record(k, W, mx, c, at, held, reset)
@@ -305,7 +303,6 @@ local function log_record(k, W, mx, c, at, held, reset)
   end
   return at, held + c, first and reset or at + W - now
 end
-
 -- Settles the admission at time token to c units, charged from now: the
 -- reservation is taken back (a count ring takes its entry out, the newer
 -- move back; a units ring holds it at zero, dropped once newest), and c is
@@ -341,7 +338,6 @@ local function log_settle(k, W, mx, c, token)
   end
   return 1, held0
 end
-
 -- The sliding counter: the previous fixed window's units, weighted by how much
 -- of it the sliding window covers, plus the current one's.
 local function counter_decide(k, W, mx, c)
@@ -368,7 +364,6 @@ local function counter_settle(k, W, mx, c, token, aux)
   counter_record(k, W, mx, c, now, held, reset, idx, e, cur, prev)
   return 1, held
 end
-
 -- A concurrency zone: the leases whose expiry is after now; its key lives as
 -- long as its latest lease.
 local function lease_decide(k, W, mx)
@@ -390,7 +385,6 @@ local function lease_extend(k, W, aux)
   if lease and lease > now then call('ZADD', k, 'XX', fmt('%d', now + W), aux) end
   return lease and lease > now and (keep_leases(k) or 1) or 0
 end
-
 local decide = {[0] = log_decide, counter_decide, lease_decide}
 local record = {[0] = log_record, counter_record, lease_record}
 local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, _, aux) return call('ZREM', k, aux) end}

@@ -610,7 +610,8 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 	if r, ok := s.(*RedisStore); ok && !cluster {
 		ring := readRing(t, testClient, r.Key("bulk", "c0"), now)
 		t.Logf("bulk ring: version %d, cap %d, %d admissions, %d bytes", ring.version, ring.cap, len(ring.times), ring.bytes)
-		if ring.bytes <= ringSmall || ring.version != 2 {
+		// A short schedule may end before the ring has grown.
+		if !testing.Short() && (ring.bytes <= ringSmall || ring.version != 2) {
 			t.Errorf("bulk ring: version %d of %d bytes, want a units ring of more than %d", ring.version, ring.bytes, ringSmall)
 		}
 	}
