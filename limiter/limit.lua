@@ -12,13 +12,14 @@
 -- after t_j = room - window share its window, so units with times in any
 -- window never exceed max, exact for each call's own max; a wait may span
 -- windows (the ring keeps what it spans). A settle counts from its time s:
--- it takes the reservation r (admitted at a) back and records the real cost
--- c then, or just after t_n. For c <= r and s < a + window every decision
--- before s counted r, so windows through s stay within max; a longer call
--- (r aged out first) or a slot promised past a + window may, as c > r does,
--- put a window over max by c until it ages out. A counter weighs units as
--- it weighs requests; a concurrency zone holds one lease per request in
--- flight, expiring window after it was taken or extended. Neither waits.
+-- it takes the reservation back and records the real cost c as an admission
+-- at its room from s, by the same formula (at s unless promised slots or
+-- other charges fill the window): so every window stays within max, also
+-- for calls longer than the window and settles among promised slots; only
+-- c > max, recorded at s, may exceed it until it ages out. A counter weighs
+-- units as it weighs requests; a concurrency zone holds one lease per
+-- request in flight, expiring window after it was taken or extended.
+-- Neither waits.
 --
 -- KEYS[i]  the i-th zone's state, requests in order: log, a ring (below);
 --          counter, hash {w = current fixed window's index, c = its units,
@@ -38,8 +39,8 @@
 --          double (units left, after this request if recorded; settle: before
 --          it, so its caller knows if a denial may rest on it), reset double
 --          (µs: denied, until room for this cost; else until units next
---          leave the window), token double (log: admission time; counter:
---          window index; -1: none)
+--          leave the window), token double (log: admission time, of a
+--          settle's record too; counter: window index; -1: none)
 --
 -- A ring holds the admissions that may still be in the window, oldest first
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
@@ -59,7 +60,7 @@
 
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
-local S, CHUNK, SMALL, SMALLCAP = 64, 120, 512, 80
+local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1280
 local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
 if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
 local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
@@ -285,10 +286,18 @@ local function log_record(k, W, mx, c, at, held, reset)
     h, n, mh, mc = (h + f) % cap, n - f, mc > f and mh + f or 0, max(mc - f, 0)
     if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
-  if n == cap or cap > 64 and 4 * (n + 1) <= cap or c ~= 1 and ver ~= 2 then -- grow, shrink or convert
+  -- A units ring of MERGE entries merges an admission into the newest in its span of W / MERGE (the
+  -- newest keeps the latest time); one of MAXCAP, always. A count ring of 4 MERGE becomes a units ring.
+  local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE
+  if ver == 2 and n > 0 and (n >= MERGE and floor(at / span) == floor(last / span) or n >= MAXCAP) then
+    total = (total + c) % 2 ^ 48
+    commit(at, W, H + 12 * ((h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(n - 1) + c) % 2 ^ 48))
+    return at, held + c, first and reset or at + W - now
+  end
+  if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and ver ~= 2 then -- grow, shrink or convert
     local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
       or c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
-    reshape(size, (c ~= 1 or ver == 2) and 2 or size <= SMALLCAP and 4 or 3)
+    reshape(min(size, MAXCAP), units and 2 or size <= SMALLCAP and 4 or 3)
   end
   -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
   if ver ~= 4 and mc < 2 and n > mc then mh, mc, mir = 0, min(n, 96 / E), range(0, min(n, 96 / E)) end
@@ -306,37 +315,37 @@ end
 -- Settles the admission at time token to c units, charged from now: the
 -- reservation is taken back (a count ring takes its entry out, the newer
 -- move back; a units ring holds it at zero, dropped once newest), and c is
--- recorded as an admission now, or just after the newest. Returns the units
--- held before.
-local function log_settle(k, W, mx, c, token)
+-- recorded as an admission at its room (now, unless promised slots or other
+-- charges hold it). Returns the units held before and the record's time.
+local function log_settle(k, W, mx, c, token, aux)
   local _, held0, _, e, old = log_decide(k, W, mx, 0) -- e, old: the entry settled, its units
   if n > 0 and token <= last then -- most settle one of the newest: looking back from it
     local hi, step, o = n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
     if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
     while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
     e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
-    old = t(e) == token and u(e)
+    local span = max(1, floor(W / MERGE)) -- or merged into a later entry of its span
+    old = (t(e) == token or ver == 2 and token > now - W and floor(t(e) / span) == floor(token / span)) and u(e)
   end
   if old and ver ~= 2 then
     local b, p = range(e + 1, n), (h + e) % cap
     if #b > 0 then put(H + 6 * p, sub(b, 1, 6 * (cap - p))) end
     if #b > 6 * (cap - p) then put(H, sub(b, 6 * (cap - p) + 1)) end
     n = n - 1
-  elseif old then
-    put(H + 12 * ((h + e) % cap) + 6, u48(0))
-    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) - old)) end
-    total = (total - old) % 2 ^ 48
+  elseif old then -- the reservation, or what the entry holds
+    local r = min(old, (unpack('>d', aux)))
+    put(H + 12 * ((h + e) % cap) + 6, u48(old - r))
+    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) - r)) end
+    total = (total - r) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
   if old then
     mc = e < mc and 0 or min(mc, n) -- a changed copy: the mirror no longer holds what the ring does
     commit(e < n and last or n > 0 and t(n - 1) or now, W)
   end
-  if c > 0 then -- sums are mod 2^48: what a ring holds saturates
-    local _, held, reset = log_decide(k, W, mx, 0)
-    log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), now, held, reset)
-  end
-  return 1, held0
+  if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
+  local room, held, reset = log_decide(k, W, mx, c) -- sums are mod 2^48: what a ring holds saturates
+  return 1, held0, log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
 -- The sliding counter: the previous fixed window's units, weighted by how much
 -- of it the sliding window covers, plus the current one's.
@@ -421,10 +430,10 @@ while pos <= #args do
     end
     if op > 1 then
       for i = 1, nz do
-        local z, done, held = Z[i], 0, nil -- a settle says what its zone held before it
-        if op == 2 then done, held = settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
+        local z, done, held, at = Z[i], 0, nil, nil -- a settle: what its zone held before, its record's time
+        if op == 2 then done, held, at = settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
         elseif z[KIND] == 2 then done = lease_extend(z[KEY], z[WIN], z[AUX]) end
-        out[#out + 1] = reply(i == 1, 0, done, z[MAX], held or z[MAX], 0, -1)
+        out[#out + 1] = reply(i == 1, 0, done, z[MAX], held or z[MAX], 0, at or -1)
       end
     else
       -- All decide, then record at the latest room if every one admits.

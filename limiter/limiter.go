@@ -178,6 +178,9 @@ type Decision struct {
 
 	// held is what the store recorded, for Settle and Extend.
 	held holding
+	// charged is, after Settle of a log check, the time the real cost was
+	// recorded at (the store's clock, microseconds; 0: none).
+	charged int64
 }
 
 // holding is what one admitted check recorded.

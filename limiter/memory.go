@@ -29,8 +29,11 @@ type memoryKey struct{ zone, client string }
 type memoryState struct {
 	kind Algorithm
 	// log holds a log zone's admissions, oldest first, strictly increasing
-	// in time; an admission settled to zero units is dropped.
-	log []admission
+	// in time. In a count log an admission settled to zero is dropped; in a
+	// units log (units) it stays at zero until it is the newest, and
+	// admissions close in time merge (see mergeEntries), as in Redis.
+	log   []admission
+	units bool
 	// index, cur and prev are a counter zone's current fixed window and the
 	// units in it and in the one before.
 	index, cur, prev int64
@@ -41,6 +44,23 @@ type memoryState struct {
 }
 
 type admission struct{ at, units int64 }
+
+const (
+	// mergeEntries is how many entries a units log keeps before admissions
+	// within one span of Window/mergeEntries merge into one entry, which
+	// carries their units and the latest of their times: it leaves the
+	// window no earlier than any of them would, so the limit holds, and a
+	// client may be denied up to a span early. A count log of
+	// 4*mergeEntries becomes a units log.
+	mergeEntries = 256
+	// maxEntries bounds a log: past it, every admission merges into the
+	// newest entry. A units entry is 12 bytes in Redis: at most about 16 KB.
+	maxEntries = 1280
+)
+
+// mergeSpan is the span, in microseconds, within which a units log of w
+// merges admissions.
+func mergeSpan(w int64) int64 { return max(1, w/mergeEntries) }
 
 // memorySweepInterval is how often idle keys are dropped.
 const memorySweepInterval = time.Minute
@@ -156,8 +176,8 @@ func (st *memoryState) decide(z *zoneDecision, now int64, l Limit, cost int64) {
 	case SlidingLog:
 		n := len(st.log)
 		f := 0
-		for f < n && st.log[f].at <= now-w {
-			f++
+		for f < n && (st.log[f].at <= now-w || st.log[f].units == 0) {
+			f++ // aged out, or holding nothing: the window starts after it
 		}
 		var total, before int64
 		for i, a := range st.log {
@@ -246,7 +266,15 @@ func (st *memoryState) record(z *zoneDecision, now, at int64, l Limit, cost int6
 		if n := len(st.log); n > 0 && st.log[n-1].at >= at {
 			at = st.log[n-1].at + 1
 		}
-		st.log = append(st.log[z.f:], admission{at, cost})
+		st.log = st.log[z.f:]
+		n, span := len(st.log), mergeSpan(w)
+		if st.units && n > 0 && (n >= mergeEntries && at/span == st.log[n-1].at/span || n >= maxEntries) {
+			// Merged into the newest: their units at the latest time.
+			st.log[n-1] = admission{at, st.log[n-1].units + cost}
+		} else {
+			st.log = append(st.log, admission{at, cost})
+			st.units = st.units || cost != 1 || n >= 4*mergeEntries
+		}
 		st.expires = at + w
 		if z.reset == 0 {
 			z.reset = at + w - now
@@ -300,7 +328,7 @@ func (s *MemoryStore) Settle(_ context.Context, checks []Check, decisions []Deci
 			st = &memoryState{kind: c.Limit.Algorithm}
 			s.state[k] = st
 		}
-		decisions[i].Lifts = st.settle(h, now, c.Limit, c.Cost)
+		decisions[i].Lifts, decisions[i].charged = st.settle(h, now, c.Limit, c.Cost)
 	}
 	return nil
 }
@@ -309,7 +337,7 @@ func (s *MemoryStore) Settle(_ context.Context, checks []Check, decisions []Deci
 // real cost counts from when the response ended, however long it ran. It
 // reports whether the zone had no room for h's reservation before (see
 // Decision.Lifts).
-func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts bool) {
+func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts bool, charged int64) {
 	w := microseconds(l.Window)
 	if st.kind != Concurrency {
 		var z zoneDecision
@@ -318,20 +346,37 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts 
 	}
 	switch st.kind {
 	case SlidingLog:
+		// The reservation is in the first entry at or after it: its own, or
+		// one of its span it merged into.
+		span := mergeSpan(w)
 		for i, a := range st.log {
-			if a.at == h.at {
-				st.log = append(st.log[:i], st.log[i+1:]...)
-				break
+			if a.at < h.at {
+				continue
 			}
+			switch {
+			case a.at == h.at && !st.units:
+				st.log = append(st.log[:i], st.log[i+1:]...)
+			case a.at == h.at || st.units && h.at > now-w && a.at/span == h.at/span:
+				st.log[i].units -= min(a.units, h.units)
+				for len(st.log) > 0 && st.log[len(st.log)-1].units == 0 {
+					st.log = st.log[:len(st.log)-1]
+				}
+			}
+			break
+		}
+		if len(st.log) == 0 {
+			st.units = false // Redis drops an empty ring: it starts over as a count ring
 		}
 		if cost == 0 {
-			return lifts
+			return lifts, 0
 		}
+		// Recorded at its room, as a wait would be (now unless promised
+		// slots or other charges fill the window): every window stays
+		// within Max.
 		var z zoneDecision
-		st.decide(&z, now, l, 0)
+		st.decide(&z, now, l, cost)
 		// Sums are kept modulo 2^48 in Redis: what a zone holds saturates.
-		cost = min(cost, maxUnits-int64(z.held))
-		st.record(&z, now, now, l, cost)
+		charged = st.record(&z, now, z.room, l, min(cost, maxUnits-int64(z.held))).at
 	case SlidingCounter:
 		c, p := st.rolled(now, w)
 		switch now / w {
@@ -345,7 +390,7 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts 
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}
-	return lifts
+	return lifts, charged
 }
 
 // Extend implements Store.

@@ -25,7 +25,11 @@ type model struct {
 }
 
 type modelState struct {
+	// log is a log zone's admissions; units says it is a units log, whose
+	// admissions merge (mergeEntries) and whose entries settled to zero
+	// stay until they are the newest.
 	log              []admission
+	units            bool
 	index, cur, prev int64
 	leases           map[uint64]int64
 }
@@ -109,7 +113,7 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 			for _, a := range st.log {
 				if a.at > now-w {
 					held += a.units
-					if first < 0 {
+					if first < 0 && a.units > 0 {
 						first = a.at
 					}
 				}
@@ -188,17 +192,7 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 			z.held += float64(cost)
 			switch c.Limit.Algorithm {
 			case SlidingLog:
-				t := at
-				if n := len(st.log); n > 0 && st.log[n-1].at >= t {
-					t = st.log[n-1].at + 1
-				}
-				var kept []admission
-				for _, a := range st.log {
-					if a.at > now-w {
-						kept = append(kept, a)
-					}
-				}
-				st.log = append(kept, admission{t, cost})
+				t := m.recordLog(now, st, w, at, cost)
 				if z.reset == 0 {
 					z.reset = t + w - now
 				}
@@ -247,6 +241,32 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 	}
 }
 
+// recordLog records an admission of cost in a log of window w at at (or
+// just after the newest), as Allow does, and returns its time.
+func (m *model) recordLog(now int64, st *modelState, w, at, cost int64) int64 {
+	t := at
+	if n := len(st.log); n > 0 && st.log[n-1].at >= t {
+		t = st.log[n-1].at + 1
+	}
+	// What aged out goes, and entries of no units before the
+	// first that holds some.
+	var kept []admission
+	for _, a := range st.log {
+		if a.at > now-w && (len(kept) > 0 || a.units > 0) {
+			kept = append(kept, a)
+		}
+	}
+	n, span := len(kept), mergeSpan(w)
+	if st.units && n > 0 && (n >= mergeEntries && t/span == kept[n-1].at/span || n >= maxEntries) {
+		kept[n-1] = admission{t, kept[n-1].units + cost}
+	} else {
+		kept = append(kept, admission{t, cost})
+		st.units = st.units || cost != 1 || n >= 4*mergeEntries
+	}
+	st.log = kept
+	return t
+}
+
 func (m *model) settle(now int64, checks []Check, ds []Decision) {
 	for i, c := range checks {
 		if h := ds[i].held; h.recorded {
@@ -267,23 +287,39 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 	w := microseconds(c.Limit.Window)
 	switch c.Limit.Algorithm {
 	case SlidingLog:
-		var kept []admission
-		var held int64
-		for _, a := range st.log {
-			// What aged out goes only with a record (the clock may step back).
-			if a.at != h.at && (cost == 0 || a.at > now-w) {
-				kept = append(kept, a)
-				held += a.units
+		// The reservation is in the first entry at or after it: its own,
+		// or, in a units log, one of its span that it merged into.
+		span := mergeSpan(w)
+		for i, a := range st.log {
+			if a.at < h.at {
+				continue
 			}
+			if a.at == h.at && !st.units {
+				st.log = append(st.log[:i], st.log[i+1:]...)
+			} else if a.at == h.at || st.units && h.at > now-w && a.at/span == h.at/span {
+				st.log[i].units -= min(a.units, h.units)
+				for len(st.log) > 0 && st.log[len(st.log)-1].units == 0 {
+					st.log = st.log[:len(st.log)-1]
+				}
+			}
+			break
+		}
+		if len(st.log) == 0 {
+			st.units = false
 		}
 		if cost > 0 {
-			t := now
-			if n := len(kept); n > 0 && kept[n-1].at >= t {
-				t = kept[n-1].at + 1
+			// Charged as an admission at its room from now, as Allow
+			// records one that waits as long as it needs.
+			var held int64
+			for _, a := range st.log {
+				if a.at > now-w {
+					held += a.units
+				}
 			}
-			kept = append(kept, admission{t, min(cost, maxUnits-held)})
+			room := make([]Decision, 1)
+			m.decide(now, opPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
+			m.recordLog(now, st, w, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
 		}
-		st.log = kept
 	case SlidingCounter:
 		index := now / w
 		cur, prev := st.cur, st.prev

@@ -95,6 +95,9 @@ func decodeReply(reply string, o op, checks []Check, decisions []Decision, wait 
 				// The remaining figure is the room the zone had before.
 				h := decisions[i].held
 				decisions[i].Lifts = checks[i].Limit.Algorithm != Concurrency && h.recorded && int64(replyNumber(reply[i*zoneReplyLen+1:])) < h.units
+				if at := int64(replyNumber(reply[i*zoneReplyLen+17:])); at > 0 {
+					decisions[i].charged = at
+				}
 				decisions[i].held = holding{}
 			case decisions[i].held.lease != 0 && reply[i*zoneReplyLen] != 1:
 				decisions[i].held = holding{}
