@@ -22,6 +22,9 @@ type model struct {
 	state   map[memoryKey]*modelState
 	leases  uint64
 	cluster bool
+	// exact keeps every admission apart (no merging): the reference that
+	// merged rings are held to.
+	exact bool
 }
 
 type modelState struct {
@@ -257,7 +260,7 @@ func (m *model) recordLog(now int64, st *modelState, w, at, cost int64) int64 {
 		}
 	}
 	n, span := len(kept), mergeSpan(w)
-	if st.units && n > 0 && (n >= mergeEntries && t/span == kept[n-1].at/span || n >= maxEntries) {
+	if !m.exact && st.units && n > 0 && (n >= mergeEntries && t/span == kept[n-1].at/span || n >= maxEntries) {
 		kept[n-1] = admission{t, kept[n-1].units + cost}
 	} else {
 		kept = append(kept, admission{t, cost})
