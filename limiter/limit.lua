@@ -60,7 +60,7 @@
 
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
-local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1280
+local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
 local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], nil
 if not now then clock = call('TIME') now = clock[1] * 1000000 + clock[2] end
 local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
@@ -287,8 +287,9 @@ local function log_record(k, W, mx, c, at, held, reset)
     if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
   -- A units ring of MERGE entries merges an admission into the newest in its span of W / MERGE (the
-  -- newest keeps the latest time); one of MAXCAP, always. A count ring of 4 MERGE becomes a units ring.
-  local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE
+  -- newest keeps the latest time); one of MAXCAP, always. A count ring of 3 MERGE (of a max above 4
+  -- MERGE) or of 4 MERGE becomes a units ring.
+  local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
   if ver == 2 and n > 0 and (n >= MERGE and floor(at / span) == floor(last / span) or n >= MAXCAP) then
     total = (total + c) % 2 ^ 48
     commit(at, W, H + 12 * ((h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(n - 1) + c) % 2 ^ 48))

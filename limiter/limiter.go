@@ -16,8 +16,13 @@
 //
 //   - Units. A request costs Check.Cost units (0 means 1). The log keeps the
 //     time and the running sum of units of each admission in its window, so
-//     its memory grows with the admissions, not with the units. A cost above
-//     Max is never admitted: the decision says Never, with no RetryAfter.
+//     its memory grows with the admissions, not with the units, and is
+//     bounded: past 256 entries, admissions within a 256th of Window merge
+//     into one entry carrying their units and the latest of their times (it
+//     leaves the window no earlier than any of them, so the limit holds; a
+//     client may be denied up to that span early), and a log keeps at most
+//     1,280 entries. A cost above Max is never admitted: the decision says
+//     Never, with no RetryAfter.
 //   - Denials are free. A denied request records nothing, in any zone, so a
 //     client that keeps sending while denied is let through again as soon as
 //     enough of its admissions age out; RetryAfter says exactly when.
@@ -77,8 +82,10 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingLog keeps the time and units of every admission in the window:
-	// exact, and memory grows with the admissions. The zero value.
+	// SlidingLog keeps the time and units of the admissions in the window,
+	// merging those close in time past a bound: exact (never over Max), and
+	// memory grows with the admissions up to about 16 KB in Redis. The zero
+	// value.
 	SlidingLog Algorithm = iota
 	// SlidingCounter keeps two fixed-window sums of units and weighs the
 	// previous one by how much of it the sliding window still covers: O(1)

@@ -51,12 +51,22 @@ const (
 	// carries their units and the latest of their times: it leaves the
 	// window no earlier than any of them would, so the limit holds, and a
 	// client may be denied up to a span early. A count log of
-	// 4*mergeEntries becomes a units log.
+	// 4*mergeEntries (3*mergeEntries if Max is above 4*mergeEntries, which a
+	// count log reaches only with waits) becomes a units log.
 	mergeEntries = 256
 	// maxEntries bounds a log: past it, every admission merges into the
-	// newest entry. A units entry is 12 bytes in Redis: at most about 16 KB.
-	maxEntries = 1280
+	// newest entry. A units entry is 12 bytes in Redis: 14.3 KB with the
+	// header, under 16 KB with Redis's own. A ring reaches it only with
+	// waits beyond the window: then the merge span no longer bounds how
+	// early a client may be denied.
+	maxEntries = 1170
 )
+
+// countToUnits reports whether a count log of n admissions before a record
+// under max becomes a units log, which merges.
+func countToUnits(n int, max int64) bool {
+	return n >= 4*mergeEntries || n >= 3*mergeEntries && max > 4*mergeEntries
+}
 
 // mergeSpan is the span, in microseconds, within which a units log of w
 // merges admissions.
@@ -273,7 +283,7 @@ func (st *memoryState) record(z *zoneDecision, now, at int64, l Limit, cost int6
 			st.log[n-1] = admission{at, st.log[n-1].units + cost}
 		} else {
 			st.log = append(st.log, admission{at, cost})
-			st.units = st.units || cost != 1 || n >= 4*mergeEntries
+			st.units = st.units || cost != 1 || countToUnits(n, l.Max)
 		}
 		st.expires = at + w
 		if z.reset == 0 {

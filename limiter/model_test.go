@@ -195,7 +195,7 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 			z.held += float64(cost)
 			switch c.Limit.Algorithm {
 			case SlidingLog:
-				t := m.recordLog(now, st, w, at, cost)
+				t := m.recordLog(now, st, w, c.Limit.Max, at, cost)
 				if z.reset == 0 {
 					z.reset = t + w - now
 				}
@@ -246,7 +246,7 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 
 // recordLog records an admission of cost in a log of window w at at (or
 // just after the newest), as Allow does, and returns its time.
-func (m *model) recordLog(now int64, st *modelState, w, at, cost int64) int64 {
+func (m *model) recordLog(now int64, st *modelState, w, max, at, cost int64) int64 {
 	t := at
 	if n := len(st.log); n > 0 && st.log[n-1].at >= t {
 		t = st.log[n-1].at + 1
@@ -264,7 +264,7 @@ func (m *model) recordLog(now int64, st *modelState, w, at, cost int64) int64 {
 		kept[n-1] = admission{t, kept[n-1].units + cost}
 	} else {
 		kept = append(kept, admission{t, cost})
-		st.units = st.units || cost != 1 || n >= 4*mergeEntries
+		st.units = st.units || cost != 1 || countToUnits(n, max)
 	}
 	st.log = kept
 	return t
@@ -321,7 +321,7 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 			}
 			room := make([]Decision, 1)
 			m.decide(now, opPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
-			m.recordLog(now, st, w, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
+			m.recordLog(now, st, w, c.Limit.Max, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
 		}
 	case SlidingCounter:
 		index := now / w
