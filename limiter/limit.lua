@@ -5,21 +5,20 @@
 -- in the last window, plus c, fit in max. With sum_i the units admitted up to
 -- admission i and n the newest kept, j = the smallest kept with sum_j >=
 -- sum_n + c - max must age out for c to fit: room = t_j + window (none:
--- now). If room - now <= wait, the request goes on at room, recorded then or
--- just after t_n (times strictly increase); else it is denied, reset = room -
--- now; c > max never fits. With several zones it goes on at the latest room,
--- recorded then in each. A record goes after every kept entry and only those
--- after t_j = room - window share its window, so units with times in any
--- window never exceed max, exact for each call's own max; a wait may span
--- windows (the ring keeps what it spans). A settle counts from its time s:
--- it takes the reservation back and records the real cost c as an admission
--- at its room from s, by the same formula (at s unless promised slots or
--- other charges fill the window): so every window stays within max, also
--- for calls longer than the window and settles among promised slots; only
--- c > max, recorded at s, may exceed it until it ages out. A counter weighs
--- units as it weighs requests; a concurrency zone holds one lease per
--- request in flight, expiring window after it was taken or extended.
--- Neither waits.
+-- now). If room - now <= wait (windows ahead too), it goes on at room,
+-- recorded then or just after t_n (times strictly increase); else it is
+-- denied, reset = room - now; c > max never fits. Several zones: the latest
+-- room, recorded in each. A record goes after every entry and only those
+-- after t_j share its window, so units in any window never exceed max, for
+-- each call's own max. Entries merge (a ring of MERGE entries, within a span
+-- of window/MERGE): an entry keeps its admissions' units and latest time, so
+-- none leaves the window early; a client may be denied a span early. A
+-- settle takes the reservation back and records the real cost as an
+-- admission at its room from now (later only if promised slots or other
+-- charges fill the window): every window stays within max, long calls too;
+-- only c > max, recorded now, exceeds it. A counter weighs units as it
+-- weighs requests; a concurrency zone holds a lease per request in flight,
+-- expiring window after it was taken or extended; neither waits.
 --
 -- KEYS[i]  the i-th zone's state, requests in order: log, a ring (below);
 --          counter, hash {w = current fixed window's index, c = its units,
@@ -29,8 +28,8 @@
 --          kind u8 (0 log, 1 counter, 2 concurrency), window double (µs; the
 --          lease time), max double, cost double (to reserve; settle: the
 --          real cost), token double (settle: the log's admission time, the
---          counter's window index), aux 8 bytes (lease id; counter settle:
---          the units reserved, double)
+--          counter's window index), aux 8 bytes (lease id; settle: the
+--          units reserved, double)
 -- ARGV[2]  optional, for tests: the time in µs in place of TIME; keys then
 --          get no expiry, which runs on Redis's clock
 -- Reply    per request: delay double (µs an admitted request waits; 0 when
@@ -286,9 +285,8 @@ local function log_record(k, W, mx, c, at, held, reset)
     h, n, mh, mc = (h + f) % cap, n - f, mc > f and mh + f or 0, max(mc - f, 0)
     if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
-  -- A units ring of MERGE entries merges an admission into the newest in its span of W / MERGE (the
-  -- newest keeps the latest time); one of MAXCAP, always. A count ring of 3 MERGE (of a max above 4
-  -- MERGE) or of 4 MERGE becomes a units ring.
+  -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE; the newest
+  -- keeps the latest time), one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
   local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
   if ver == 2 and n > 0 and (n >= MERGE and floor(at / span) == floor(last / span) or n >= MAXCAP) then
     total = (total + c) % 2 ^ 48
@@ -304,20 +302,15 @@ local function log_record(k, W, mx, c, at, held, reset)
   if ver ~= 4 and mc < 2 and n > mc then mh, mc, mir = 0, min(n, 96 / E), range(0, min(n, 96 / E)) end
   local off = H + E * ((h + n) % cap)
   n = n + 1
-  if ver ~= 2 then
-    commit(at, W, off, pack('>I6', at % 2 ^ 48))
-  else
-    if (seq + n - 1) % S == 0 and n > 1 then put(BO + 6 * (floor((seq + n - 1) / S) % B), u48(total)) end
-    total = (total + c) % 2 ^ 48
-    commit(at, W, off, pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48))
-  end
+  if ver == 2 and (seq + n - 1) % S == 0 and n > 1 then put(BO + 6 * (floor((seq + n - 1) / S) % B), u48(total)) end
+  total = ver == 2 and (total + c) % 2 ^ 48 or total
+  commit(at, W, off, ver == 2 and pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48) or pack('>I6', at % 2 ^ 48))
   return at, held + c, first and reset or at + W - now
 end
--- Settles the admission at time token to c units, charged from now: the
--- reservation is taken back (a count ring takes its entry out, the newer
--- move back; a units ring holds it at zero, dropped once newest), and c is
--- recorded as an admission at its room (now, unless promised slots or other
--- charges hold it). Returns the units held before and the record's time.
+-- Settles the admission at time token to c units, charged from now: the reservation is taken back (a
+-- count ring takes its entry out, the newer move back; a units ring holds it at zero, dropped once
+-- newest), and c is recorded as an admission at its room (now, unless promised slots or other charges
+-- hold it). Returns the units held before and the record's time.
 local function log_settle(k, W, mx, c, token, aux)
   local _, held0, _, e, old = log_decide(k, W, mx, 0) -- e, old: the entry settled, its units
   if n > 0 and token <= last then -- most settle one of the newest: looking back from it
@@ -340,16 +333,13 @@ local function log_settle(k, W, mx, c, token, aux)
     total = (total - r) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  if old then
-    mc = e < mc and 0 or min(mc, n) -- a changed copy: the mirror no longer holds what the ring does
-    commit(e < n and last or n > 0 and t(n - 1) or now, W)
-  end
+  -- A changed copy: the mirror no longer holds what the ring does.
+  if old then mc = e < mc and 0 or min(mc, n) commit(e < n and last or n > 0 and t(n - 1) or now, W) end
   if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
   local room, held, reset = log_decide(k, W, mx, c) -- sums are mod 2^48: what a ring holds saturates
   return 1, held0, log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
--- The sliding counter: the previous fixed window's units, weighted by how much
--- of it the sliding window covers, plus the current one's.
+-- The sliding counter: the previous fixed window's units, weighted by how much of it the window covers, plus the current's.
 local function counter_decide(k, W, mx, c)
   local idx = floor(now / W)
   local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
