@@ -277,16 +277,17 @@ local function log_decide(k, W, mx, c)
   end
   return room, held, first and first + W - now or 0
 end
--- Records an admission of a log zone at time at (or just after the newest),
--- dropping what aged out, growing, shrinking or making a units ring.
+-- Records an admission of a log zone at time at (or just after the newest), dropping what aged out,
+-- growing, shrinking, merging or changing the ring's kind.
 local function log_record(k, W, mx, c, at, held, reset)
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
     h, n, mh, mc = (h + f) % cap, n - f, mc > f and mh + f or 0, max(mc - f, 0)
     if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
-  -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE; the newest
-  -- keeps the latest time), one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
+  if ver == 2 and n == 0 and c == 1 then reshape(4, 4) end -- all aged out: a count ring again
+  -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
+  -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
   local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
   if ver == 2 and n > 0 and (n >= MERGE and floor(at / span) == floor(last / span) or n >= MAXCAP) then
     total = (total + c) % 2 ^ 48
@@ -333,13 +334,12 @@ local function log_settle(k, W, mx, c, token, aux)
     total = (total - r) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  -- A changed copy: the mirror no longer holds what the ring does.
-  if old then mc = e < mc and 0 or min(mc, n) commit(e < n and last or n > 0 and t(n - 1) or now, W) end
+  if old then mc = e < mc and 0 or min(mc, n) commit(e < n and last or n > 0 and t(n - 1) or now, W) end -- mirror: a changed copy
   if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
   local room, held, reset = log_decide(k, W, mx, c) -- sums are mod 2^48: what a ring holds saturates
   return 1, held0, log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
--- The sliding counter: the previous fixed window's units, weighted by how much of it the window covers, plus the current's.
+-- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
 local function counter_decide(k, W, mx, c)
   local idx = floor(now / W)
   local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}

@@ -277,6 +277,9 @@ func (st *memoryState) record(z *zoneDecision, now, at int64, l Limit, cost int6
 			at = st.log[n-1].at + 1
 		}
 		st.log = st.log[z.f:]
+		if len(st.log) == 0 && cost == 1 {
+			st.units = false // all aged out: a count log again
+		}
 		n, span := len(st.log), mergeSpan(w)
 		if st.units && n > 0 && (n >= mergeEntries && at/span == st.log[n-1].at/span || n >= maxEntries) {
 			// Merged into the newest: their units at the latest time.

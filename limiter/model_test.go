@@ -259,6 +259,9 @@ func (m *model) recordLog(now int64, st *modelState, w, max, at, cost int64) int
 			kept = append(kept, a)
 		}
 	}
+	if len(kept) == 0 && cost == 1 {
+		st.units = false // all aged out: a count log again
+	}
 	n, span := len(kept), mergeSpan(w)
 	if !m.exact && st.units && n > 0 && (n >= mergeEntries && t/span == kept[n-1].at/span || n >= maxEntries) {
 		kept[n-1] = admission{t, kept[n-1].units + cost}
