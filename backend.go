@@ -267,6 +267,10 @@ const (
 	// loweredEverywhere: a denial any instance caches may lift, since one
 	// may rest on the admission (see Zone.denialMayRestOn).
 	loweredEverywhere
+	// loweredIfNoRoom: as loweredEverywhere when the store says the zone
+	// had no room for the request's reservation before the settle
+	// (limiter.Decision.Lifts); else as loweredHere.
+	loweredIfNoRoom
 )
 
 // settle replaces what src recorded for checks with each check's Cost, the
@@ -308,7 +312,8 @@ func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decision
 			continue
 		}
 		b.cache.Forget(c.Zone, c.Key)
-		if lowered[i] == loweredEverywhere && src == fromStore && b.redis != nil {
+		everywhere := lowered[i] == loweredEverywhere || lowered[i] == loweredIfNoRoom && decisions[i].Lifts
+		if everywhere && src == fromStore && b.redis != nil {
 			if err := b.conn.AnnounceFreed(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
 				return err
 			}

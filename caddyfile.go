@@ -323,7 +323,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
 		checkCostJSON(z.CostJSON, z.Cost),
 		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
-		checkWait(time.Duration(z.Wait), z.Algorithm),
+		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	} {
 		if err != nil {
 			return nil, d.Errf("zone %s: %v", z.Name, err)

@@ -105,8 +105,10 @@ type Handler struct {
 	// admission is recorded at that later time, so no other request takes
 	// its slot. It is the default zone's, and that of every zone of
 	// algorithm log that sets none; a request waits only if every zone that
-	// applies to it has a wait, and at most the least of them (and at most
-	// the zone's window). Never past the request's deadline or the server's
+	// applies to it has a wait, and at most the least of them. It may be
+	// longer than the window, up to 16 windows of each zone it applies to:
+	// a zone then holds a line of requests, each admitted at its own slot.
+	// Never past the request's deadline or the server's
 	// write timeout (or its read timeout, when a body is still to be read).
 	// A held request whose client goes away gives its slot back. Default 0:
 	// no wait, a request that cannot be admitted now is denied.
@@ -355,7 +357,7 @@ func (h *Handler) Validate() error {
 	var errs []error
 	if hasDefault {
 		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
-			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), h.Algorithm),
+			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), time.Duration(h.Window), h.Algorithm),
 			checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom))
 	}
 	// Provision has set the defaults of the optional fields.
@@ -376,7 +378,7 @@ func (h *Handler) Validate() error {
 		checkCostJSON(h.CostJSON, h.Cost),
 		checkSettle(h.Settle),
 		checkMaxRequestsFrom(h.MaxRequestsFrom),
-		checkWait(time.Duration(h.Wait), ""),
+		checkWait(time.Duration(h.Wait), 0, ""),
 		checkMaxWaiting(h.MaxWaiting),
 	)
 	if h.MaxRequestsFrom != "" && !hasDefault {

@@ -34,6 +34,7 @@ func TestRunningCaddyRefusesConfigMistakes(t *testing.T) {
 		{"\t\tkey {http.request.header.X-Api-Key", `key \"{http.request.header.X-Api-Key\": the placeholder \"{http.request.header.X-Api-Key\" has no closing '}', so the key would be the same text for every client: one bucket for all, at Caddyfile:15`},
 		{"\t\tmax_request 10", `unrecognized subdirective 'max_request' (did you mean max_requests?), at Caddyfile:15`},
 		{"\t\tzone api 1m 5 {\n\t\t\tkye {http.request.header.X-Api-Key}\n\t\t}", `zone api: unrecognized subdirective 'kye' (did you mean key?), at Caddyfile:16`},
+		{"\t\tzone line 1s 5 {\n\t\t\twait 17s\n\t\t}", `zone line: wait 17s is longer than 16 windows of 1s, the most a request may wait, at Caddyfile:17`},
 	} {
 		res := send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("text/caddyfile", globalOptions+siteWith(c.lines)))
 		if res.status != http.StatusBadRequest || !strings.Contains(res.body, c.want) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // This file holds every rule a configuration must follow, once: Validate
@@ -257,12 +258,17 @@ func checkCountStatus(list []int) error {
 	return nil
 }
 
-// checkWait is the rule of wait: not negative; and only a zone of
+// checkWait is the rule of wait: not negative; at most
+// limiter.MaxWaitWindows windows (window 0: not known here), since the store
+// keeps the admissions of the windows a wait spans; and only a zone of
 // algorithm log (the handler's algorithm when the zone sets none) waits,
 // since a counter cannot promise a slot at a later time.
-func checkWait(wait time.Duration, algorithm string) error {
+func checkWait(wait, window time.Duration, algorithm string) error {
 	if wait < 0 {
 		return fmt.Errorf("wait must not be negative, got %v", wait)
+	}
+	if window > 0 && wait > limiter.MaxWaitWindows*window {
+		return fmt.Errorf("wait %v is longer than %d windows of %v, the most a request may wait", wait, limiter.MaxWaitWindows, window)
 	}
 	if wait > 0 && algorithm == algorithmCounter {
 		return fmt.Errorf("wait needs algorithm log: a counter cannot promise a later slot (wait %v)", wait)

@@ -110,11 +110,13 @@ func (req *request) givenBack() *settlement {
 }
 
 // add adds the admission that decision d recorded for check c of zone z,
-// settled to cost, unless that is what it reserved; s may be nil, and add
-// returns the settlement, created on the first change.
+// settled to cost, unless that is what it reserved in a zone that does not
+// settle; s may be nil, and add returns the settlement, created on the first
+// change. A zone that settles settles always: its cost counts from when the
+// response ended, even when it is what it reserved.
 func (s *settlement) add(z *Zone, c limiter.Check, d limiter.Decision, cost int64) *settlement {
 	reserved := max(c.Cost, 1)
-	if cost == reserved {
+	if cost == reserved && (z.units == nil || z.units.settle == nil) {
 		return s
 	}
 	if s == nil {
@@ -124,7 +126,12 @@ func (s *settlement) add(z *Zone, c limiter.Check, d limiter.Decision, cost int6
 	lowered := notLowered
 	if cost < reserved {
 		lowered = loweredHere
-		if z.denialMayRestOn(c, d) {
+		switch {
+		case z.sameReservations():
+			// The store tells whether a denial may rest on it, whichever
+			// admission of the full window settles first.
+			lowered = loweredIfNoRoom
+		case z.denialMayRestOn(c, d):
 			lowered = loweredEverywhere
 		}
 	}
@@ -161,4 +168,13 @@ func (z *Zone) denialMayRestOn(c limiter.Check, d limiter.Decision) bool {
 		return d.Remaining < max(c.Cost, 1)
 	}
 	return z.units.settle != nil || d.Remaining < z.units.cost.largest(c.Limit.Max)
+}
+
+// sameReservations reports whether every request of the zone reserves the
+// same under the same max (no cost or max from a placeholder): a denial of
+// one of them can then rest on an admission only when the zone had no room
+// for that reservation, which the store reports when it settles
+// (limiter.Decision.Lifts), so a settle down is announced only then.
+func (z *Zone) sameReservations() bool {
+	return z.limit.Algorithm != limiter.Concurrency && z.MaxRequestsFrom == "" && (z.units == nil || z.units.cost.from == nil)
 }

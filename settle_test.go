@@ -113,10 +113,12 @@ func TestSettleWithCountStatus(t *testing.T) {
 	}
 }
 
-// TestSettleOneMoreCall: a request whose cost is settled after the response
-// costs one more script call, and no announcement when it costs more than
-// it reserved; one whose reservation stands costs none more; and count
-// zones cost what they did.
+// TestSettleOneMoreCall: a request of a zone that settles costs one more
+// script call after the response, even when its usage is what it reserved
+// (the cost then moves to when the response ended), and no announcement
+// when it costs more than it reserved, nor when it costs less while the
+// zone had room for another request (nobody can have been denied); one whose reservation stands (no settle)
+// costs none more; and count zones cost what they did.
 func TestSettleOneMoreCall(t *testing.T) {
 	prefix := uniquePrefix(t)
 	rc := sharedRedis.Client(t)
@@ -128,8 +130,8 @@ func TestSettleOneMoreCall(t *testing.T) {
 		{"count zone", `"window": "1m", "max_requests": 1000000`, "", 1, 0},
 		{"cost", `"window": "1m", "max_requests": 1000000, "cost": "3"`, "", 1, 0},
 		{"settled up", `"window": "1m", "max_requests": 1000000, "settle": {"header": "X-Usage"}`, "7", 2, 0},
-		{"settled to the reservation", `"window": "1m", "max_requests": 1000000, "cost": "7", "settle": {"header": "X-Usage"}`, "7", 1, 0},
-		{"settled down", `"window": "1m", "max_requests": 1000000, "cost": "9", "settle": {"header": "X-Usage"}`, "7", 2, 1},
+		{"settled to the reservation", `"window": "1m", "max_requests": 1000000, "cost": "7", "settle": {"header": "X-Usage"}`, "7", 2, 0},
+		{"settled down", `"window": "1m", "max_requests": 1000000, "cost": "9", "settle": {"header": "X-Usage"}`, "7", 2, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			in := newInstance(t, `{`+c.zone+`, "redis": "`+sharedRedis.URL()+`", "key_prefix": "`+prefix+`", "timeout": "1s"}`)
@@ -322,5 +324,100 @@ func TestSettleReadsAUsageHiddenFromClients(t *testing.T) {
 	}
 	if got := unitsUsed(t, zone, "127.0.0.5", 33); got != 33 {
 		t.Errorf("%d units used, want the 33 the upstream reported", got)
+	}
+}
+
+// TestSettleLongStreamCountsFromItsEnd: through Caddy, reverse_proxy and
+// Redis, a stream longer than the window (about 3s in a zone of 2s) that
+// sends the whole budget is charged when it ends, in a sliding log and in
+// a counter: the admin API shows the budget spent and the client's next
+// call is denied. The log lets the client in again once a window has
+// passed since the stream ended (a counter, sooner: it is approximate).
+func TestSettleLongStreamCountsFromItsEnd(t *testing.T) {
+	upstream := usageUpstream(t)
+	for _, c := range []struct{ algorithm, ip string }{{"log", "127.0.0.5"}, {"counter", "127.0.0.6"}} {
+		t.Run(c.algorithm, func(t *testing.T) {
+			zone := uniqueZone("long")
+			startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 2s 1000 {
+			settle bytes
+			algorithm `+c.algorithm+`
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	reverse_proxy `+upstream+` {
+		flush_interval -1
+	}
+}`)
+			stream := withHeaders(map[string][]string{"X-Test-Bytes": {"1000"}, "X-Test-Chunk": {"100"}, "X-Test-Chunk-Delay": {"300ms"}})
+			start := time.Now()
+			if res := send(t, site, from(c.ip), stream); res.status != http.StatusOK || len(res.body) != 1000 {
+				t.Fatalf("the stream: %d, %d bytes", res.status, len(res.body))
+			}
+			ended := time.Now()
+			if took := ended.Sub(start); took < 2500*time.Millisecond {
+				t.Fatalf("the stream took %v, want longer than the window", took)
+			}
+			if used := unitsUsed(t, zone, c.ip, 1000); used < 999 {
+				t.Errorf("after a stream of 1000 bytes longer than the window: %d bytes charged, want 1000", used)
+			}
+			res := send(t, site, from(c.ip))
+			if res.status != http.StatusTooManyRequests || res.header.Get("Retry-After") == "" {
+				t.Fatalf("right after the stream: %d, Retry-After %q; want 429", res.status, res.header.Get("Retry-After"))
+			}
+			if c.algorithm != "log" {
+				return
+			}
+			// Let in again a window after the end (polled: the machine may be slow).
+			deadline := time.Now().Add(10 * time.Second)
+			for send(t, site, from(c.ip)).status != http.StatusOK {
+				if time.Now().After(deadline) {
+					t.Fatal("still denied 10s after the stream ended")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if waited := time.Since(ended); waited < 1500*time.Millisecond {
+				t.Errorf("let in again %v after the stream ended, want about the window (2s)", waited)
+			}
+		})
+	}
+}
+
+// TestSettleDownAnnouncesOnlyWhenFull: through Caddy and Redis, a zone that
+// reserves 10,000,000 bytes and settles to the bytes sent announces nothing
+// while its client has room (200 small responses: at most one PUBLISH in a
+// hundred settles); once the client's budget is spent, a settle down is
+// announced, so a denial cached elsewhere still lifts (see
+// TestSettleDownLiftsADenialElsewhere).
+func TestSettleDownAnnouncesOnlyWhenFull(t *testing.T) {
+	zone := uniqueZone("reserve")
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 1000000000 {
+			cost 10000000
+			settle bytes
+		}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "hello"
+}`)
+	rc := sharedRedis.Client(t)
+	send(t, site, from("127.0.0.8")) // loads the script
+	publishes := commandCalls(t, rc, "publish")
+	const requests = 200
+	for i := range requests {
+		if res := send(t, site, from("127.0.0.8")); res.status != http.StatusOK {
+			t.Fatalf("request %d: %d", i+1, res.status)
+		}
+	}
+	got := commandCalls(t, rc, "publish") - publishes
+	t.Logf("%d PUBLISH for %d settled requests", got, requests)
+	if got > requests/100 {
+		t.Errorf("%d announcements for %d requests settled down while nobody was denied, want at most %d", got, requests, requests/100)
 	}
 }

@@ -12,6 +12,8 @@ func TestJSONRulesOfWaitsAndLeases(t *testing.T) {
 	for _, c := range []struct{ config, want string }{
 		{`{"window": "1m", "max_requests": 5, "wait": "-1s"}`, "wait must not be negative, got -1s"},
 		{`{"window": "1m", "max_requests": 5, "wait": "1s", "algorithm": "counter"}`, "wait needs algorithm log: a counter cannot promise a later slot (wait 1s)"},
+		{`{"window": "1s", "max_requests": 5, "wait": "17s"}`, "wait 17s is longer than 16 windows of 1s, the most a request may wait"},
+		{`{"wait": "20s", "zones": [{"name": "a", "window": "1s", "max_requests": 1}]}`, "zone a: wait 20s is longer than 16 windows of 1s"},
 		{`{"window": "1m", "max_requests": 5, "max_waiting": -3}`, "max_waiting must be at least 1, got -3"},
 		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "wait": "-2s"}]}`, "zone a: wait must not be negative, got -2s"},
 		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 10, "algorithm": "counter", "wait": "2s"}]}`, "zone a: wait needs algorithm log"},

@@ -176,6 +176,10 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 		z.limit = limiter.Limit{Window: cmp.Or(time.Duration(z.Lease), defaultLease), Max: z.Concurrent, Algorithm: limiter.Concurrency}
 	case z.Algorithm == algorithmLog:
 		z.wait = time.Duration(cmp.Or(z.Wait, defaults.Wait))
+		// The handler's wait is checked here against each zone's window.
+		if err := checkWait(z.wait, time.Duration(z.Window), z.Algorithm); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
 	}
 	if z.Algorithm == algorithmCounter {
 		z.limit.Algorithm = limiter.SlidingCounter
@@ -253,7 +257,7 @@ func (z *Zone) validate() error {
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
 		checkCostJSON(z.CostJSON, z.Cost),
 		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
-		checkWait(time.Duration(z.Wait), z.Algorithm),
+		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	}
 	if z.concurrency() {
 		rules = []error{

@@ -33,6 +33,7 @@ func TestBadInput(t *testing.T) {
 		{"window of nanoseconds", func(c *limiter.Check) { c.Limit.Window = 999 }, "window 999ns is shorter than a microsecond"},
 		{"window beyond two years", func(c *limiter.Check) { c.Limit.Window = 3 * 365 * 24 * time.Hour }, "window 26280h0m0s is longer than 17520h0m0s"},
 		{"negative wait", func(c *limiter.Check) { c.Wait = -time.Second }, "wait -1s is negative"},
+		{"wait beyond its windows", func(c *limiter.Check) { c.Wait = 16*time.Minute + time.Microsecond }, "wait 16m0.000001s is longer than 16 windows of 1m0s, or two years"},
 		{"wait on a counter", func(c *limiter.Check) {
 			c.Limit.Algorithm, c.Wait = limiter.SlidingCounter, time.Second
 		}, "a counter zone takes no wait (wait 1s)"},
@@ -80,7 +81,7 @@ func TestBadInput(t *testing.T) {
 		{"cost of 2^53", func(c *limiter.Check) { c.Cost = 1 << 53 }, func(d limiter.Decision) bool { return d.Never }},
 		{"max 0", func(c *limiter.Check) { c.Limit.Max = 0 }, func(d limiter.Decision) bool { return d.Never && d.Remaining == 0 }},
 		{"max 0 of leases", func(c *limiter.Check) { c.Limit.Max, c.Limit.Algorithm = 0, limiter.Concurrency }, func(d limiter.Decision) bool { return d.Never }},
-		{"a wait longer than the window", func(c *limiter.Check) { c.Wait = time.Hour }, func(d limiter.Decision) bool { return d.Allowed && d.Delay == 0 }},
+		{"a wait of many windows", func(c *limiter.Check) { c.Wait = limiter.MaxWaitWindows * time.Minute }, func(d limiter.Decision) bool { return d.Allowed && d.Delay == 0 }},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for name, s := range stores {

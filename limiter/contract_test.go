@@ -51,7 +51,10 @@ func TestContract(t *testing.T) {
 	}{
 		{"Units", testUnits},
 		{"SettleDownUpAndTwice", testSettle},
+		{"SettleCountsFromTheEnd", testSettleFromEnd},
+		{"SettlesOutOfOrder", testSettleOutOfOrder},
 		{"WaitsPromiseTheirSlot", testWaits},
+		{"WaitsLongerThanTheWindow", testLongWaits},
 		{"SeveralZonesGoOnTogether", testSeveralZonesWait},
 		{"Leases", testLeases},
 		{"ChangingMax", testChangingMax},
@@ -146,14 +149,15 @@ func testSettle(t *testing.T, s clockedStore) {
 		t.Fatal(err)
 	}
 	c.Cost = 60
-	want(t, "peek after settling 60 to 10", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 90, Reset: 9 * sec})
+	// The 10 count from the settle: they leave the window at 11s.
+	want(t, "peek after settling 60 to 10", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 90, Reset: 10 * sec})
 	// Settling again, to anything, does nothing.
 	c.Cost = 0
 	if err := s.Settle(ctx, []Check{c}, a); err != nil {
 		t.Fatal(err)
 	}
 	c.Cost = 60
-	want(t, "peek after a second settle", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 90, Reset: 9 * sec})
+	want(t, "peek after a second settle", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 90, Reset: 10 * sec})
 	// A denial recorded nothing: settling it does nothing.
 	if err := s.Settle(ctx, []Check{c}, b); err != nil {
 		t.Fatal(err)
@@ -187,6 +191,97 @@ func testSettle(t *testing.T, s clockedStore) {
 	want(t, "after settling what aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 100})
 }
 
+// testSettleFromEnd: a settled cost counts from the settle (when the
+// response ended), in a log and in a counter, so a call longer than the
+// window is charged like any other and its client waits a full window after
+// it; a short one blocks a window from its end, not from its start.
+func testSettleFromEnd(t *testing.T, s clockedStore) {
+	ctx := context.Background()
+	for _, algo := range []Algorithm{SlidingLog, SlidingCounter} {
+		c := Check{Zone: "bytes-" + algo.String(), Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100, Algorithm: algo}}
+		s.at(100 * sec) // the start of a counter's fixed window
+		long := decide(t, s, false, c)
+		// A stream of 12s reports the whole budget.
+		s.at(112 * sec)
+		c.Cost = 100
+		if err := s.Settle(ctx, []Check{c}, long); err != nil {
+			t.Fatal(err)
+		}
+		c.Cost = 1
+		d := decide(t, s, false, c)[0]
+		if d.Allowed || d.RetryAfter < 8*sec {
+			t.Errorf("%s: a call right after a 12s stream that spent the budget: %+v, want denied for most of a window", algo, d)
+		}
+		if algo == SlidingLog {
+			want(t, "log: after a 12s stream that spent the budget", d, Decision{Reset: 10 * sec, RetryAfter: 10 * sec})
+			s.at(121*sec + 999*time.Millisecond)
+			want(t, "log: just before it ages out", decide(t, s, true, c)[0], Decision{Reset: time.Millisecond, RetryAfter: time.Millisecond})
+			s.at(122 * sec)
+			want(t, "log: a window after the stream ended", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 99, Reset: 10 * sec})
+		}
+	}
+	// A 5s call in a 10s window, reserving and spending the whole budget,
+	// blocks until a window after its end.
+	c := Check{Zone: "short", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100}, Cost: 100}
+	s.at(200 * sec)
+	short := decide(t, s, false, c)
+	s.at(205 * sec)
+	if err := s.Settle(ctx, []Check{c}, short); err != nil {
+		t.Fatal(err)
+	}
+	s.at(212 * sec)
+	want(t, "7s after a 5s call ended", decide(t, s, false, c)[0], Decision{Reset: 3 * sec, RetryAfter: 3 * sec})
+	s.at(215 * sec)
+	want(t, "10s after it ended", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 0, Reset: 10 * sec})
+}
+
+// testSettleOutOfOrder: settles that arrive in another order than their
+// admissions take back each its own reservation and charge at their own
+// times; a settle while requests wait for later slots charges just after
+// the newest of them.
+func testSettleOutOfOrder(t *testing.T, s clockedStore) {
+	ctx := context.Background()
+	c := Check{Zone: "tokens", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100}, Cost: 40}
+	s.at(0)
+	a := decide(t, s, false, c)
+	s.at(1 * sec)
+	b := decide(t, s, false, c)
+	s.at(2 * sec)
+	c.Cost = 15
+	if err := s.Settle(ctx, []Check{c}, b); err != nil {
+		t.Fatal(err)
+	}
+	s.at(3 * sec)
+	c.Cost = 25
+	if err := s.Settle(ctx, []Check{c}, a); err != nil {
+		t.Fatal(err)
+	}
+	c.Cost = 61
+	want(t, "after two settles out of order", decide(t, s, true, c)[0], Decision{Remaining: 60, Reset: 9 * sec, RetryAfter: 9 * sec})
+	s.at(12 * sec)
+	want(t, "once the first settled aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 75, Reset: sec})
+	s.at(13 * sec)
+	want(t, "once both aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 100})
+
+	// A count zone of 2: a request waits for the slot at 30s; a settle at
+	// 22s charges just after it, never before a promised admission.
+	n := Check{Zone: "api", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 2}}
+	s.at(20 * sec)
+	first := decide(t, s, false, n)
+	s.at(21 * sec)
+	decide(t, s, false, n)
+	n.Wait = 9 * sec
+	want(t, "a wait for the slot at 30s", decide(t, s, false, n)[0], Decision{Allowed: true, Delay: 9 * sec, Reset: 9 * sec})
+	s.at(22 * sec)
+	n.Cost, n.Wait = 1, 0
+	if err := s.Settle(ctx, []Check{n}, first); err != nil {
+		t.Fatal(err)
+	}
+	s.at(31 * sec)
+	// 21s aged out; held: 30s and the settle's charge just after it.
+	want(t, "after the promised slot", decide(t, s, true, n)[0], Decision{Reset: 9 * sec, RetryAfter: 9 * sec})
+}
+
 // testWaits: a request that may wait is admitted at the earliest time it
 // can be, recorded then, and told to wait that long; a later request does
 // not take the promised slot; a promise given back frees it.
@@ -217,10 +312,37 @@ func testWaits(t *testing.T, s clockedStore) {
 	}
 	c.Cost, c.Wait = 0, 2*sec
 	want(t, "after the promise was given back", decide(t, s, false, c)[0], Decision{Allowed: true, Delay: 1 * sec, Reset: 1 * sec})
-	// A wait longer than the window counts as the window.
-	c.Wait = time.Hour
-	s.at(9*sec + 500*time.Millisecond)
-	want(t, "a wait of an hour", decide(t, s, false, c)[0], Decision{Allowed: true, Delay: 1500 * time.Millisecond, Reset: 500 * time.Millisecond})
+	// A wait of more than MaxWaitWindows windows is refused.
+	c.Wait = MaxWaitWindows*c.Limit.Window + time.Microsecond
+	if err := s.Allow(ctx, []Check{c}, make([]Decision, 1)); err == nil {
+		t.Errorf("a wait of %v in a window of %v: no error", c.Wait, c.Limit.Window)
+	}
+}
+
+// testLongWaits: a wait longer than the window holds as long as it says: ten
+// requests at once against 2 per 10s with a wait of 35s go on two by two at
+// 0, 10, 20 and 30s, each recorded at its slot; the ninth would need 40s
+// and is denied at once, told to come back when 40s is within its wait.
+func testLongWaits(t *testing.T, s clockedStore) {
+	c := Check{Zone: "line", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 2}, Wait: 35 * sec}
+	s.at(0)
+	for i := range 10 {
+		d := decide(t, s, false, c)[0]
+		if i >= 8 {
+			want(t, "beyond the wait", d, Decision{Reset: 40 * sec, RetryAfter: 5 * sec})
+			continue
+		}
+		slot := time.Duration(i/2) * 10 * sec
+		if !d.Allowed || d.Delay < slot || d.Delay > slot+10*time.Microsecond {
+			t.Errorf("request %d: %+v, want admitted with a delay of %v", i+1, exported(d), slot)
+		}
+	}
+	// The line holds: at 25s the next slot is at 40s.
+	s.at(25 * sec)
+	c.Wait = 0
+	want(t, "while the line is served", decide(t, s, true, c)[0], Decision{Reset: 15 * sec, RetryAfter: 15 * sec})
+	s.at(40 * sec)
+	want(t, "once the line is served", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 0, Reset: time.Microsecond})
 }
 
 // testSeveralZonesWait: the zones of one request go on together at the

@@ -30,9 +30,10 @@ func instances(t *testing.T, n int) []*RedisStore {
 
 // TestExactUnderConcurrency: three instances admit requests of one client
 // with costs of 1 to 9 units, some waiting for their slot, some settled to
-// less or to nothing afterwards; in any window, the units whose admission
-// times (waits included, at the time they were recorded for) lie in it
-// never exceed Max, however the calls interleave.
+// less or to nothing at once (a call shorter than the window, charged from
+// its end); in any window, the units whose times (waits included, at the
+// time they were recorded for; a settled cost at the time the settle
+// recorded it) lie in it never exceed Max, however the calls interleave.
 func TestExactUnderConcurrency(t *testing.T) {
 	const (
 		limit   = 40
@@ -78,7 +79,7 @@ func TestExactUnderConcurrency(t *testing.T) {
 							t.Error(err)
 							return
 						}
-						a.units = c.Cost
+						a = admission{ds[0].charged, c.Cost}
 					}
 					mu.Lock()
 					admitted = append(admitted, a)

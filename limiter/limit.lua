@@ -5,15 +5,20 @@
 -- in the last window, plus c, fit in max. With sum_i the units admitted up to
 -- admission i and n the newest kept, j = the smallest kept with sum_j >=
 -- sum_n + c - max must age out for c to fit: room = t_j + window (none:
--- now). If room - now <= wait, the request goes on at room, recorded then or
--- just after t_n (times strictly increase); else it is denied, reset = room -
--- now; c > max never fits. With several zones it goes on at the latest room,
--- recorded then in each. A promised admission is recorded at its future
--- time, so no later one takes its slot: units with times in any window never
--- exceed max, exact for each call's own max. Settling changes an admission's
--- units (zero takes it back). A counter weighs units as it weighs requests;
--- a concurrency zone holds one lease per request in flight, expiring window
--- after it was taken or extended. Neither waits (the store refuses a wait).
+-- now). If room - now <= wait (windows ahead too), it goes on at room,
+-- recorded then or just after t_n (times strictly increase); else it is
+-- denied, reset = room - now; c > max never fits. Several zones: the latest
+-- room, recorded in each. A record goes after every entry and only those
+-- after t_j share its window, so units in any window never exceed max, for
+-- each call's own max. Entries merge (a ring of MERGE entries, within a span
+-- of window/MERGE): an entry keeps its admissions' units and latest time, so
+-- none leaves the window early; a client may be denied a span early. A
+-- settle takes the reservation back and records the real cost as an
+-- admission at its room from now (later only if promised slots or other
+-- charges fill the window): every window stays within max, long calls too;
+-- only c > max, recorded now, exceeds it. A counter weighs units as it
+-- weighs requests; a concurrency zone holds a lease per request in flight,
+-- expiring window after it was taken or extended; neither waits.
 --
 -- KEYS[i]  the i-th zone's state, requests in order: log, a ring (below);
 --          counter, hash {w = current fixed window's index, c = its units,
@@ -23,18 +28,19 @@
 --          kind u8 (0 log, 1 counter, 2 concurrency), window double (µs; the
 --          lease time), max double, cost double (to reserve; settle: the
 --          real cost), token double (settle: the log's admission time, the
---          counter's window index), aux 8 bytes (lease id; counter settle:
---          the units reserved, double)
+--          counter's window index), aux 8 bytes (lease id; settle: the
+--          units reserved, double)
 -- ARGV[2]  optional, for tests: the time in µs in place of TIME; keys then
 --          get no expiry, which runs on Redis's clock
 -- Reply    per request: delay double (µs an admitted request waits; 0 when
 --          denied); per zone: flag u8 (0 denied, 1 admits (recorded if all
 --          do), 2 never: cost above max; settle, extend: 1 done), remaining
---          double (units left, after this request if recorded), reset double
+--          double (units left, after this request if recorded; settle: before
+--          it, so its caller knows if a denial may rest on it), reset double
 --          (µs: denied, until room for this cost; else until units next
---          leave the window), token double (log: admission time; counter:
---          window index; -1: none); then, once, the call's time in Redis
---          double (µs from its first TIME to its last)
+--          leave the window), token double (log: admission time, of a
+--          settle's record too; counter: window index; -1: none); last,
+--          once: the call's time in Redis double (µs from its first TIME)
 --
 -- A ring holds the admissions that may still be in the window, oldest first
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
@@ -51,10 +57,9 @@
 -- oldest entries, so that a decision reads one range. Values of up to SMALL
 -- bytes are read whole, no large one is read or built whole (Redis's Lua
 -- hashes every string it makes). Sums are mod 2^48: a ring saturates.
-
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
-local S, CHUNK, SMALL, SMALLCAP = 64, 120, 512, 80
+local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
 local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], call('TIME')
 if not now then now = clock[1] * 1000000 + clock[2] end
 local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
@@ -96,8 +101,7 @@ local function load(k, small)
   elseif version == 2 and vlen >= 46 then size, h, n, exp, seq, flo, total, last, mh, mc = unpack('>I4I4I4I5dI6I6I6BB', v, 2)
   else version = 0 end
   if version > 0 and (vlen == shape(version, size) or vlen >= (small and SMALL or 142)) then
-    last, t = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc
-    return
+    last, t = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc return
   end
   -- Nothing, or nothing this version reads: the ring starts over.
   h, n, exp, v, vlen, last, t, mc = 0, 0, ms, '', 0, nil, tc, 0
@@ -109,7 +113,6 @@ local function restore(r)
   f, first, before, newest, t, mc = r[14], r[15], r[16], r[17], tc, r[18]
   shape(r[5], r[6])
 end
-
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (from v,
 -- or w, which reads a chunk from there when it does not hold it); put writes
 -- b at off, or into v when it is a whole value made anew (commit writes it),
@@ -130,7 +133,6 @@ local function put(off, b)
   if lo < up then w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
 local function u48(x) return pack('>I6', x % 2 ^ 48) end
-
 -- t returns the time of entry i (0 is the oldest kept; tw when v holds the
 -- whole value), u its units, s the units of the entries kept up to it (0 for
 -- i < 0): in a units ring, the base of i's bucket (the floor, in the
@@ -169,7 +171,6 @@ local function gallop(get, x, lo)
   local i = search(get, x, lo, min(hi, n))
   return i, i < n and (i == hi and y or get(i)) or nil
 end
-
 -- range returns the entries [i, j), oldest first.
 local function range(i, j)
   if j <= i then return '' end
@@ -177,7 +178,6 @@ local function range(i, j)
   local a = min(j - i, cap - p)
   return a < j - i and bytes(H + E * p, E * a) .. bytes(H, E * (j - i - a)) or bytes(H + E * p, E * a)
 end
-
 -- reshape gives the ring size slots in the layout of version: grown, shrunk,
 -- or a count ring made a units ring (1 unit an entry). A large ring grows in
 -- place: the value is extended, and the smaller of the older and the newer
@@ -222,7 +222,6 @@ local function reshape(size, version)
     exp = ms
   end
 end
-
 -- commit writes b at offset off and the header, and keeps the key until its
 -- newest admission ages out, and an eighth of a window more (a key in use is
 -- then not given a new expiry at each admission); an empty ring goes.
@@ -245,7 +244,6 @@ local function commit(at, window, off, b)
   if off then call('SETRANGE', key, fmt('%d', off), b) end
   call('SETRANGE', key, '0', header() .. m)
 end
-
 -- A log zone's decision, before any write: when a request of cost c fits
 -- (room), the units in the window (held), until units leave it (reset); and
 -- the decision in hand.
@@ -279,67 +277,69 @@ local function log_decide(k, W, mx, c)
   end
   return room, held, first and first + W - now or 0
 end
-
--- Records an admission of a log zone at time at (or just after the newest),
--- dropping what aged out, growing, shrinking or making a units ring.
+-- Records an admission of a log zone at time at (or just after the newest), dropping what aged out,
+-- growing, shrinking, merging or changing the ring's kind.
 local function log_record(k, W, mx, c, at, held, reset)
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
     h, n, mh, mc = (h + f) % cap, n - f, mc > f and mh + f or 0, max(mc - f, 0)
     if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
-  if n == cap or cap > 64 and 4 * (n + 1) <= cap or c ~= 1 and ver ~= 2 then -- grow, shrink or convert
+  if ver == 2 and n == 0 and c == 1 then reshape(4, 4) end -- all aged out: a count ring again
+  -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
+  -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
+  local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
+  if ver == 2 and n > 0 and (n >= MERGE and floor(at / span) == floor(last / span) or n >= MAXCAP) then
+    total = (total + c) % 2 ^ 48
+    commit(at, W, H + 12 * ((h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(n - 1) + c) % 2 ^ 48))
+    return at, held + c, first and reset or at + W - now
+  end
+  if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and ver ~= 2 then -- grow, shrink or convert
     local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
       or c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
-    reshape(size, (c ~= 1 or ver == 2) and 2 or size <= SMALLCAP and 4 or 3)
+    reshape(min(size, MAXCAP), units and 2 or size <= SMALLCAP and 4 or 3)
   end
   -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
   if ver ~= 4 and mc < 2 and n > mc then mh, mc, mir = 0, min(n, 96 / E), range(0, min(n, 96 / E)) end
   local off = H + E * ((h + n) % cap)
   n = n + 1
-  if ver ~= 2 then
-    commit(at, W, off, pack('>I6', at % 2 ^ 48))
-  else
-    if (seq + n - 1) % S == 0 and n > 1 then put(BO + 6 * (floor((seq + n - 1) / S) % B), u48(total)) end
-    total = (total + c) % 2 ^ 48
-    commit(at, W, off, pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48))
-  end
+  if ver == 2 and (seq + n - 1) % S == 0 and n > 1 then put(BO + 6 * (floor((seq + n - 1) / S) % B), u48(total)) end
+  total = ver == 2 and (total + c) % 2 ^ 48 or total
+  commit(at, W, off, ver == 2 and pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48) or pack('>I6', at % 2 ^ 48))
   return at, held + c, first and reset or at + W - now
 end
-
--- Settles the admission at time token to c units. A count ring takes a
--- refund out (the newer entries move back); any other change makes it a
--- units ring; entries settled to zero go once newest.
-local function log_settle(k, W, c, token)
-  load(k, false)
-  if n == 0 or token > last then return 0 end
-  -- Most settle one of the newest: looking back from it, in a chunk that ends there.
-  local n0, hi, step, o = n, n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
-  if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
-  while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
-  local e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
-  local old = t(e) == token and u(e)
-  if not old then return 0 elseif c == old then return 1 end
-  if ver ~= 2 and c == 0 then
+-- Settles the admission at time token to c units, charged from now: the reservation is taken back (a
+-- count ring takes its entry out, the newer move back; a units ring holds it at zero, dropped once
+-- newest), and c is recorded as an admission at its room (now, unless promised slots or other charges
+-- hold it). Returns the units held before and the record's time.
+local function log_settle(k, W, mx, c, token, aux)
+  local _, held0, _, e, old = log_decide(k, W, mx, 0) -- e, old: the entry settled, its units
+  if n > 0 and token <= last then -- most settle one of the newest: looking back from it
+    local hi, step, o = n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
+    if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
+    while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
+    e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
+    local span = max(1, floor(W / MERGE)) -- or merged into a later entry of its span
+    old = (t(e) == token or ver == 2 and token > now - W and floor(t(e) / span) == floor(token / span)) and u(e)
+  end
+  if old and ver ~= 2 then
     local b, p = range(e + 1, n), (h + e) % cap
     if #b > 0 then put(H + 6 * p, sub(b, 1, 6 * (cap - p))) end
     if #b > 6 * (cap - p) then put(H, sub(b, 6 * (cap - p) + 1)) end
     n = n - 1
-  else
-    if ver ~= 2 then reshape(cap, 2) end
-    c = min(c, 2 ^ 48 - 1 - (total - flo) % 2 ^ 48 + old)
-    put(H + 12 * ((h + e) % cap) + 6, u48(c))
-    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) + c - old)) end
-    total = (total + c - old) % 2 ^ 48
+  elseif old then -- the reservation, or what the entry holds
+    local r = min(old, (unpack('>d', aux)))
+    put(H + 12 * ((h + e) % cap) + 6, u48(old - r))
+    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) - r)) end
+    total = (total - r) % 2 ^ 48
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  mc = e < mc and 0 or min(mc, n) -- a changed copy: the mirror no longer holds what the ring does
-  commit(n == n0 and last or n > 0 and t(n - 1) or now, W)
-  return 1
+  if old then mc = e < mc and 0 or min(mc, n) commit(e < n and last or n > 0 and t(n - 1) or now, W) end -- mirror: a changed copy
+  if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
+  local room, held, reset = log_decide(k, W, mx, c) -- sums are mod 2^48: what a ring holds saturates
+  return 1, held0, log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
-
--- The sliding counter: the previous fixed window's units, weighted by how much
--- of it the sliding window covers, plus the current one's.
+-- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
 local function counter_decide(k, W, mx, c)
   local idx = floor(now / W)
   local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
@@ -357,13 +357,13 @@ local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
   if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
   return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
 end
-local function counter_settle(k, W, c, token, aux)
-  local hm = fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
-  local field = tonumber(hm[1]) == token and 2 or tonumber(hm[1]) == token + 1 and 3
-  if field then call('HSET', k, field == 2 and 'c' or 'p', max(0, (tonumber(hm[field]) or 0) + c - unpack('>d', aux))) end
-  return field and 1 or 0
+-- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
+local function counter_settle(k, W, mx, c, token, aux)
+  local room, held, reset, idx, e, cur, prev = counter_decide(k, W, mx, 0)
+  if token == idx then cur = max(0, cur - unpack('>d', aux)) elseif token == idx - 1 then prev = max(0, prev - unpack('>d', aux)) end
+  counter_record(k, W, mx, c, now, held, reset, idx, e, cur, prev)
+  return 1, held
 end
-
 -- A concurrency zone: the leases whose expiry is after now; its key lives as
 -- long as its latest lease.
 local function lease_decide(k, W, mx)
@@ -385,10 +385,9 @@ local function lease_extend(k, W, aux)
   if lease and lease > now then call('ZADD', k, 'XX', fmt('%d', now + W), aux) end
   return lease and lease > now and (keep_leases(k) or 1) or 0
 end
-
 local decide = {[0] = log_decide, counter_decide, lease_decide}
 local record = {[0] = log_record, counter_record, lease_record}
-local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, aux) return call('ZREM', k, aux) end}
+local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, _, aux) return call('ZREM', k, aux) end}
 -- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
 -- zones take, 0 denied) and reset; reply packs a zone's answer.
 local function verdict(kind, c, mx, room, reset, wait)
@@ -422,10 +421,10 @@ while pos <= #args do
     end
     if op > 1 then
       for i = 1, nz do
-        local z = Z[i]
-        local done = op == 2 and settle[z[KIND]](z[KEY], z[WIN], z[COST], z[TOKEN], z[AUX])
-          or z[KIND] == 2 and lease_extend(z[KEY], z[WIN], z[AUX]) or 0
-        out[#out + 1] = reply(i == 1, 0, done, 0, 0, 0, -1)
+        local z, done, held, at = Z[i], 0, nil, nil -- a settle: what its zone held before, its record's time
+        if op == 2 then done, held, at = settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
+        elseif z[KIND] == 2 then done = lease_extend(z[KEY], z[WIN], z[AUX]) end
+        out[#out + 1] = reply(i == 1, 0, done, z[MAX], held or z[MAX], 0, at or -1)
       end
     else
       -- All decide, then record at the latest room if every one admits.
@@ -449,5 +448,4 @@ while pos <= #args do
   end
 end
 local done = call('TIME') -- the call's own time, so the caller tells Redis's time from the network's
-out[#out + 1] = pack('>d', (done[1] - clock[1]) * 1000000 + done[2] - clock[2])
-return table.concat(out)
+return table.concat(out) .. pack('>d', (done[1] - clock[1]) * 1000000 + done[2] - clock[2])

@@ -16,14 +16,19 @@
 //
 //   - Units. A request costs Check.Cost units (0 means 1). The log keeps the
 //     time and the running sum of units of each admission in its window, so
-//     its memory grows with the admissions, not with the units. A cost above
-//     Max is never admitted: the decision says Never, with no RetryAfter.
+//     its memory grows with the admissions, not with the units, and is
+//     bounded: past 256 entries, admissions within a 256th of Window merge
+//     into one entry carrying their units and the latest of their times (it
+//     leaves the window no earlier than any of them, so the limit holds; a
+//     client may be denied up to that span early), and a log keeps at most
+//     1,280 entries. A cost above Max is never admitted: the decision says
+//     Never, with no RetryAfter.
 //   - Denials are free. A denied request records nothing, in any zone, so a
 //     client that keeps sending while denied is let through again as soon as
 //     enough of its admissions age out; RetryAfter says exactly when.
-//   - Waits. A log check may accept a Wait: when the zone cannot admit now but
-//     can within the wait, the request is admitted at the earliest time it
-//     can be, its admission is recorded at that future time (so every process
+//   - Waits. A log check may accept a Wait, even of several windows: when
+//     the zone cannot admit now but can within the wait, the request is
+//     admitted at the earliest time it can be, its admission is recorded at that future time (so every process
 //     counts it, and no later request takes its slot), and Decision.Delay says
 //     how long the caller must hold the request. With several zones, the
 //     admission time is the latest of theirs, and every zone records it then.
@@ -31,7 +36,9 @@
 //     is an error.
 //   - Settling. After a request, Store.Settle replaces what its admission cost
 //     with the real cost (Check.Cost, where 0 means 0): lower, zero (a refund)
-//     or higher than reserved. A charge above the reservation is recorded in
+//     or higher than reserved. The real cost counts from the settle, when the
+//     response ended: the reservation is taken back and the cost recorded as
+//     an admission then, so a call longer than Window is charged too. A charge above the reservation is recorded in
 //     full even past Max; the client then waits until enough ages out. Settle
 //     also releases the request's leases. Settling twice does nothing.
 //   - Changing Max. Max may differ from one call to the next for the same
@@ -75,8 +82,10 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingLog keeps the time and units of every admission in the window:
-	// exact, and memory grows with the admissions. The zero value.
+	// SlidingLog keeps the time and units of the admissions in the window,
+	// merging those close in time past a bound: exact (never over Max), and
+	// memory grows with the admissions up to about 16 KB in Redis. The zero
+	// value.
 	SlidingLog Algorithm = iota
 	// SlidingCounter keeps two fixed-window sums of units and weighs the
 	// previous one by how much of it the sliding window still covers: O(1)
@@ -130,9 +139,11 @@ type Check struct {
 	// (a refund). A concurrency zone counts requests: its Cost must be 0 or 1.
 	Cost int64
 	// Wait is the longest the caller will hold the request for its slot in a
-	// log zone; zero means no wait, and a Wait longer than Window counts as
-	// Window. A request waits at most the least Wait of its log checks.
-	// Counter and concurrency zones take no wait.
+	// log zone; zero means no wait. It may be longer than Window, up to
+	// MaxWaitWindows windows: a zone of Max n per Window with a wait w then
+	// holds about n*w/Window requests in line, each admitted at its own slot.
+	// A request waits at most the least Wait of its log checks. Counter and
+	// concurrency zones take no wait.
 	Wait time.Duration
 }
 
@@ -163,8 +174,20 @@ type Decision struct {
 	// future. Zero when it goes on now, and when denied.
 	Delay time.Duration
 
+	// Lifts is set by Settle: just before it, the zone had no room for
+	// another request reserving what this one did (in a log or counter
+	// zone). Only then can a denial of such a request, cached anywhere,
+	// rest on what the settle took back; when such a request fitted, any
+	// denial of it had expired. A caller that announces lowered costs to
+	// other processes' deny caches need do so only when Lifts is set, for a
+	// zone whose requests all reserve the same under the same Max.
+	Lifts bool
+
 	// held is what the store recorded, for Settle and Extend.
 	held holding
+	// charged is, after Settle of a log check, the time the real cost was
+	// recorded at (the store's clock, microseconds; 0: none).
+	charged int64
 }
 
 // holding is what one admitted check recorded.
@@ -193,9 +216,11 @@ type Store interface {
 	Peek(ctx context.Context, checks []Check, decisions []Decision) error
 	// Settle replaces what the Allow that filled decisions recorded with
 	// checks[i].Cost (0 takes the admission back), and releases its leases.
-	// An admission that has aged out meanwhile is left alone. It marks the
-	// decisions as settled, so a second Settle does nothing, and changes
-	// none of their exported figures.
+	// The cost counts from the settle, as an admission then (or just after
+	// the newest): the reservation is taken back, if it has not aged out,
+	// and the cost recorded anew. It marks the decisions as settled, so a
+	// second Settle does nothing, and changes none of their exported figures
+	// but Lifts.
 	Settle(ctx context.Context, checks []Check, decisions []Decision) error
 	// Extend restarts the lease time of the leases that decisions hold. A
 	// lease that expired first is lost: Extend then returns an error that
@@ -228,6 +253,11 @@ const (
 	maxWindow = 2 * 365 * 24 * time.Hour
 )
 
+// MaxWaitWindows bounds a Wait, in windows of its zone (and it is at most
+// two years): a ring then keeps at most the admissions of MaxWaitWindows+1
+// windows, Max in each.
+const MaxWaitWindows = 16
+
 // checkInput reports the first check that no store can decide, naming it and
 // what is wrong, or decisions of the wrong length.
 func checkInput(checks []Check, decisions []Decision) error {
@@ -254,6 +284,8 @@ func checkInput(checks []Check, decisions []Decision) error {
 			problem = fmt.Sprintf("cost %d is above 2^53", c.Cost)
 		case c.Wait < 0:
 			problem = fmt.Sprintf("wait %v is negative", c.Wait)
+		case c.Wait > MaxWaitWindows*l.Window || c.Wait > maxWindow:
+			problem = fmt.Sprintf("wait %v is longer than %d windows of %v, or two years", c.Wait, MaxWaitWindows, l.Window)
 		case c.Wait > 0 && l.Algorithm != SlidingLog:
 			problem = fmt.Sprintf("a %s zone takes no wait (wait %v)", l.Algorithm, c.Wait)
 		case c.Cost > 1 && l.Algorithm == Concurrency:
@@ -270,16 +302,15 @@ func checkInput(checks []Check, decisions []Decision) error {
 func reserved(c Check) int64 { return max(c.Cost, 1) }
 
 // requestWait is how long a request of checks may wait for its slot: the
-// least of its log checks' waits, each at most its window.
+// least of its log checks' waits.
 func requestWait(checks []Check) time.Duration {
 	wait := time.Duration(-1)
 	for _, c := range checks {
 		if c.Limit.Algorithm != SlidingLog {
 			continue
 		}
-		w := min(c.Wait, c.Limit.Window)
-		if wait < 0 || w < wait {
-			wait = w
+		if wait < 0 || c.Wait < wait {
+			wait = c.Wait
 		}
 	}
 	return max(wait, 0)

@@ -29,8 +29,11 @@ type memoryKey struct{ zone, client string }
 type memoryState struct {
 	kind Algorithm
 	// log holds a log zone's admissions, oldest first, strictly increasing
-	// in time; an admission settled to zero units is dropped.
-	log []admission
+	// in time. In a count log an admission settled to zero is dropped; in a
+	// units log (units) it stays at zero until it is the newest, and
+	// admissions close in time merge (see mergeEntries), as in Redis.
+	log   []admission
+	units bool
 	// index, cur and prev are a counter zone's current fixed window and the
 	// units in it and in the one before.
 	index, cur, prev int64
@@ -41,6 +44,33 @@ type memoryState struct {
 }
 
 type admission struct{ at, units int64 }
+
+const (
+	// mergeEntries is how many entries a units log keeps before admissions
+	// within one span of Window/mergeEntries merge into one entry, which
+	// carries their units and the latest of their times: it leaves the
+	// window no earlier than any of them would, so the limit holds, and a
+	// client may be denied up to a span early. A count log of
+	// 4*mergeEntries (3*mergeEntries if Max is above 4*mergeEntries, which a
+	// count log reaches only with waits) becomes a units log.
+	mergeEntries = 256
+	// maxEntries bounds a log: past it, every admission merges into the
+	// newest entry. A units entry is 12 bytes in Redis: 14.3 KB with the
+	// header, under 16 KB with Redis's own. A ring reaches it only with
+	// waits beyond the window: then the merge span no longer bounds how
+	// early a client may be denied.
+	maxEntries = 1170
+)
+
+// countToUnits reports whether a count log of n admissions before a record
+// under max becomes a units log, which merges.
+func countToUnits(n int, max int64) bool {
+	return n >= 4*mergeEntries || n >= 3*mergeEntries && max > 4*mergeEntries
+}
+
+// mergeSpan is the span, in microseconds, within which a units log of w
+// merges admissions.
+func mergeSpan(w int64) int64 { return max(1, w/mergeEntries) }
 
 // memorySweepInterval is how often idle keys are dropped.
 const memorySweepInterval = time.Minute
@@ -156,8 +186,8 @@ func (st *memoryState) decide(z *zoneDecision, now int64, l Limit, cost int64) {
 	case SlidingLog:
 		n := len(st.log)
 		f := 0
-		for f < n && st.log[f].at <= now-w {
-			f++
+		for f < n && (st.log[f].at <= now-w || st.log[f].units == 0) {
+			f++ // aged out, or holding nothing: the window starts after it
 		}
 		var total, before int64
 		for i, a := range st.log {
@@ -246,7 +276,18 @@ func (st *memoryState) record(z *zoneDecision, now, at int64, l Limit, cost int6
 		if n := len(st.log); n > 0 && st.log[n-1].at >= at {
 			at = st.log[n-1].at + 1
 		}
-		st.log = append(st.log[z.f:], admission{at, cost})
+		st.log = st.log[z.f:]
+		if len(st.log) == 0 && cost == 1 {
+			st.units = false // all aged out: a count log again
+		}
+		n, span := len(st.log), mergeSpan(w)
+		if st.units && n > 0 && (n >= mergeEntries && at/span == st.log[n-1].at/span || n >= maxEntries) {
+			// Merged into the newest: their units at the latest time.
+			st.log[n-1] = admission{at, st.log[n-1].units + cost}
+		} else {
+			st.log = append(st.log, admission{at, cost})
+			st.units = st.units || cost != 1 || countToUnits(n, l.Max)
+		}
 		st.expires = at + w
 		if z.reset == 0 {
 			z.reset = at + w - now
@@ -284,52 +325,85 @@ func (s *MemoryStore) Settle(_ context.Context, checks []Check, decisions []Deci
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
 	for i, c := range checks {
 		h := decisions[i].held
 		decisions[i].held = holding{}
-		st := s.state[memoryKey{c.Zone, c.Key}]
-		if !h.recorded || st == nil || st.kind != c.Limit.Algorithm {
+		k := memoryKey{c.Zone, c.Key}
+		st := s.state[k]
+		if !h.recorded {
 			continue
 		}
-		st.settle(h, c.Cost)
+		if st == nil || st.kind != c.Limit.Algorithm {
+			if c.Cost == 0 || c.Limit.Algorithm == Concurrency {
+				continue
+			}
+			st = &memoryState{kind: c.Limit.Algorithm}
+			s.state[k] = st
+		}
+		decisions[i].Lifts, decisions[i].charged = st.settle(h, now, c.Limit, c.Cost)
 	}
 	return nil
 }
 
-// settle changes what h recorded to cost units.
-func (st *memoryState) settle(h holding, cost int64) {
+// settle takes back what h reserved and charges cost units from now: the
+// real cost counts from when the response ended, however long it ran. It
+// reports whether the zone had no room for h's reservation before (see
+// Decision.Lifts).
+func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts bool, charged int64) {
+	w := microseconds(l.Window)
+	if st.kind != Concurrency {
+		var z zoneDecision
+		st.decide(&z, now, l, 0)
+		lifts = max(0, int64(math.Floor(float64(l.Max)-z.held))) < h.units
+	}
 	switch st.kind {
 	case SlidingLog:
-		var total int64
-		e := -1
+		// The reservation is in the first entry at or after it: its own, or
+		// one of its span it merged into.
+		span := mergeSpan(w)
 		for i, a := range st.log {
-			total += a.units
-			if a.at == h.at {
-				e = i
+			if a.at < h.at {
+				continue
 			}
+			switch {
+			case a.at == h.at && !st.units:
+				st.log = append(st.log[:i], st.log[i+1:]...)
+			case a.at == h.at || st.units && h.at > now-w && a.at/span == h.at/span:
+				st.log[i].units -= min(a.units, h.units)
+				for len(st.log) > 0 && st.log[len(st.log)-1].units == 0 {
+					st.log = st.log[:len(st.log)-1]
+				}
+			}
+			break
 		}
-		if e < 0 {
-			return
+		if len(st.log) == 0 {
+			st.units = false // Redis drops an empty ring: it starts over as a count ring
 		}
-		// Sums are kept modulo 2^48 in Redis: what a zone holds saturates.
-		old := st.log[e].units
-		cost = min(cost, maxUnits-total+old)
 		if cost == 0 {
-			st.log = append(st.log[:e], st.log[e+1:]...)
-		} else {
-			st.log[e].units = cost
+			return lifts, 0
 		}
+		// Recorded at its room, as a wait would be (now unless promised
+		// slots or other charges fill the window): every window stays
+		// within Max.
+		var z zoneDecision
+		st.decide(&z, now, l, cost)
+		// Sums are kept modulo 2^48 in Redis: what a zone holds saturates.
+		charged = st.record(&z, now, z.room, l, min(cost, maxUnits-int64(z.held))).at
 	case SlidingCounter:
-		d := cost - h.units
-		switch st.index {
+		c, p := st.rolled(now, w)
+		switch now / w {
 		case h.at:
-			st.cur = max(0, st.cur+d)
+			c = max(0, c-h.units)
 		case h.at + 1:
-			st.prev = max(0, st.prev+d)
+			p = max(0, p-h.units)
 		}
+		st.index, st.cur, st.prev = now/w, c+cost, p
+		st.expires = now - now%w + 2*w
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}
+	return lifts, charged
 }
 
 // Extend implements Store.

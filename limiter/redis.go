@@ -323,6 +323,7 @@ func (s *RedisStore) refund(ctx context.Context, keys []string, checks []Check, 
 			return fmt.Errorf("refunding admissions: %w", err)
 		}
 		for _, i := range idx {
+			decisions[i].Lifts = false // a decision, not a settle
 			decisions[i].Remaining += reserved(checks[i])
 		}
 	}

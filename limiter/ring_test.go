@@ -78,9 +78,13 @@ func TestRingMaxOne(t *testing.T) {
 	}
 }
 
-// TestRingMax100000: a hundred thousand admissions fill the ring, the next
-// one is denied until the oldest ages out, remaining and reset are exact
-// throughout, and a refund in the middle frees exactly one slot.
+// TestRingMax100000: a hundred thousand admissions in a tenth of a second
+// are decided exactly (remaining and reset throughout), while the ring stays
+// bounded: a count ring of 4*mergeEntries becomes a units ring whose later
+// admissions merge by span. The next one is denied until the oldest ages
+// out, exactly (the oldest were kept one by one); a refund of an admission
+// that merged frees exactly one unit; once everything aged out the client
+// starts over.
 func TestRingMax100000(t *testing.T) {
 	const (
 		max    = 100_000
@@ -112,46 +116,35 @@ func TestRingMax100000(t *testing.T) {
 		}
 	}
 	ring := readRing(t, testClient, key, t0)
-	if ring.cap != max || len(ring.times) != max || ring.times[0] != t0 {
-		t.Fatalf("ring: cap %d, %d times from %d; want %d from %d", ring.cap, len(ring.times), ring.times[0], max, int64(t0))
+	var sum int64
+	for _, u := range ring.units {
+		sum += u
 	}
-	last := int64(t0 + (max/batch-1)*10)
+	t.Logf("ring of %d admissions: version %d, cap %d, %d entries, %d bytes", max, ring.version, ring.cap, len(ring.times), ring.bytes)
+	if ring.version != 2 || len(ring.times) > maxEntries || ring.bytes > 16<<10 || sum != max || ring.times[0] != t0 {
+		t.Fatalf("ring: version %d, %d entries of %d units, %d bytes, from %d; want a units ring of at most %d entries and 16 KB holding %d from %d",
+			ring.version, len(ring.times), sum, ring.bytes, ring.times[0], maxEntries, max, int64(t0))
+	}
+	last := tokens[max-1].held.at
 	deny := &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
 	runScript(t, testClient, last+1, deny)
 	if d := deny.decisions[0]; d.Allowed || d.RetryAfter != window-time.Duration(last+1-t0)*time.Microsecond {
 		t.Fatalf("admission %d: %+v, want denied until the oldest ages out", max+1, d)
 	}
-	// Refund one from the middle: one slot frees at once.
-	refund := &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{c}, decisions: []Decision{tokens[max/2]}}
+	// Refund one that merged: one unit frees at once.
+	refund := &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{c}, decisions: []Decision{tokens[max-10]}}
 	runScript(t, testClient, last+2, refund)
 	peek := &scriptReq{op: opPeek, keys: []string{key}, checks: []Check{c}}
 	runScript(t, testClient, last+3, peek)
 	if d := peek.decisions[0]; !d.Allowed || d.Remaining != 1 {
 		t.Fatalf("after a refund in a full ring of %d: %+v, want Allowed with Remaining 1", max, d)
 	}
-	ring = readRing(t, testClient, key, t0)
-	if len(ring.times) != max-1 || ring.times[max/2] != tokens[max/2+1].held.at {
-		t.Fatalf("after the refund: %d times, time %d = %d; want %d, %d", len(ring.times), max/2, ring.times[max/2], max-1, tokens[max/2+1].held.at)
-	}
-	// Once the oldest age out, an admission drops them all and takes a
-	// slot they freed: the ring holds the admissions in the window.
-	// Admissions of one batch were recorded a microsecond apart.
-	for i := range 3 {
-		now := t0 + window.Microseconds() + int64(i)*10
-		r := &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
-		runScript(t, testClient, now, r)
-		if d := r.decisions[0]; !d.Allowed {
-			t.Fatalf("admission after the oldest aged out, %d: %+v", i, d)
-		}
-		want := 1 + i
-		for _, d := range tokens {
-			if d.held.at > now-window.Microseconds() && d.held.at != tokens[max/2].held.at {
-				want++
-			}
-		}
-		if ring := readRing(t, testClient, key, now); len(ring.times) != want || ring.cap != max {
-			t.Errorf("ring after %d admissions past the window: cap %d, %d times; want %d, %d", i+1, ring.cap, len(ring.times), max, want)
-		}
+	// A span after the newest aged out, nothing is held.
+	now := last + window.Microseconds() + mergeSpan(window.Microseconds())
+	r := &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+	runScript(t, testClient, now, r)
+	if d := r.decisions[0]; !d.Allowed || d.Remaining != max-1 {
+		t.Fatalf("after everything aged out: %+v, want Remaining %d", d, max-1)
 	}
 }
 

@@ -83,8 +83,8 @@ func appendFloat(buf []byte, f float64) []byte {
 }
 
 // decodeReply fills one request's decisions from its part of the reply. A
-// settle or an extend changes no exported figure: it spends what it settled,
-// and reports the leases that extend found expired.
+// settle or an extend changes no exported figure but a settle's Lifts: it
+// spends what it settled, and reports the leases that extend found expired.
 func decodeReply(reply string, o op, checks []Check, decisions []Decision, wait time.Duration, leases []uint64) (lost bool) {
 	delay := time.Duration(replyNumber(reply)) * time.Microsecond
 	reply = reply[requestReplyLen:]
@@ -92,6 +92,12 @@ func decodeReply(reply string, o op, checks []Check, decisions []Decision, wait 
 		for i := range decisions {
 			switch {
 			case o == opSettle:
+				// The remaining figure is the room the zone had before.
+				h := decisions[i].held
+				decisions[i].Lifts = checks[i].Limit.Algorithm != Concurrency && h.recorded && int64(replyNumber(reply[i*zoneReplyLen+1:])) < h.units
+				if at := int64(replyNumber(reply[i*zoneReplyLen+17:])); at > 0 {
+					decisions[i].charged = at
+				}
 				decisions[i].held = holding{}
 			case decisions[i].held.lease != 0 && reply[i*zoneReplyLen] != 1:
 				decisions[i].held = holding{}

@@ -12,8 +12,9 @@ import (
 // settled entry is not one it copies, so that the next decision reads one
 // range as before. Settled: the newest (found by the header's newest time),
 // one in the middle, the newest to zero (it goes), then one the mirror
-// copies; on a units ring and, refunds only, on a large count ring. Times
-// the ring does not hold settle nothing.
+// copies; on a units ring and, refunds only, on a large count ring. Each
+// settle charges its cost anew at its time; times the ring does not hold
+// take nothing back.
 func TestSettleRing(t *testing.T) {
 	const t0 = 1_700_000_000_000_000
 	for _, tc := range []struct {
@@ -52,16 +53,11 @@ func TestSettleRing(t *testing.T) {
 				r := &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{settled}, decisions: []Decision{held[i]}}
 				runScript(t, testClient, at, r)
 				at++
-				switch j := slices.Index(times, t0+i); {
-				case j < 0:
-				case tc.cost == 1: // a count ring takes a refund out
-					times, units = slices.Delete(times, j, j+1), slices.Delete(units, j, j+1)
-				default: // entries of no units go once newest
-					units[j] = cost
-					for len(units) > 0 && units[len(units)-1] == 0 {
-						times, units = times[:len(times)-1], units[:len(units)-1]
-					}
-				}
+				// The reservation is taken back (a count ring takes it out;
+				// entries of no units go once newest), and the real cost
+				// charged from the settle's time, or just after the newest.
+				times, units = takenBack(times, units, t0+i, tc.cost)
+				times, units = charged(times, units, at-1, cost)
 				ring := readRing(t, testClient, key, at)
 				if !slices.Equal(ring.times, times) || !slices.Equal(ring.units, units) {
 					t.Fatalf("after settling admission %d to %d: times %v units %v, want %v %v", i, cost, ring.times, ring.units, times, units)
@@ -71,17 +67,59 @@ func TestSettleRing(t *testing.T) {
 				}
 			}
 			// Admissions the ring does not hold (the newest taken out
-			// above, one before the oldest) settle to nothing.
+			// above, one before the oldest): a count ring takes nothing
+			// back, a units ring what the entry of their span holds (as if
+			// they had merged into it: Settle settles each admission once).
+			// Their cost is charged all the same.
 			gone := held[0]
 			gone.held.at = t0 - 1
 			for _, d := range []Decision{held[99], gone} {
 				settled := c
 				settled.Cost = 1
 				runScript(t, testClient, at, &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{settled}, decisions: []Decision{d}})
+				times, units = takenBack(times, units, d.held.at, tc.cost)
+				times, units = charged(times, units, at, 1)
 				if ring := readRing(t, testClient, key, at); !slices.Equal(ring.times, times) || !slices.Equal(ring.units, units) {
 					t.Fatalf("after settling an admission at %d the ring does not hold: times %v units %v, want %v %v", d.held.at, ring.times, ring.units, times, units)
 				}
 			}
 		})
 	}
+}
+
+// charged is times and units after a charge of cost at now: an admission
+// then, or just after the newest, which drops the entries of no units
+// before the first that holds some; nothing for no cost.
+func charged(times, units []int64, now, cost int64) ([]int64, []int64) {
+	if cost == 0 {
+		return times, units
+	}
+	for len(units) > 0 && units[0] == 0 {
+		times, units = times[1:], units[1:]
+	}
+	if n := len(times); n > 0 && times[n-1] >= now {
+		now = times[n-1] + 1
+	}
+	return append(times, now), append(units, cost)
+}
+
+// takenBack is times and units after the admission at token, which reserved
+// reserved, is taken back: a count ring (reserved 1) takes its own entry
+// out; a units ring takes it from the first entry at or after it in its
+// span (it may have merged into it), up to what that entry holds, and drops
+// entries of no units once newest.
+func takenBack(times, units []int64, token, reserved int64) ([]int64, []int64) {
+	span := mergeSpan(time.Minute.Microseconds())
+	j := slices.IndexFunc(times, func(x int64) bool { return x >= token })
+	switch {
+	case j < 0:
+	case reserved == 1 && times[j] == token:
+		times, units = slices.Delete(times, j, j+1), slices.Delete(units, j, j+1)
+	case reserved != 1 && times[j]/span == token/span:
+		units[j] -= min(units[j], reserved)
+		for len(units) > 0 && units[len(units)-1] == 0 {
+			times, units = times[:len(times)-1], units[:len(units)-1]
+		}
+	}
+	return times, units
 }
