@@ -89,8 +89,9 @@ func TestNeverFitAnsweredInProcess(t *testing.T) {
 	}
 	// Nothing was recorded in either zone: the calls zone has its five.
 	res := send(t, site, from("127.0.0.2"), withHeader("X-Client", "c"), withHeader("X-Cost", "5"))
-	if res.status != http.StatusOK || res.header.Get("RateLimit") != `"calls";r=4;t=60` {
+	want := fmt.Sprintf(`"calls";r=4;t=60, %q;r=95;t=60`, tokens)
+	if res.status != http.StatusOK || res.header.Get("RateLimit") != want {
 		t.Errorf("a request that fits after them: status %d, RateLimit %q; want 200 and %q (the never-fit ones recorded nothing)",
-			res.status, res.header.Get("RateLimit"), `"calls";r=4;t=60`)
+			res.status, res.header.Get("RateLimit"), want)
 	}
 }
