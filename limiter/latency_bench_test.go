@@ -136,6 +136,7 @@ func storeLatency(b *testing.B, far time.Duration, callers int, pause time.Durat
 	// from Redis's clock, on this host): its turn, the goroutines woken
 	// for it, the way there.
 	b.ReportMetric(q(sent, 0.5), "ran-p50-us")
+	b.ReportMetric(q(sent, 0.99), "ran-p99-us")
 	b.ReportMetric(float64(len(lat))/measure.Seconds(), "decisions/s")
 	b.ReportMetric(float64(len(lat))/float64(calls), "decisions/call")
 }
