@@ -194,6 +194,13 @@ func (b *batcher) do(r *request) error {
 		r.abandon(r.ctx.Err())
 		<-r.done
 	}
+	// The watch list holds r until the watcher passes it, up to a timeout
+	// from now. What r refers to of its caller (its context, and with it
+	// everything the server keeps of the request; its checks and
+	// decisions) must not live that long: under load it would be most of
+	// the heap that every garbage collection marks. No flusher reads
+	// them once r is answered.
+	r.ctx, r.checks, r.decisions = nil, nil, nil
 	return r.err
 }
 

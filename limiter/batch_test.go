@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -570,4 +571,40 @@ func TestBatchSettlesRideWithDecisions(t *testing.T) {
 		t.Errorf("%d script calls for %d allows and settles, %d of them with both: want settles batched with decisions", len(ops.calls), sent, mixed)
 	}
 	t.Logf("%d script calls for %d allows and settles, %d with both", len(ops.calls), sent, mixed)
+}
+
+// TestBatchAnsweredRequestHoldsNoCallerMemory: a request, once answered,
+// keeps nothing of its caller alive, though the deadline watcher holds it
+// until its deadline (here a minute): not its context, which in Caddy holds
+// the whole HTTP request, nor its checks and decisions. Under load, what
+// answered requests held for a timeout was most of the heap, which every
+// garbage collection marked.
+func TestBatchAnsweredRequestHoldsNoCallerMemory(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: testRedis.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	s := newRedisStore(t, client, testPrefix(t))
+	type heldKey struct{}
+	collected := make(chan struct{})
+	func() {
+		held := new([1 << 16]byte)
+		runtime.AddCleanup(held, func(ch chan struct{}) { close(ch) }, collected)
+		ctx := context.WithValue(context.Background(), heldKey{}, held)
+		checks := []Check{{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 10}}}
+		ds := make([]Decision, 1)
+		if err := s.Allow(ctx, checks, ds); err != nil || !ds[0].Allowed {
+			t.Fatalf("Allow: %+v, %v", ds[0], err)
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		runtime.GC()
+		select {
+		case <-collected:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the context of an answered request is still alive 5s later: the store holds it until its deadline")
+		}
+	}
 }

@@ -291,10 +291,11 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	if s.cluster {
 		r.slot = hashSlot(r.keys[0])
 	}
+	sent := r.decisions
 	err := s.batch.do(r)
 	if sub && (err == nil || errors.Is(err, ErrLeaseLost)) {
 		for j, i := range idx {
-			decisions[i] = r.decisions[j]
+			decisions[i] = sent[j]
 		}
 	}
 	return err
