@@ -173,6 +173,10 @@ type Decision struct {
 	// hold it before it goes on: its admission is recorded that far in the
 	// future. Zero when it goes on now, and when denied.
 	Delay time.Duration
+	// LastMax is set by Peek for a log zone: the Max of the newest admission
+	// recorded for this client in this zone (a tenant's own quota when Max
+	// varies), while the store keeps the client's state; 0 when unknown.
+	LastMax int64
 
 	// Lifts is set by Settle: just before it, the zone had no room for
 	// another request reserving what this one did (in a log or counter
