@@ -37,11 +37,10 @@
 --          do), 2 never: cost above max; settle, extend: 1 done), remaining
 --          double (units left, after this request if recorded; settle: before
 --          it, so its caller knows if a denial may rest on it), reset double
---          (µs: denied, until room for this cost; else until units next
---          leave the window), token double (log: admission time, of a
---          settle's record too, a peek's lm; counter: window index; -1:
---          none); last, once: the call's time in Redis double (µs from its
---          first TIME)
+--          (µs: denied, until room for this cost; else until units next leave
+--          the window), token double (log: admission time, of a settle's
+--          record too, a peek's lm; counter: window index; -1: none); last,
+--          once: the call's time in Redis double (µs from its first TIME)
 --
 -- A ring holds the admissions that may still be in the window, oldest first
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
@@ -52,13 +51,14 @@
 -- Version 3, a larger count ring: version u8, cap, h, n u32, expiry, newest;
 -- version 2, units, the same with the sequence number of slot h (double) and
 -- the sums before it and to the newest before the newest time; an entry is a
--- time and its units, and each bucket of S entries has its base sum after
--- the ring, so a settle writes one entry and the later bases. Both then have
--- the head and count (u8) of a mirror of 96 bytes that holds copies of the
--- oldest entries, so that a decision reads one range. Values of up to SMALL
--- bytes are read whole, no large one is read or built whole (Redis's Lua
--- hashes every string it makes). Sums are mod 2^48: a ring saturates.
--- Versions 8, 7, 6 are 4, 3, 2 with lm u48 (the newest record's max) ending the header.
+-- time and its units, and each bucket of S entries has its base sum after the
+-- ring, so a settle writes one entry and the later bases. Both then have the
+-- head and count (u8) of a mirror of 96 bytes that holds copies of the oldest
+-- entries, so that a decision reads one range. Values of up to SMALL bytes
+-- are read whole, no large one is read or built whole (Redis's Lua hashes
+-- every string it makes). Sums are mod 2^48: a ring saturates. Versions 7, 6
+-- are 3, 2 with lm u48 (the newest record's max) ending the header; 8 is 4
+-- of the same size, n u8, lm u24 (0: larger) ending it.
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
@@ -82,14 +82,14 @@ local vlen, whole, ver, mv, lm, cap, h, n, exp, seq, flo, total, last, mc, mir, 
 local f, first, before, newest, t, tc, tw
 -- shape gives the ring the layout of version with size slots, with lm (m) or not; it returns the length.
 local function shape(version, size, m)
-  ver, mv, cap, E, MO = version, m, size, version == 2 and 12 or 6, (version == 4 and 18 or version == 3 and 26 or 46) + (m and 6 or 0)
+  ver, mv, cap, E, MO = version, m, size, version == 2 and 12 or 6, (version == 4 and 18 or version == 3 and 26 or 46) + (m and version < 4 and 6 or 0)
   H = version == 4 and MO or MO + 96
   BO, B = H + E * size, version == 2 and floor(size / S) + 2 or 0
   return BO + 6 * B
 end
 local function header()
   local b, x = ver + (mv and 4 or 0), mv and pack('>I6', lm % 2 ^ 48) or ''
-  if ver == 4 then return pack('>BBBI6I4I5', b, cap, h, (last or 0) % 2 ^ 48, n, exp % 2 ^ 40) .. x end
+  if ver == 4 then return pack(mv and '>BBBI6BI5I3' or '>BBBI6I4I5', b, cap, h, (last or 0) % 2 ^ 48, n, exp % 2 ^ 40, lm < 2 ^ 24 and lm or 0) end
   if ver == 3 then return pack('>BI4I4I4I5I6BB', b, cap, h, n, exp % 2 ^ 40, (last or 0) % 2 ^ 48, mh, mc) .. x end
   return pack('>BI4I4I4I5dI6I6I6BB', b, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % 2 ^ 48, mh, mc) .. x
 end
@@ -100,12 +100,12 @@ local function load(k, small)
   if vlen == 0 and type(v) ~= 'string' then v = fresh(v, k) or '' end
   local version, size = vlen >= 18 and byte(v) or 0, 0
   local m = version > 5 if m then version = version - 4 end
-  if version == 4 then size, h, last, n, exp = unpack('>BBI6I4I5', v, 2)
-  elseif version == 3 and vlen >= 26 then size, h, n, exp, last, mh, mc = unpack('>I4I4I4I5I6BB', v, 2)
-  elseif version == 2 and vlen >= 46 then size, h, n, exp, seq, flo, total, last, mh, mc = unpack('>I4I4I4I5dI6I6I6BB', v, 2)
+  if version == 4 then size, h, last, n, exp, lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
+  elseif version == 3 and vlen >= 32 then size, h, n, exp, last, mh, mc, lm = unpack('>I4I4I4I5I6BBI6', v, 2)
+  elseif version == 2 and vlen >= 52 then size, h, n, exp, seq, flo, total, last, mh, mc, lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
   else version = 0 end
   if version > 0 and (vlen == shape(version, size, m) or vlen >= (small and SMALL or 148)) then
-    last, t, lm = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc, m and unpack('>I6', v, MO - 5) or 0 return
+    last, t, lm = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc, m and lm or 0 return
   end
   -- Nothing, or nothing this version reads: the ring starts over.
   h, n, exp, v, vlen, last, t, mc, lm = 0, 0, ms, '', 0, nil, tc, 0, 0

@@ -20,9 +20,10 @@ import (
 // mirror: 96 bytes holding copies of the oldest entries, from its head. Then
 // cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version 2,
 // its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
-// each). The count is at bytes 9 to 12 in every version. Versions 8, 7 and 6
-// are 4, 3 and 2 with the max of the newest record (u48) after the header,
-// before the mirror.
+// each). The count is at bytes 9 to 12 in versions 4, 3 and 2. Versions 7
+// and 6 are 3 and 2 with the max of the newest record (u48) after the header,
+// before the mirror; version 8 is 4 with the count a u8 (byte 9) and that
+// max a u24 (0 when larger) after the expiry, in the same 18 bytes.
 const (
 	ringSmall  = 512 // bytes read whole
 	ringBucket = 64
@@ -78,7 +79,11 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	r := ringState{version: int(v[0]), bytes: len(v)}
 	n := int(binary.BigEndian.Uint32(v[9:]))
 	mirror, hdr, entry, ext := 26, 122, 6, 0
-	if r.version >= 6 {
+	r.lastMax = -1
+	switch r.version {
+	case 8:
+		r.version, n, r.lastMax = 4, int(v[9]), readU48(append([]byte{0, 0, 0}, v[15:18]...))
+	case 6, 7:
 		r.version, ext = r.version-4, 6
 	}
 	switch r.version {
@@ -91,7 +96,6 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 		}
 	}
 	mirror, hdr = mirror+ext, hdr+ext
-	r.lastMax = -1
 	if ext > 0 {
 		r.lastMax = readU48(v[mirror-6:])
 	}
@@ -170,6 +174,9 @@ func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
 	if withMax {
 		ext = 6
 	}
+	if hdr == 18 {
+		ext = 0 // version 8 keeps the max in the same 18 bytes
+	}
 	v := make([]byte, hdr+ext+6*cap)
 	if hdr == 18 {
 		v[0], v[1] = 4, byte(cap)
@@ -179,8 +186,13 @@ func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
 		binary.BigEndian.PutUint32(v[1:], uint32(cap))
 		putU48(v[18:], times[len(times)-1])
 	}
-	v[0] += byte(ext / 6 * 4)
 	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
+	if withMax {
+		v[0] += 4
+		if hdr == 18 {
+			v[9], v[10], v[11], v[12] = byte(len(times)), 0, 0, 0 // the count a u8, the expiry and the max (0) after it
+		}
+	}
 	for i, t := range times {
 		putU48(v[hdr+ext+6*i:], t)
 	}
@@ -224,6 +236,14 @@ func TestRingKeepsLastMax(t *testing.T) {
 		}
 		if d := peek(1000); d.LastMax != int64(cap)+3 || d.Remaining != int64(1000-cap-1) {
 			t.Fatalf("cap %d: peek %+v, want LastMax %d, Remaining %d", cap, d, cap+3, 1000-cap-1)
+		}
+		// A max above 2^24-1: a larger ring keeps it, a small count ring has
+		// no room for it and says it does not know.
+		c.Limit.Max = 1 << 24
+		r = &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+		runScript(t, testClient, t0+1, r)
+		if d, want := peek(1000), map[bool]int64{true: 0, false: 1 << 24}[cap <= 80]; !r.decisions[0].Allowed || d.LastMax != want {
+			t.Fatalf("cap %d: after an admission under max 2^24, peek %+v, want LastMax %d", cap, d, want)
 		}
 	}
 }
