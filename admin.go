@@ -108,12 +108,18 @@ type keyState struct {
 	// Key is the client key after normalisation, as stored.
 	Key string `json:"key"`
 	// Limit is the zone's max_requests; where each request's comes from a
-	// placeholder (LimitFrom), its fallback.
+	// placeholder (LimitFrom), the client's own: the max its last
+	// admission was decided with, which the store keeps, or else the
+	// fallback (LimitSource says which).
 	Limit int64 `json:"limit"`
 	// LimitFrom is the placeholder of a zone whose max_requests is each
-	// tenant's own: Remaining and the times are then counted against
-	// Limit, the fallback.
-	LimitFrom     string  `json:"limit_from,omitempty"`
+	// tenant's own: Remaining and the times are then counted against Limit.
+	LimitFrom string `json:"limit_from,omitempty"`
+	// LimitSource is, with LimitFrom, "last_decision" when Limit is the max
+	// of the client's last admission in the zone, or "fallback" when the
+	// store does not know it (no admission kept; a counter or concurrency
+	// zone; state written by a version that did not keep it).
+	LimitSource   string  `json:"limit_source,omitempty"`
 	WindowSeconds float64 `json:"window_seconds"`
 	Algorithm     string  `json:"algorithm"`
 	// Unit is what Limit, Count and Remaining count: "requests",
@@ -237,6 +243,19 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		check.Cost = z.units.cost.fixed
 	}
 	d, used, err := h.backend.peek(r.Context(), check)
+	limit, source := z.limit.Max, ""
+	if z.MaxRequestsFrom != "" && err == nil {
+		// Each tenant has its own max: count against the one its last
+		// admission was decided with, when the store knows it.
+		source = "fallback"
+		if d.LastMax > 0 {
+			limit, source = d.LastMax, "last_decision"
+			if d.LastMax != check.Limit.Max {
+				check.Limit.Max = d.LastMax
+				d, used, err = h.backend.peek(r.Context(), check)
+			}
+		}
+	}
 	if err != nil {
 		return caddy.APIError{
 			HTTPStatus: http.StatusServiceUnavailable,
@@ -250,8 +269,9 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		Zone:              z.Name,
 		Identity:          z.identity,
 		Key:               key,
-		Limit:             z.limit.Max,
+		Limit:             limit,
 		LimitFrom:         z.MaxRequestsFrom,
+		LimitSource:       source,
 		WindowSeconds:     milliseconds(z.limit.Window),
 		Algorithm:         z.limit.Algorithm.String(),
 		Unit:              z.unit(),

@@ -187,9 +187,15 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 	})
 }
 
-// printWaitAndLeases adds, below the status table, the wait of a request
-// now in a zone with a wait, and the leases held in a concurrency zone.
+// printWaitAndLeases adds, below the status table, the limit the figures
+// count against where each tenant has its own (and where it comes from),
+// the wait of a request now in a zone with a wait, and the leases held in a
+// concurrency zone.
 func printWaitAndLeases(tw io.Writer, s keyState) {
+	if s.LimitFrom != "" {
+		// SOURCE: last_decision (the client's own) or fallback (not known).
+		fmt.Fprintf(tw, "\nLIMIT\tFROM\tSOURCE\n%d\t%s\t%s\n", s.Limit, cell(s.LimitFrom), cell(s.LimitSource))
+	}
 	if s.WaitSeconds != nil {
 		fmt.Fprintf(tw, "\nWAIT NOW\n%s\n", seconds(*s.WaitSeconds))
 	}

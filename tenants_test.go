@@ -111,8 +111,66 @@ func TestTenantsRecipe(t *testing.T) {
 	// A raised quota keeps the window: gold has used 5, so 7 leaves 2.
 	auth.setQuota("gold", "7")
 	expect(t, "gold with its quota raised to 7", api, []int{200, 200, 429}, from("127.0.0.3"), withHeader("Authorization", "Bearer gold"))
-	if s := adminState(t, zone, "gold"); s.Identity != zone+":1h:per-tenant" || s.Count != 7 || s.Limit != 3 || s.LimitFrom != "{http.reverse_proxy.header.X-Quota}" {
-		t.Errorf("admin state of gold %+v, want identity %s:1h:per-tenant, count 7, limit 3 (the fallback) from the placeholder", s, zone)
+	if s := adminState(t, zone, "gold"); s.Identity != zone+":1h:per-tenant" || s.Count != 7 || s.Limit != 7 || s.Remaining != 0 ||
+		s.LimitFrom != "{http.reverse_proxy.header.X-Quota}" || s.LimitSource != "last_decision" {
+		t.Errorf("admin state of gold %+v, want identity %s:1h:per-tenant, count 7, limit 7 (its last admission's) from the placeholder, remaining 0", s, zone)
+	}
+}
+
+// TestAdminShowsTenantQuota: through Caddy and Redis, the admin API and
+// `status` count a tenant's state against its own quota (from forward_auth),
+// the max its last admission was decided with, not the zone's fallback; a
+// client never admitted shows the fallback and says so.
+func TestAdminShowsTenantQuota(t *testing.T) {
+	auth := newAuthService(t, map[string]string{"small": "3"})
+	zone := uniqueZone("tenantquota")
+	startCaddy(t, `
+:9080 {
+	route /api/* {
+		forward_auth `+auth.url+` {
+			uri /check
+			copy_headers X-Tenant X-Quota
+		}
+		sliding_ratelimit {
+			zone `+zone+` 1h {http.reverse_proxy.header.X-Quota} 1000 {
+				key {http.reverse_proxy.header.X-Tenant}
+			}
+			redis `+sharedRedis.URL()+`
+			key_prefix `+uniquePrefix(t)+`
+		}
+		respond "ok"
+	}
+}`)
+	expect(t, "small, quota 3", site+"api/x", []int{200, 200, 200, 429}, from("127.0.0.2"), withHeader("Authorization", "Bearer small"))
+	s := adminState(t, zone, "small")
+	if s.Limit != 3 || s.LimitSource != "last_decision" || s.Count != 3 || s.Remaining != 0 || s.RetryAfterSeconds < 3000 || s.RetryAfterSeconds > 3600 {
+		t.Errorf("admin state of small %+v, want limit 3 from its last decision, count 3, remaining 0, retry after about 3600s", s)
+	}
+	out, err := runCommand(t, "status", "--zone", zone, "--key", "small", "--address", "localhost:2999")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 5 || !strings.Contains(strings.Join(strings.Fields(lines[1]), " "), " =small 3 0 requests ") ||
+		strings.HasSuffix(lines[1], " 0s") || strings.Join(strings.Fields(lines[3]), " ") != "LIMIT FROM SOURCE" ||
+		strings.Join(strings.Fields(lines[4]), " ") != "3 {http.reverse_proxy.header.X-Quota} last_decision" {
+		t.Errorf("status of small printed:\n%s", out)
+	}
+	if b := commandJSON[blockedAnswer](t, "blocked"); b.Count != 1 || b.Blocked[0].Key != "=small" {
+		t.Errorf("blocked: %+v, want small", b)
+	}
+
+	s = adminState(t, zone, "nobody")
+	if s.Limit != 1000 || s.LimitSource != "fallback" || s.Count != 0 || s.Remaining != 1000 || s.RetryAfterSeconds != 0 {
+		t.Errorf("admin state of a client never admitted %+v, want limit 1000, the fallback, remaining 1000", s)
+	}
+	out, err = runCommand(t, "status", "--zone", zone, "--key", "nobody", "--address", "localhost:2999")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 5 ||
+		strings.Join(strings.Fields(lines[4]), " ") != "1000 {http.reverse_proxy.header.X-Quota} fallback" {
+		t.Errorf("status of nobody printed:\n%s", out)
 	}
 }
 

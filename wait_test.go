@@ -45,8 +45,10 @@ func admissionTimes(t *testing.T, c *redis.Client, key string) []int64 {
 	switch v[0] {
 	case 4:
 		header, capacity, head = 18, int(v[1]), int(v[2])
-	case 3:
-		header, capacity, head = 122, int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:]))
+	case 8: // 4 with the count a u8 and the max of the newest record
+		header, capacity, head, count = 18, int(v[1]), int(v[2]), int(v[9])
+	case 3, 7: // 7: 3 with the max of the newest record after the header
+		header, capacity, head = 122+6*int(v[0]/7), int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:]))
 	}
 	if header == 0 || len(v) != header+6*capacity || count > capacity {
 		t.Fatalf("%s: not a count ring of a layout this test reads (version %d, %d bytes, cap %d, count %d)", key, v[0], len(v), capacity, count)

@@ -58,6 +58,7 @@ func TestContract(t *testing.T) {
 		{"SeveralZonesGoOnTogether", testSeveralZonesWait},
 		{"Leases", testLeases},
 		{"ChangingMax", testChangingMax},
+		{"PeekKnowsTheLastMax", testLastMax},
 		{"CounterUnits", testCounterUnits},
 	}
 	for name, newStore := range stores {
@@ -86,9 +87,13 @@ func decide(t *testing.T, s clockedStore, peek bool, checks ...Check) []Decision
 	return ds
 }
 
-// want fails the test unless d's exported figures are w's.
+// want fails the test unless d's exported figures are w's; LastMax only when
+// w sets it (testLastMax checks it).
 func want(t *testing.T, what string, d, w Decision) {
 	t.Helper()
+	if w.LastMax == 0 {
+		d.LastMax = 0
+	}
 	if exported(d) != w {
 		t.Errorf("%s:\n got  %+v\n want %+v", what, exported(d), w)
 	}
@@ -442,4 +447,36 @@ func testCounterUnits(t *testing.T, s clockedStore) {
 	}
 	c.Cost = 101
 	want(t, "a cost above max", decide(t, s, false, c)[0], Decision{Never: true})
+}
+
+// testLastMax: Peek reports the Max of the newest admission recorded for the
+// client in the zone (a tenant's own quota), whatever Max it is asked with;
+// a denial records nothing, so it leaves it; 0 before any.
+func testLastMax(t *testing.T, s clockedStore) {
+	c := Check{Zone: "tenant", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 1000}}
+	s.at(0)
+	if d := decide(t, s, true, c)[0]; d.LastMax != 0 {
+		t.Errorf("peek before any admission: LastMax %d, want 0", d.LastMax)
+	}
+	c.Limit.Max = 3
+	for range 3 {
+		decide(t, s, false, c)
+	}
+	want(t, "the fourth under max 3", decide(t, s, false, c)[0], Decision{Reset: 10 * sec, RetryAfter: 10 * sec})
+	c.Limit.Max = 1000
+	want(t, "peek under the fallback 1000", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 997, Reset: 10 * sec, LastMax: 3})
+	s.at(1 * sec)
+	c.Limit.Max = 2
+	if d := decide(t, s, false, c)[0]; d.Allowed {
+		t.Fatalf("under max 2 after 3: %+v, want denied", exported(d))
+	}
+	if d := decide(t, s, true, c)[0]; d.LastMax != 3 {
+		t.Errorf("after a denial: LastMax %d, want 3 (a denial records nothing)", d.LastMax)
+	}
+	c.Limit.Max, c.Cost = 50, 10
+	decide(t, s, false, c)
+	c.Limit.Max, c.Cost = 1000, 0
+	if d := decide(t, s, true, c)[0]; d.LastMax != 50 || d.Remaining != 1000-13 {
+		t.Errorf("after an admission under max 50: %+v, want LastMax 50, Remaining %d", exported(d), 1000-13)
+	}
 }

@@ -37,9 +37,9 @@
 --          do), 2 never: cost above max; settle, extend: 1 done), remaining
 --          double (units left, after this request if recorded; settle: before
 --          it, so its caller knows if a denial may rest on it), reset double
---          (µs: denied, until room for this cost; else until units next
---          leave the window), token double (log: admission time, of a
---          settle's record too; counter: window index; -1: none); last,
+--          (µs: denied, until room for this cost; else until units next leave
+--          the window), token double (log: admission time, of a settle's
+--          record too, a peek's lm; counter: window index; -1: none); last,
 --          once: the call's time in Redis double (µs from its first TIME)
 --
 -- A ring holds the admissions that may still be in the window, oldest first
@@ -51,12 +51,14 @@
 -- Version 3, a larger count ring: version u8, cap, h, n u32, expiry, newest;
 -- version 2, units, the same with the sequence number of slot h (double) and
 -- the sums before it and to the newest before the newest time; an entry is a
--- time and its units, and each bucket of S entries has its base sum after
--- the ring, so a settle writes one entry and the later bases. Both then have
--- the head and count (u8) of a mirror of 96 bytes that holds copies of the
--- oldest entries, so that a decision reads one range. Values of up to SMALL
--- bytes are read whole, no large one is read or built whole (Redis's Lua
--- hashes every string it makes). Sums are mod 2^48: a ring saturates.
+-- time and its units, and each bucket of S entries has its base sum after the
+-- ring, so a settle writes one entry and the later bases. Both then have the
+-- head and count (u8) of a mirror of 96 bytes that holds copies of the oldest
+-- entries, so that a decision reads one range. Values of up to SMALL bytes
+-- are read whole, no large one is read or built whole (Redis's Lua hashes
+-- every string it makes). Sums are mod 2^48: a ring saturates. Versions 7, 6
+-- are 3, 2 with lm u48 (the newest record's max) ending the header; 8 is 4
+-- of the same size, n u8, lm u24 (0: larger) ending it.
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
@@ -76,42 +78,44 @@ end
 -- mirror to write. The decision in hand, for the record: f, the first entry in
 -- the window holding units, its time, the units before it, the newest time.
 local key, v, w, wo, mh = nil, nil, '', 0, 0
-local vlen, whole, ver, cap, h, n, exp, seq, flo, total, last, mc, mir, MO, H, E, B, BO
+local vlen, whole, ver, mv, lm, cap, h, n, exp, seq, flo, total, last, mc, mir, MO, H, E, B, BO
 local f, first, before, newest, t, tc, tw
--- shape gives the ring the layout of version with size slots; it returns the length.
-local function shape(version, size)
-  ver, cap, E, MO = version, size, version == 2 and 12 or 6, version == 4 and 18 or version == 3 and 26 or 46
-  H = version == 4 and 18 or MO + 96
+-- shape gives the ring the layout of version with size slots, with lm (m) or not; it returns the length.
+local function shape(version, size, m)
+  ver, mv, cap, E, MO = version, m, size, version == 2 and 12 or 6, (version == 4 and 18 or version == 3 and 26 or 46) + (m and version < 4 and 6 or 0)
+  H = version == 4 and MO or MO + 96
   BO, B = H + E * size, version == 2 and floor(size / S) + 2 or 0
   return BO + 6 * B
 end
 local function header()
-  if ver == 4 then return pack('>BBBI6I4I5', 4, cap, h, (last or 0) % 2 ^ 48, n, exp % 2 ^ 40) end
-  if ver == 3 then return pack('>BI4I4I4I5I6BB', 3, cap, h, n, exp % 2 ^ 40, (last or 0) % 2 ^ 48, mh, mc) end
-  return pack('>BI4I4I4I5dI6I6I6BB', 2, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % 2 ^ 48, mh, mc)
+  local b, x = ver + (mv and 4 or 0), mv and pack('>I6', lm % 2 ^ 48) or ''
+  if ver == 4 then return pack(mv and '>BBBI6BI5I3' or '>BBBI6I4I5', b, cap, h, (last or 0) % 2 ^ 48, n, exp % 2 ^ 40, lm < 2 ^ 24 and lm or 0) end
+  if ver == 3 then return pack('>BI4I4I4I5I6BB', b, cap, h, n, exp % 2 ^ 40, (last or 0) % 2 ^ 48, mh, mc) .. x end
+  return pack('>BI4I4I4I5dI6I6I6BB', b, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % 2 ^ 48, mh, mc) .. x
 end
 local function load(k, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
-  key, w, whole, mc, v = k, '', false, 0, pcall('GETRANGE', k, '0', small and '511' or '141')
+  key, w, whole, mc, v = k, '', false, 0, pcall('GETRANGE', k, '0', small and '511' or '147')
   vlen = #v
   if vlen == 0 and type(v) ~= 'string' then v = fresh(v, k) or '' end
   local version, size = vlen >= 18 and byte(v) or 0, 0
-  if version == 4 then size, h, last, n, exp = unpack('>BBI6I4I5', v, 2)
-  elseif version == 3 and vlen >= 26 then size, h, n, exp, last, mh, mc = unpack('>I4I4I4I5I6BB', v, 2)
-  elseif version == 2 and vlen >= 46 then size, h, n, exp, seq, flo, total, last, mh, mc = unpack('>I4I4I4I5dI6I6I6BB', v, 2)
+  local m = version > 5 if m then version = version - 4 end
+  if version == 4 then size, h, last, n, exp, lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
+  elseif version == 3 and vlen >= 32 then size, h, n, exp, last, mh, mc, lm = unpack('>I4I4I4I5I6BBI6', v, 2)
+  elseif version == 2 and vlen >= 52 then size, h, n, exp, seq, flo, total, last, mh, mc, lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
   else version = 0 end
-  if version > 0 and (vlen == shape(version, size) or vlen >= (small and SMALL or 142)) then
-    last, t = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc return
+  if version > 0 and (vlen == shape(version, size, m) or vlen >= (small and SMALL or 148)) then
+    last, t, lm = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc, m and lm or 0 return
   end
   -- Nothing, or nothing this version reads: the ring starts over.
-  h, n, exp, v, vlen, last, t, mc = 0, 0, ms, '', 0, nil, tc, 0
-  shape(4, 0)
+  h, n, exp, v, vlen, last, t, mc, lm = 0, 0, ms, '', 0, nil, tc, 0, 0
+  shape(4, 0, true)
 end
-local function save() return {key, v, w, mh, ver, cap, h, n, exp, seq, flo, total, last, f, first, before, newest, mc} end
+local function save() return {key, v, w, mh, ver, cap, h, n, exp, seq, flo, total, last, f, first, before, newest, mc, mv, lm} end
 local function restore(r)
   key, v, w, vlen, whole, mh, h, n, exp, seq, flo, total, last = r[1], r[2], '', #r[2], false, r[4], r[7], r[8], r[9], r[10], r[11], r[12], r[13]
-  f, first, before, newest, t, mc = r[14], r[15], r[16], r[17], tc, r[18]
-  shape(r[5], r[6])
+  f, first, before, newest, t, mc, lm = r[14], r[15], r[16], r[17], tc, r[18], r[20]
+  shape(r[5], r[6], r[19])
 end
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (from v,
 -- or w, which reads a chunk from there when it does not hold it); put writes
@@ -183,9 +187,9 @@ end
 -- place: the value is extended, and the smaller of the older and the newer
 -- part of its entries moves so that the free slots lie between them.
 local function reshape(size, version)
-  local v0, c0, B0, bases = ver, cap, B, ver == 2 and version == 2 and bytes(BO, 6 * B)
-  local len = shape(version, size)
-  shape(v0, c0)
+  local v0, c0, m0, B0, bases = ver, cap, mv, B, ver == 2 and version == 2 and bytes(BO, 6 * B)
+  local len = shape(version, size, true)
+  shape(v0, c0, m0)
   if ver == version and size > cap and len > SMALL then
     call('SETRANGE', key, len - 1, '\0')
     if h > 0 and h <= cap - h then put(H + E * cap, bytes(H, E * h)) end
@@ -198,7 +202,7 @@ local function reshape(size, version)
       body, seq, flo, total = table.concat(parts), 0, 0, n
     end
     h, mh = 0, 0
-    shape(version, size)
+    shape(version, size, true)
     mc = version == 4 and 0 or min(n, 96 / E) -- the mirror: the oldest entries
     local m = version == 4 and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
     v, w, exp, whole, mir = header() .. m .. body, '', ms, len <= SMALL, nil
@@ -210,7 +214,7 @@ local function reshape(size, version)
     end
     vlen = #v
   end
-  shape(version, size)
+  shape(version, size, true)
   -- The kept buckets' bases move to their places (a converted ring's count).
   for q = version == 2 and seq - seq % S or 0, version == 2 and seq + n - 1 or -1, S do
     local kb = bases and floor(q / S) % B0
@@ -286,6 +290,7 @@ local function log_record(k, W, mx, c, at, held, reset)
     if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
   end
   if ver == 2 and n == 0 and c == 1 then reshape(4, 4) end -- all aged out: a count ring again
+  lm = mx if not mv then reshape(cap, ver) end -- a ring written before lm gets room for it, once
   -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
   -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
   local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
@@ -409,7 +414,7 @@ while pos <= #args do
     local room, held, reset, a, b, c, d, t = decide[kind](key, window, mx, cost)
     local flag, r = verdict(kind, cost, mx, room, reset, wait)
     if flag == 1 and op == 1 then t, held, r = record[kind](key, window, mx, cost, room, held, r, a, b, c, d, aux) end
-    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, r, t or -1)
+    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, r, t or op == 0 and kind == 0 and lm or -1)
   else
     pos = p
     for i = 1, nz do
@@ -437,7 +442,7 @@ while pos <= #args do
         if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
       end
       for i = 1, nz do
-        local z, t = Z[i], -1
+        local z, t = Z[i], op == 0 and Z[i][KIND] == 0 and Z[i].sv[20] or -1 -- a peek: the log's lm
         if admit and op == 1 then
           if z[KIND] == 0 then restore(z.sv) end
           t, z[HELD], z[RESET] = record[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], at, z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3], z[AUX])

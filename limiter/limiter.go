@@ -173,6 +173,13 @@ type Decision struct {
 	// hold it before it goes on: its admission is recorded that far in the
 	// future. Zero when it goes on now, and when denied.
 	Delay time.Duration
+	// LastMax is set by Peek for a log zone: the Max of the newest admission
+	// recorded for this client in this zone (a tenant's own quota when Max
+	// varies), while the store keeps the client's state; 0 when unknown:
+	// never recorded, recorded before stores kept it, or, in Redis, a Max
+	// above 2^24-1 in a count log of at most 80 entries, whose header has
+	// room for no more.
+	LastMax int64
 
 	// Lifts is set by Settle: just before it, the zone had no room for
 	// another request reserving what this one did (in a log or counter

@@ -41,6 +41,8 @@ type memoryState struct {
 	leases map[uint64]int64
 	// expires is when the state stops weighing on any decision.
 	expires int64
+	// lastMax is the Max of a log's newest record.
+	lastMax int64
 }
 
 type admission struct{ at, units int64 }
@@ -150,6 +152,9 @@ func (s *MemoryStore) decide(o op, checks []Check, decisions []Decision) error {
 	for i, c := range checks {
 		z, cost := &zs[i], reserved(c)
 		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
+		if o == opPeek && c.Limit.Algorithm == SlidingLog {
+			d.LastMax = z.st.lastMax
+		}
 		if admit {
 			d.Delay = time.Duration(at-now) * time.Microsecond
 			if o == opAllow {
@@ -288,7 +293,7 @@ func (st *memoryState) record(z *zoneDecision, now, at int64, l Limit, cost int6
 			st.log = append(st.log, admission{at, cost})
 			st.units = st.units || cost != 1 || countToUnits(n, l.Max)
 		}
-		st.expires = at + w
+		st.expires, st.lastMax = at+w, l.Max
 		if z.reset == 0 {
 			z.reset = at + w - now
 		}
@@ -378,7 +383,8 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts 
 			break
 		}
 		if len(st.log) == 0 {
-			st.units = false // Redis drops an empty ring: it starts over as a count ring
+			// Redis drops an empty ring: it starts over as a count ring, its max unknown.
+			st.units, st.lastMax = false, 0
 		}
 		if cost == 0 {
 			return lifts, 0

@@ -35,6 +35,8 @@ type modelState struct {
 	units            bool
 	index, cur, prev int64
 	leases           map[uint64]int64
+	// lastMax is the Max of a log's newest record, until the log empties.
+	lastMax int64
 }
 
 func newModel(cluster bool) *model {
@@ -188,6 +190,9 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 		w, cost := microseconds(c.Limit.Window), reserved(c)
 		st := m.get(c)
 		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
+		if o == opPeek && c.Limit.Algorithm == SlidingLog {
+			d.LastMax = st.lastMax
+		}
 		if admit {
 			d.Delay = time.Duration(at-now) * time.Microsecond
 		}
@@ -269,7 +274,7 @@ func (m *model) recordLog(now int64, st *modelState, w, max, at, cost int64) int
 		kept = append(kept, admission{t, cost})
 		st.units = st.units || cost != 1 || countToUnits(n, max)
 	}
-	st.log = kept
+	st.log, st.lastMax = kept, max
 	return t
 }
 
@@ -311,7 +316,7 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 			break
 		}
 		if len(st.log) == 0 {
-			st.units = false
+			st.units, st.lastMax = false, 0
 		}
 		if cost > 0 {
 			// Charged as an admission at its room from now, as Allow

@@ -20,7 +20,10 @@ import (
 // mirror: 96 bytes holding copies of the oldest entries, from its head. Then
 // cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version 2,
 // its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
-// each). The count is at bytes 9 to 12 in every version.
+// each). The count is at bytes 9 to 12 in versions 4, 3 and 2. Versions 7
+// and 6 are 3 and 2 with the max of the newest record (u48) after the header,
+// before the mirror; version 8 is 4 with the count a u8 (byte 9) and that
+// max a u24 (0 when larger) after the expiry, in the same 18 bytes.
 const (
 	ringSmall  = 512 // bytes read whole
 	ringBucket = 64
@@ -37,6 +40,8 @@ type ringState struct {
 	bytes int
 	// mirrored is how many of the oldest entries the mirror holds.
 	mirrored int
+	// lastMax is the max of the newest record; -1 in a layout without it.
+	lastMax int64
 }
 
 func readU48(b []byte) int64 {
@@ -73,7 +78,14 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	}
 	r := ringState{version: int(v[0]), bytes: len(v)}
 	n := int(binary.BigEndian.Uint32(v[9:]))
-	mirror, hdr, entry := 26, 122, 6
+	mirror, hdr, entry, ext := 26, 122, 6, 0
+	r.lastMax = -1
+	switch r.version {
+	case 8:
+		r.version, n, r.lastMax = 4, int(v[9]), readU48(append([]byte{0, 0, 0}, v[15:18]...))
+	case 6, 7:
+		r.version, ext = r.version-4, 6
+	}
 	switch r.version {
 	case 4:
 		r.cap, r.head, mirror, hdr = int(v[1]), int(v[2]), 18, 18
@@ -82,6 +94,10 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 		if r.version == 2 {
 			mirror, hdr, entry = 46, 142, 12
 		}
+	}
+	mirror, hdr = mirror+ext, hdr+ext
+	if ext > 0 {
+		r.lastMax = readU48(v[mirror-6:])
 	}
 	B := r.cap/ringBucket + 2
 	want := hdr + entry*r.cap
@@ -103,7 +119,7 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 		}
 	}
 	if n > 0 {
-		at := mirror - 8
+		at := mirror - 8 - ext
 		if r.version == 4 {
 			at = 3
 		}
@@ -113,7 +129,7 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	}
 	if r.version != 4 {
 		// The mirror holds copies of the oldest entries, from its head.
-		mh, mc := int(v[mirror-2]), int(v[mirror-1])
+		mh, mc := int(v[mirror-2-ext]), int(v[mirror-1-ext])
 		r.mirrored = mc
 		if mc > n || (mh+mc)*entry > 96 {
 			tb.Fatalf("ring %s: mirror of %d entries from %d, %d entries kept", key, mc, mh, n)
@@ -145,13 +161,23 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 
 // encodeRing returns the value of a count ring of cap holding times (oldest
 // first, at most cap of them), head at slot 0, as limit.lua writes it (with
-// an empty mirror).
-func encodeRing(cap int, times []int64) []byte {
-	hdr := 18
+// an empty mirror, and the max of the newest record unknown).
+func encodeRing(cap int, times []int64) []byte { return encodeRingLayout(cap, times, true) }
+
+// encodeRingLayout is encodeRing, in the layout of a ring written before it
+// kept the max of the newest record (versions 4 and 3) unless withMax.
+func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
+	hdr, ext := 18, 0
 	if cap > 80 {
 		hdr = 122
 	}
-	v := make([]byte, hdr+6*cap)
+	if withMax {
+		ext = 6
+	}
+	if hdr == 18 {
+		ext = 0 // version 8 keeps the max in the same 18 bytes
+	}
+	v := make([]byte, hdr+ext+6*cap)
 	if hdr == 18 {
 		v[0], v[1] = 4, byte(cap)
 		putU48(v[3:], times[len(times)-1])
@@ -161,10 +187,65 @@ func encodeRing(cap int, times []int64) []byte {
 		putU48(v[18:], times[len(times)-1])
 	}
 	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
+	if withMax {
+		v[0] += 4
+		if hdr == 18 {
+			v[9], v[10], v[11], v[12] = byte(len(times)), 0, 0, 0 // the count a u8, the expiry and the max (0) after it
+		}
+	}
 	for i, t := range times {
-		putU48(v[hdr+6*i:], t)
+		putU48(v[hdr+ext+6*i:], t)
 	}
 	return v
+}
+
+// TestRingKeepsLastMax: a ring keeps the max of its newest record for Peek;
+// a ring written before it did is still read (the max unknown), and takes
+// the field at its next record, keeping its admissions.
+func TestRingKeepsLastMax(t *testing.T) {
+	const t0 = 1_700_000_000_000_000
+	for _, cap := range []int{10, 100} {
+		c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1000}}
+		key := testPrefix(t) + "{" + c.Key + "}:z"
+		times := make([]int64, cap)
+		for i := range times {
+			times[i] = t0 - int64(cap-i)*1000
+		}
+		if err := testClient.Set(context.Background(), key, encodeRingLayout(cap, times, false), 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		peek := func(max int64) Decision {
+			c.Limit.Max = max
+			r := &scriptReq{op: opPeek, keys: []string{key}, checks: []Check{c}}
+			runScript(t, testClient, t0, r)
+			return r.decisions[0]
+		}
+		if d := peek(1000); d.LastMax != 0 || d.Remaining != int64(1000-cap) {
+			t.Fatalf("cap %d, old layout: peek %+v, want LastMax 0 (unknown), Remaining %d", cap, d, 1000-cap)
+		}
+		c.Limit.Max = int64(cap) + 3
+		r := &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+		runScript(t, testClient, t0, r)
+		if !r.decisions[0].Allowed {
+			t.Fatalf("cap %d: allow under max %d: %+v", cap, c.Limit.Max, r.decisions[0])
+		}
+		ring := readRing(t, testClient, key, t0)
+		if ring.version != map[bool]int{true: 4, false: 3}[cap <= 80] || ring.lastMax != int64(cap)+3 || len(ring.times) != cap+1 || ring.times[0] != times[0] {
+			t.Fatalf("cap %d: after a record, ring version %d lastMax %d with %d times from %d; want lastMax %d, %d times from %d",
+				cap, ring.version, ring.lastMax, len(ring.times), ring.times[0], cap+3, cap+1, times[0])
+		}
+		if d := peek(1000); d.LastMax != int64(cap)+3 || d.Remaining != int64(1000-cap-1) {
+			t.Fatalf("cap %d: peek %+v, want LastMax %d, Remaining %d", cap, d, cap+3, 1000-cap-1)
+		}
+		// A max above 2^24-1: a larger ring keeps it, a small count ring has
+		// no room for it and says it does not know.
+		c.Limit.Max = 1 << 24
+		r = &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+		runScript(t, testClient, t0+1, r)
+		if d, want := peek(1000), map[bool]int64{true: 0, false: 1 << 24}[cap <= 80]; !r.decisions[0].Allowed || d.LastMax != want {
+			t.Fatalf("cap %d: after an admission under max 2^24, peek %+v, want LastMax %d", cap, d, want)
+		}
+	}
 }
 
 // redisNow returns Redis's clock in microseconds.

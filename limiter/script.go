@@ -124,6 +124,9 @@ func decodeReply(reply string, o op, checks []Check, decisions []Decision, wait 
 				}
 			}
 		}
+		if o == opPeek && checks[i].Limit.Algorithm == SlidingLog {
+			d.LastMax = max(0, int64(replyNumber(z[17:]))) // the token field carries it
+		}
 		if o == opAllow {
 			d.held = holding{recorded: true, at: int64(replyNumber(z[17:])), units: reserved(checks[i])}
 			if leases != nil {
