@@ -66,9 +66,8 @@
 // Cluster) shares one exact limit; it batches concurrent calls into one
 // script call and bounds each call by its own timeout, so callers need no
 // deadline of their own. MemoryStore keeps the state in this process, with
-// the same answers. DenyCache answers repeated denials without a round trip,
-// and Breaker stops calling a failing store for a while; both wrap a Store
-// and are one.
+// the same answers. DenyCache answers repeated denials without a round trip:
+// it wraps a Store and is one.
 package limiter
 
 import (

@@ -25,8 +25,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // pool holds the connections, one per topology and URL, shared by every
@@ -52,7 +50,7 @@ type shared struct {
 	// announcer publishes resets: client, or, when the URL sets
 	// max_retries, a client that retries as it says.
 	announcer redis.UniversalClient
-	breaker   *limiter.Breaker
+	breaker   *Breaker
 	// label names the Redis in metrics and logs: host:port.
 	label  string
 	resets *resetBus
@@ -99,7 +97,7 @@ func Open(topology, rawURL string) (*Conn, error) {
 func (c *Conn) Client() redis.UniversalClient { return c.s.client }
 
 // Breaker is the circuit breaker of this Redis, shared by every use.
-func (c *Conn) Breaker() *limiter.Breaker { return c.s.breaker }
+func (c *Conn) Breaker() *Breaker { return c.s.breaker }
 
 // Label names the Redis for people and metrics: host:port of the server, or
 // of the first address of a cluster's or sentinel's URL; never credentials.
