@@ -139,7 +139,7 @@ func sleepUntil(deadline time.Time) { time.Sleep(time.Until(deadline)) }
 
 // newRedisStore returns a store on client under prefix, closed when the test
 // ends. Its timeout is long: the tests' contexts set their deadlines.
-func newRedisStore(tb testing.TB, client RedisClient, prefix string) *RedisStore {
+func newRedisStore(tb testing.TB, client redisClient, prefix string) *RedisStore {
 	s := NewRedisStore(client, RedisOptions{KeyPrefix: prefix, Timeout: time.Minute})
 	tb.Cleanup(func() { s.Close() })
 	return s

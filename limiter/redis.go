@@ -20,17 +20,6 @@ const DefaultKeyPrefix = "srl:"
 // RedisOptions say otherwise.
 const defaultTimeout = 100 * time.Millisecond
 
-// RedisClient is what a RedisStore needs of a go-redis client: scripts,
-// commands it builds itself, pipelines and DEL. *redis.Client,
-// *redis.ClusterClient, the failover client of redis.NewFailoverClient and
-// redis.UniversalClient all have it.
-type RedisClient interface {
-	redis.Scripter
-	Process(ctx context.Context, cmd redis.Cmder) error
-	Pipeline() redis.Pipeliner
-	Del(ctx context.Context, keys ...string) *redis.IntCmd
-}
-
 // RedisOptions configure a RedisStore. The zero value is the defaults.
 type RedisOptions struct {
 	// KeyPrefix starts every Redis key the store writes. Empty means
@@ -57,7 +46,7 @@ type RedisOptions struct {
 // are known only one after the other and cannot be made one. Zones of one
 // client key always share a slot.
 type RedisStore struct {
-	client  RedisClient
+	client  redisClient
 	prefix  string
 	timeout time.Duration
 	cluster bool
@@ -67,8 +56,10 @@ type RedisStore struct {
 	leases atomic.Uint64
 }
 
-// NewRedisStore returns a store on client and starts its batching.
-func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
+// NewRedisStore returns a store on client and starts its batching. client
+// is a go-redis client: *redis.Client, *redis.ClusterClient, the failover
+// client of redis.NewFailoverClient, or any redis.UniversalClient.
+func NewRedisStore(client redisClient, opts RedisOptions) *RedisStore {
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
@@ -88,7 +79,7 @@ func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
 }
 
 // Close stops the store's batching once the calls in flight return. Calls
-// waiting, and calls made after it, fail with ErrClosed. It does not close
+// waiting, and calls made after it, fail with an error. It does not close
 // the client, and releases no lease: they expire after their lease time.
 func (s *RedisStore) Close() error {
 	s.batch.close()
@@ -381,7 +372,7 @@ func (s *RedisStore) slotGroups(keys []string, idx []int) [][]int {
 // Interface guards
 var (
 	_ Store       = (*RedisStore)(nil)
-	_ RedisClient = (*redis.Client)(nil)
-	_ RedisClient = (*redis.ClusterClient)(nil)
-	_ RedisClient = redis.UniversalClient(nil)
+	_ redisClient = (*redis.Client)(nil)
+	_ redisClient = (*redis.ClusterClient)(nil)
+	_ redisClient = redis.UniversalClient(nil)
 )
