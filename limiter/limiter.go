@@ -236,6 +236,18 @@ type Store interface {
 	Reset(ctx context.Context, zone, key string) error
 }
 
+// method is what a store is asked to do with a request's checks: the Store
+// method it carries out, in the words the stores share. The script has
+// opcodes of its own on the wire (script.go); RedisStore translates.
+type method uint8
+
+const (
+	methodPeek method = iota
+	methodAllow
+	methodSettle
+	methodExtend
+)
+
 // ErrLeaseLost is the error of Extend for a lease that had expired.
 var ErrLeaseLost = errors.New("lease expired before it was extended")
 

@@ -51,23 +51,23 @@ func (m *model) get(c Check) *modelState {
 	return m.state[k]
 }
 
-// allow decides checks at now (o is opAllow or opPeek).
-func (m *model) allow(now int64, o op, checks []Check, ds []Decision) {
+// allow decides checks at now (meth is methodAllow or methodPeek).
+func (m *model) allow(now int64, meth method, checks []Check, ds []Decision) {
 	groups := [][]int{all(len(checks))}
 	if m.cluster {
 		groups = (&RedisStore{cluster: true}).slotGroups(clientTags(checks), all(len(checks)))
 	}
 	if len(groups) == 1 {
-		m.decide(now, o, checks, ds, all(len(checks)), requestWait(checks))
+		m.decide(now, meth, checks, ds, all(len(checks)), requestWait(checks))
 		return
 	}
 	admitted := true
 	for g, idx := range groups {
-		if o == opPeek || !admitted {
-			m.decide(now, opPeek, checks, ds, idx, 0)
+		if meth == methodPeek || !admitted {
+			m.decide(now, methodPeek, checks, ds, idx, 0)
 			continue
 		}
-		m.decide(now, opAllow, checks, ds, idx, 0)
+		m.decide(now, methodAllow, checks, ds, idx, 0)
 		if !admittedAt(ds, idx) {
 			admitted = false
 			for _, earlier := range groups[:g] {
@@ -103,7 +103,7 @@ type modelZone struct {
 }
 
 // decide decides the checks at idx together, all or nothing, with wait.
-func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int, wait time.Duration) {
+func (m *model) decide(now int64, meth method, checks []Check, ds []Decision, idx []int, wait time.Duration) {
 	zs := make([]modelZone, len(checks))
 	at, admit := now, true
 	for _, i := range idx {
@@ -190,13 +190,13 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 		w, cost := microseconds(c.Limit.Window), reserved(c)
 		st := m.get(c)
 		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
-		if o == opPeek && c.Limit.Algorithm == SlidingLog {
+		if meth == methodPeek && c.Limit.Algorithm == SlidingLog {
 			d.LastMax = st.lastMax
 		}
 		if admit {
 			d.Delay = time.Duration(at-now) * time.Microsecond
 		}
-		if admit && o == opAllow {
+		if admit && meth == methodAllow {
 			z.held += float64(cost)
 			switch c.Limit.Algorithm {
 			case SlidingLog:
@@ -283,7 +283,7 @@ func (m *model) settle(now int64, checks []Check, ds []Decision) {
 		if h := ds[i].held; h.recorded {
 			// Lifts: a request of the same reservation did not fit before.
 			before := make([]Decision, 1)
-			m.decide(now, opPeek, []Check{c}, before, []int{0}, 0)
+			m.decide(now, methodPeek, []Check{c}, before, []int{0}, 0)
 			ds[i].Lifts = c.Limit.Algorithm != Concurrency && before[0].Remaining < h.units
 			m.settleOne(now, c, h, c.Cost)
 		}
@@ -328,7 +328,7 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 				}
 			}
 			room := make([]Decision, 1)
-			m.decide(now, opPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
+			m.decide(now, methodPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
 			m.recordLog(now, st, w, c.Limit.Max, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
 		}
 	case SlidingCounter:
@@ -376,7 +376,7 @@ type modelStep struct {
 	// zero (two calls in one microsecond) or negative (the clock stepped
 	// back).
 	advance int64
-	op      op
+	method  method
 	checks  []Check
 	// of is, for a settle or an extend, the step whose decisions it uses.
 	of int
@@ -427,15 +427,15 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 		st.advance, advance = advance, 0
 		switch r := rng.IntN(100); {
 		case r < 15 && len(admitted) > 0:
-			st.op, st.of = opSettle, admitted[rng.IntN(len(admitted))]
+			st.method, st.of = methodSettle, admitted[rng.IntN(len(admitted))]
 		case r < 20 && len(admitted) > 0:
-			st.op, st.of = opExtend, admitted[rng.IntN(len(admitted))]
+			st.method, st.of = methodExtend, admitted[rng.IntN(len(admitted))]
 		case r < 30:
-			st.op = opPeek
+			st.method = methodPeek
 		default:
-			st.op = opAllow
+			st.method = methodAllow
 		}
-		if st.op >= opSettle {
+		if st.method >= methodSettle {
 			// The same checks, with the real costs.
 			from := schedule[st.of]
 			for _, c := range from.checks {
@@ -457,7 +457,7 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 				st.checks = append(st.checks, c)
 			}
 			ds := decisions[st.of]
-			if st.op == opSettle {
+			if st.method == methodSettle {
 				m.settle(now, st.checks, ds)
 				admitted = deleteValue(admitted, st.of)
 			} else {
@@ -510,12 +510,12 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 			st.checks[0].Limit.Max = 5
 		}
 		ds := make([]Decision, len(st.checks))
-		m.allow(now, st.op, st.checks, ds)
+		m.allow(now, st.method, st.checks, ds)
 		st.want = make([]Decision, len(ds))
 		for i, d := range ds {
 			st.want[i] = exported(d)
 		}
-		if st.op == opAllow && Admitted(ds) {
+		if st.method == methodAllow && Admitted(ds) {
 			decisions[len(schedule)] = ds
 			admitted = append(admitted, len(schedule))
 		}
@@ -597,10 +597,10 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		ds := make([]Decision, len(st.checks))
 		want := st.want
 		var err error
-		switch st.op {
-		case opAllow, opPeek:
+		switch st.method {
+		case methodAllow, methodPeek:
 			md := make([]Decision, len(st.checks))
-			m.allow(now, st.op, st.checks, md)
+			m.allow(now, st.method, st.checks, md)
 			if cluster {
 				want = make([]Decision, len(md))
 				for j, d := range md {
@@ -608,12 +608,12 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 				}
 			}
 			mine[i] = md
-			if st.op == opAllow {
+			if st.method == methodAllow {
 				err = s.Allow(ctx, st.checks, ds)
 			} else {
 				err = s.Peek(ctx, st.checks, ds)
 			}
-		case opSettle:
+		case methodSettle:
 			for j, c := range st.checks {
 				if h := got[st.of][j].held; h.recorded && c.Limit.Algorithm == SlidingLog && now-h.at >= microseconds(c.Limit.Window) {
 					long++ // a call longer than the window: settled after its admission aged out
@@ -629,7 +629,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 					lifts++
 				}
 			}
-		case opExtend:
+		case methodExtend:
 			wantErr := m.extend(now, st.checks, mine[st.of]) != nil
 			err = s.Extend(ctx, st.checks, got[st.of])
 			if errors.Is(err, ErrLeaseLost) != wantErr {
@@ -647,7 +647,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		for j := range want {
 			if exported(ds[j]) != want[j] {
 				t.Fatalf("step %d at %d, %s of %+v:\ncheck %d: got  %+v\n         want %+v",
-					i, now, []string{"peek", "allow"}[st.op], st.checks, j, exported(ds[j]), want[j])
+					i, now, []string{"peek", "allow"}[st.method], st.checks, j, exported(ds[j]), want[j])
 			}
 			switch {
 			case ds[j].Never:

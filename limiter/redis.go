@@ -115,20 +115,20 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 		return err
 	}
 	if !s.cluster || len(checks) == 1 {
-		return s.do(ctx, opAllow, nil, checks, decisions, nil, requestWait(checks))
+		return s.do(ctx, methodAllow, nil, checks, decisions, nil, requestWait(checks))
 	}
 	keys := s.keys(checks)
 	groups := s.slotGroups(keys, all(len(checks)))
 	if len(groups) == 1 {
-		return s.do(ctx, opAllow, keys, checks, decisions, groups[0], requestWait(checks))
+		return s.do(ctx, methodAllow, keys, checks, decisions, groups[0], requestWait(checks))
 	}
 	admitted := true
 	for g, idx := range groups {
-		o := opPeek
+		m := methodPeek
 		if admitted {
-			o = opAllow
+			m = methodAllow
 		}
-		if err := s.do(ctx, o, keys, checks, decisions, idx, 0); err != nil {
+		if err := s.do(ctx, m, keys, checks, decisions, idx, 0); err != nil {
 			if admitted && g > 0 {
 				// Best effort: the request fails either way.
 				_ = s.refund(ctx, keys, checks, decisions, groups[:g])
@@ -152,7 +152,7 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 		return err
 	}
 	if !s.cluster || len(checks) == 1 {
-		if err := s.do(ctx, opPeek, nil, checks, decisions, nil, requestWait(checks)); err != nil {
+		if err := s.do(ctx, methodPeek, nil, checks, decisions, nil, requestWait(checks)); err != nil {
 			return err
 		}
 	} else {
@@ -163,7 +163,7 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 			wait = 0
 		}
 		for _, idx := range groups {
-			if err := s.do(ctx, opPeek, keys, checks, decisions, idx, wait); err != nil {
+			if err := s.do(ctx, methodPeek, keys, checks, decisions, idx, wait); err != nil {
 				return err
 			}
 		}
@@ -180,17 +180,17 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 // which filled decisions recorded, even when others were recorded after
 // them.
 func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
-	return s.spend(ctx, opSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
+	return s.spend(ctx, methodSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
 }
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
-	return s.spend(ctx, opExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
+	return s.spend(ctx, methodExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
 }
 
-// spend runs o, a settle or an extend, for the checks whose decisions hold
+// spend runs m, a settle or an extend, for the checks whose decisions hold
 // something for it, slot by slot.
-func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions []Decision, holds func(Decision) bool) error {
+func (s *RedisStore) spend(ctx context.Context, m method, checks []Check, decisions []Decision, holds func(Decision) bool) error {
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
@@ -204,7 +204,7 @@ func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions 
 		return nil
 	}
 	if held == len(checks) && (!s.cluster || held == 1) {
-		return s.do(ctx, o, nil, checks, decisions, nil, 0)
+		return s.do(ctx, m, nil, checks, decisions, nil, 0)
 	}
 	idx := make([]int, 0, held)
 	for i, d := range decisions {
@@ -215,7 +215,7 @@ func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions 
 	keys := s.keys(checks)
 	var lost error
 	for _, g := range s.slotGroups(keys, idx) {
-		err := s.do(ctx, o, keys, checks, decisions, g, 0)
+		err := s.do(ctx, m, keys, checks, decisions, g, 0)
 		if errors.Is(err, ErrLeaseLost) {
 			lost = err
 			continue
@@ -232,17 +232,17 @@ func (s *RedisStore) Reset(ctx context.Context, zone, key string) error {
 	return s.client.Del(ctx, s.Key(zone, key)).Err()
 }
 
-// do runs o for the checks at idx (whose keys share a slot; all of them
+// do runs m for the checks at idx (whose keys share a slot; all of them
 // when nil, and keys then nil too) through the batcher, with their decisions
 // as its input and, after it, its output. It ends at ctx's deadline or the
 // store's timeout, whichever is sooner, with one clock read.
-func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
+func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
 	if n := len(idx); idx == nil && len(checks) > 255 || n > 255 {
 		return fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
 	}
 	r := &request{
 		ctx:      ctx,
-		op:       o,
+		op:       scriptOps[m],
 		keys:     keys,
 		checks:   checks,
 		wait:     wait,
@@ -261,7 +261,7 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	} else {
 		r.decisions = decisions
 	}
-	if o == opAllow {
+	if m == methodAllow {
 		for j, c := range r.checks {
 			if c.Limit.Algorithm == Concurrency {
 				if r.leases == nil {
@@ -275,7 +275,7 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	if len(r.checks) > 1 {
 		args = make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks))
 	}
-	r.args = appendRequest(args, o, r.checks, r.decisions, wait, r.leases)
+	r.args = appendRequest(args, r.op, r.checks, r.decisions, wait, r.leases)
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
 		r.deadline = d
 	}
@@ -291,6 +291,9 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	}
 	return err
 }
+
+// scriptOps are the script's opcodes of the stores' methods.
+var scriptOps = [...]op{methodPeek: opPeek, methodAllow: opAllow, methodSettle: opSettle, methodExtend: opExtend}
 
 // admittedAt reports whether the decisions at idx all admit.
 func admittedAt(decisions []Decision, idx []int) bool {
@@ -311,7 +314,7 @@ func (s *RedisStore) refund(ctx context.Context, keys []string, checks []Check, 
 		zero[i].Cost = 0
 	}
 	for _, idx := range groups {
-		if err := s.do(ctx, opSettle, keys, zero, decisions, idx, 0); err != nil {
+		if err := s.do(ctx, methodSettle, keys, zero, decisions, idx, 0); err != nil {
 			return fmt.Errorf("refunding admissions: %w", err)
 		}
 		for _, i := range idx {
