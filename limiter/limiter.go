@@ -81,15 +81,18 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingLog keeps the time and units of the admissions in the window,
-	// merging those close in time past a bound: exact (never over Max), and
-	// memory grows with the admissions up to about 16 KB in Redis. The zero
-	// value.
+	// SlidingLog admits a request when the units admitted in the last
+	// Window, plus its cost, fit in Max: exact, never more than Max in any
+	// span of Window. Its memory per client grows with the admissions in
+	// the window, to a bound (about 16 KB in Redis). The zero value.
 	SlidingLog Algorithm = iota
-	// SlidingCounter keeps two fixed-window sums of units and weighs the
-	// previous one by how much of it the sliding window still covers: O(1)
-	// memory per key, approximate. With a small Max it can deny for up to
-	// two windows.
+	// SlidingCounter cuts time into fixed windows of Window and admits a
+	// request when the units of the current fixed window, plus those of the
+	// previous one weighted by the part of it the last Window still covers,
+	// plus its cost, fit in Max. Its memory per client is constant; it is
+	// approximate, exact only when the previous window's units were spread
+	// evenly over it, and with a small Max it can deny for up to two
+	// windows.
 	SlidingCounter
 	// Concurrency limits the requests in flight: Max leases at once, each
 	// taken by an admitted request and held until Settle, or until Window
@@ -271,9 +274,8 @@ const (
 	maxWindow = 2 * 365 * 24 * time.Hour
 )
 
-// MaxWaitWindows bounds a Wait, in windows of its zone (and it is at most
-// two years): a ring then keeps at most the admissions of MaxWaitWindows+1
-// windows, Max in each.
+// MaxWaitWindows is the longest Check.Wait a store accepts, in windows of
+// the check's zone; a Wait is also at most two years.
 const MaxWaitWindows = 16
 
 // checkInput reports the first check that no store can decide, naming it and

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultKeyPrefix starts every Redis key the store writes, unless
+// defaultKeyPrefix starts every Redis key the store writes, unless
 // RedisOptions say otherwise.
-const DefaultKeyPrefix = "srl:"
+const defaultKeyPrefix = "srl:"
 
 // defaultTimeout is how long a RedisStore call waits for Redis, unless
 // RedisOptions say otherwise.
@@ -23,7 +23,7 @@ const defaultTimeout = 100 * time.Millisecond
 // RedisOptions configure a RedisStore. The zero value is the defaults.
 type RedisOptions struct {
 	// KeyPrefix starts every Redis key the store writes. Empty means
-	// DefaultKeyPrefix. A '{' or '}' in it changes the Redis Cluster hash
+	// "srl:". A '{' or '}' in it changes the Redis Cluster hash
 	// tag, putting every client in one slot.
 	KeyPrefix string
 	// Timeout bounds every call: it ends at its context's deadline or
@@ -33,11 +33,12 @@ type RedisOptions struct {
 }
 
 // RedisStore keeps each client's state in Redis, so every process using the
-// same Redis shares one exact limit. It batches the calls of concurrent
-// callers: one Lua script call decides all the requests queued while Redis
-// was busy with the previous one (one call per hash slot on Redis Cluster).
-// The script reads Redis's clock, so the hosts' clocks do not matter. It is
-// safe for concurrent use; Close stops the batching, not the client.
+// same Redis shares one exact limit. Concurrent calls share round trips: the
+// calls made while Redis is busy are decided together by its next script
+// call (one per hash slot on Redis Cluster), and a call never waits for
+// others to join it. Decisions use Redis's clock, so the hosts' clocks do
+// not matter. It is safe for concurrent use; Close stops the batching, not
+// the client.
 //
 // On Redis Cluster, a request whose zones are in different hash slots (zones
 // with different client keys) is decided slot by slot: what earlier slots
@@ -61,7 +62,7 @@ type RedisStore struct {
 // client of redis.NewFailoverClient, or any redis.UniversalClient.
 func NewRedisStore(client redisClient, opts RedisOptions) *RedisStore {
 	if opts.KeyPrefix == "" {
-		opts.KeyPrefix = DefaultKeyPrefix
+		opts.KeyPrefix = defaultKeyPrefix
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = defaultTimeout
