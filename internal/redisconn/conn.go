@@ -6,15 +6,17 @@
 //     sends every command once (see Open), with a dial gate on each server's
 //     client (dialgate.go) and, on Redis Cluster, hooks that stop its own
 //     retry loop (sendonce.go);
-//   - the circuit breaker that guards every handler on this Redis, and its
-//     circuit_state series, labelled by the Redis it guards (breaker.go);
+//   - the circuit breaker that guards every handler's store on this Redis
+//     (any limiter.Store), and its circuit_state series, labelled by the
+//     Redis it guards (breaker.go);
 //   - the start-up check (check.go);
 //   - go-redis's own log lines, routed through Caddy's logger (logging.go);
 //   - the reset bus: the subscriber that hears what other instances
 //     announce, and the announcements of this one (resets.go).
 //
 // The topology is decided once, when the URL is parsed (options.go). This
-// package knows nothing of zones, keys or requests: it carries Redis keys
+// package knows nothing of zones, keys or requests: the breaker passes the
+// stores' calls through as they are, and the reset bus carries Redis keys
 // that the stores build.
 package redisconn
 
