@@ -107,7 +107,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		b.releases = append(b.releases, release)
 		if cfg.redis == "" {
 			b.mode, b.store = inProcess, memory
-			b.cache = limiter.NewDenyCache(memory, limiter.DefaultDenyCacheEntries)
+			b.cache = limiter.NewDenyCache(memory, 0)
 			return b, nil
 		}
 		b.local = memory
@@ -148,7 +148,7 @@ func (b *backend) connect(cfg backendConfig) error {
 	}
 	b.releases = append(b.releases, release)
 	b.redis, b.store = store, store
-	b.cache = limiter.NewDenyCache(conn.Breaker().Guard(timedStore{store}), limiter.DefaultDenyCacheEntries)
+	b.cache = limiter.NewDenyCache(conn.Breaker().Guard(timedStore{store}), 0)
 	// Last: an announcement may come at once, and finds the stack whole.
 	conn.Listen(b)
 	b.releases = append(b.releases, func() error { conn.Unlisten(b); return nil })

@@ -13,8 +13,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 func init() {
@@ -312,7 +310,7 @@ func (h *Handler) setDefaults() {
 		h.FailMode = failOpen
 	}
 	if h.KeyPrefix == "" {
-		h.KeyPrefix = limiter.DefaultKeyPrefix
+		h.KeyPrefix = "srl:"
 	}
 	if h.Timeout == 0 {
 		h.Timeout = caddy.Duration(defaultTimeout)

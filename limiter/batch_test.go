@@ -354,7 +354,7 @@ func TestBatchClusterSlots(t *testing.T) {
 
 // TestRedisStoreClose: Close returns once the script call in flight ends
 // (at its callers' deadline, Redis frozen), every caller still waiting gets
-// an answer, and calls after Close fail with ErrClosed.
+// an answer, and calls after Close fail with errClosed.
 func TestRedisStoreClose(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	srv := redistest.Start(t)
@@ -385,12 +385,12 @@ func TestRedisStoreClose(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrClosed) {
-			t.Errorf("a call during Close: %v, want its deadline or ErrClosed", err)
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, errClosed) {
+			t.Errorf("a call during Close: %v, want its deadline or errClosed", err)
 		}
 	}
-	if err := s.Allow(context.Background(), []Check{c}, make([]Decision, 1)); !errors.Is(err, ErrClosed) {
-		t.Errorf("Allow after Close: %v, want ErrClosed", err)
+	if err := s.Allow(context.Background(), []Check{c}, make([]Decision, 1)); !errors.Is(err, errClosed) {
+		t.Errorf("Allow after Close: %v, want errClosed", err)
 	}
 }
 

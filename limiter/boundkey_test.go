@@ -11,8 +11,8 @@ func TestBoundKey(t *testing.T) {
 	seen := make(map[string]string) // bound key -> name of its input
 	for _, h := range hostileKeys() {
 		got := BoundKey(h.key)
-		if len(got) > MaxKeyLen {
-			t.Errorf("%s: BoundKey is %d bytes, want <= %d", h.name, len(got), MaxKeyLen)
+		if len(got) > maxKeyLen {
+			t.Errorf("%s: BoundKey is %d bytes, want <= %d", h.name, len(got), maxKeyLen)
 		}
 		if strings.ContainsAny(got, "{}") {
 			t.Errorf("%s: BoundKey = %q holds a brace", h.name, got)
@@ -25,7 +25,7 @@ func TestBoundKey(t *testing.T) {
 		}
 		seen[got] = h.name
 
-		keep := h.key != "" && len(h.key) <= MaxKeyLen && !strings.ContainsAny(h.key, "{}#") && utf8.ValidString(h.key)
+		keep := h.key != "" && len(h.key) <= maxKeyLen && !strings.ContainsAny(h.key, "{}#") && utf8.ValidString(h.key)
 		if keep {
 			if got != h.key {
 				t.Errorf("%s: BoundKey(%q) = %q, want it unchanged", h.name, h.key, got)

@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// DefaultDenyCacheEntries is the bound NewDenyCache uses when given
-// maxEntries <= 0.
-const DefaultDenyCacheEntries = 100_000
+// defaultDenyCacheEntries is the bound of a DenyCache made with maxEntries
+// <= 0.
+const defaultDenyCacheEntries = 100_000
 
 // denyCacheShards is the most shards a DenyCache has; fewer when maxEntries is
 // smaller. A power of two, so a shard is picked with a mask.
@@ -113,9 +113,8 @@ const denyCacheEvictSamples = 8
 // The cache holds at most maxEntries entries, one per (zone, key): the last
 // denial of that key, unless an earlier one answers all its requests and for
 // longer. When full, it drops expired entries first and otherwise the one
-// expiring soonest among a few chosen at random (O(1) amortised), counting
-// the latter in Stats().Evictions. Expired entries are also dropped when
-// looked up; there is no background goroutine. Entries live in up to 32
+// expiring soonest among a few chosen at random (O(1) amortised). Expired
+// entries are also dropped when looked up; there is no background goroutine. Entries live in up to 32
 // shards with their own locks, chosen by a hash of zone and key, and a hit
 // takes only a read lock and allocates nothing. A DenyCache is safe for
 // concurrent use.
@@ -131,8 +130,8 @@ type DenyCache struct {
 	evictions atomic.Uint64
 }
 
-// DenyCacheStats counts a DenyCache's work since it was made.
-type DenyCacheStats struct {
+// denyCacheStats counts a DenyCache's work since it was made.
+type denyCacheStats struct {
 	// Hits is how many Allow calls were answered from the cache.
 	Hits uint64
 	// Evictions is how many entries were dropped before they expired to make
@@ -199,11 +198,10 @@ type denyShard struct {
 }
 
 // NewDenyCache returns a deny cache in front of next holding at most
-// maxEntries denied (zone, key) pairs; maxEntries <= 0 means
-// DefaultDenyCacheEntries.
+// maxEntries denied (zone, key) pairs; maxEntries <= 0 means 100,000.
 func NewDenyCache(next Store, maxEntries int) *DenyCache {
 	if maxEntries <= 0 {
-		maxEntries = DefaultDenyCacheEntries
+		maxEntries = defaultDenyCacheEntries
 	}
 	n := denyCacheShards
 	for n > 1 && n > maxEntries {
@@ -474,9 +472,9 @@ func deniedDown(h []DeniedKey, i int) {
 	}
 }
 
-// Stats returns the cache's counters.
-func (c *DenyCache) Stats() DenyCacheStats {
-	return DenyCacheStats{
+// stats returns the cache's counters.
+func (c *DenyCache) stats() denyCacheStats {
+	return denyCacheStats{
 		Hits:      c.hits.Load(),
 		Evictions: c.evictions.Load(),
 		Entries:   int(c.entries.Load()),

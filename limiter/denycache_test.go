@@ -123,7 +123,7 @@ func dcCheckConsistent(tb testing.TB, c *DenyCache) {
 		total += len(s.slots)
 		s.mu.Unlock()
 	}
-	if got := c.Stats().Entries; got != total {
+	if got := c.stats().Entries; got != total {
 		tb.Errorf("Stats().Entries = %d, shards hold %d", got, total)
 	}
 }
@@ -274,7 +274,7 @@ func TestDenyCacheExactAgainstRedis(t *testing.T) {
 		}
 		var cacheHits uint64
 		for _, c := range caches {
-			cacheHits += c.Stats().Hits
+			cacheHits += c.stats().Hits
 		}
 		if cacheHits != uint64(hits) || int64(hits)+storeCalls != requests {
 			t.Errorf("hits %d (Stats %d) + store calls %d != %d requests", hits, cacheHits, storeCalls, requests)
@@ -412,7 +412,7 @@ func TestDenyCacheBounded(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	st := c.Stats()
+	st := c.stats()
 	if st.Entries > maxEntries || st.Evictions < keys-maxEntries || st.Entries+int(st.Evictions) != keys || st.Hits != 0 {
 		t.Errorf("Stats = %+v after %d distinct denied keys, max %d", st, keys, maxEntries)
 	}
@@ -443,7 +443,7 @@ func TestDenyCacheEvictsExpiredFirst(t *testing.T) {
 	for i := range 2000 {
 		dcAllow1(t, c, Check{Zone: "z", Key: "short-" + strconv.Itoa(i)})
 	}
-	evicted := c.Stats().Evictions
+	evicted := c.stats().Evictions
 	time.Sleep(2 * retry)
 	mu.Lock()
 	retry = time.Minute
@@ -453,7 +453,7 @@ func TestDenyCacheEvictsExpiredFirst(t *testing.T) {
 	for i := range denyCacheShards {
 		dcAllow1(t, c, Check{Zone: "z", Key: "long-" + strconv.Itoa(i)})
 	}
-	if got := c.Stats().Evictions; got != evicted {
+	if got := c.stats().Evictions; got != evicted {
 		t.Errorf("%d live entries evicted while expired ones were there", got-evicted)
 	}
 	for i := range denyCacheShards {
@@ -481,7 +481,7 @@ func TestDenyCacheSmallBounds(t *testing.T) {
 		for i := range 3 * maxEntries {
 			dcAllow1(t, c, Check{Zone: "z", Key: strconv.Itoa(i)})
 		}
-		if st := c.Stats(); st.Entries > maxEntries || st.Entries < 1 {
+		if st := c.stats(); st.Entries > maxEntries || st.Entries < 1 {
 			t.Errorf("max %d: Stats %+v", maxEntries, st)
 		}
 		// The key just denied is always cached.
@@ -490,7 +490,7 @@ func TestDenyCacheSmallBounds(t *testing.T) {
 		}
 		dcCheckConsistent(t, c)
 	}
-	if c := NewDenyCache(dcDenyAll(time.Minute), 0); len(c.shards)*c.shards[0].max != DefaultDenyCacheEntries {
+	if c := NewDenyCache(dcDenyAll(time.Minute), 0); len(c.shards)*c.shards[0].max != defaultDenyCacheEntries {
 		t.Errorf("maxEntries 0: %d shards of %d", len(c.shards), c.shards[0].max)
 	}
 }
@@ -534,7 +534,7 @@ func TestDenyCacheClearForget(t *testing.T) {
 	}
 
 	c.Clear()
-	if st := c.Stats(); st.Entries != 0 {
+	if st := c.stats(); st.Entries != 0 {
 		t.Errorf("after Clear: %+v", st)
 	}
 	for _, ch := range []Check{a, b, aOther} {
@@ -631,7 +631,7 @@ func TestDenyCacheSeveralChecks(t *testing.T) {
 	if hit, err := c.AllowCached(ctx, checks[:1], ds[:1]); hit || err != nil || !ds[0].Allowed || ds[0].Remaining != 5 {
 		t.Errorf("loose alone: hit %v, err %v, %+v", hit, err, ds[0])
 	}
-	if st := c.Stats(); st.Hits != 1 || st.Entries != 1 {
+	if st := c.stats(); st.Hits != 1 || st.Entries != 1 {
 		t.Errorf("Stats %+v", st)
 	}
 }
@@ -650,7 +650,7 @@ func TestDenyCacheStoreError(t *testing.T) {
 			t.Errorf("hit %v, err %v", hit, err)
 		}
 	}
-	if st := c.Stats(); st.Entries != 0 {
+	if st := c.stats(); st.Entries != 0 {
 		t.Errorf("a failed call was cached: %+v", st)
 	}
 }
@@ -686,7 +686,7 @@ func TestDenyCacheConcurrent(t *testing.T) {
 			case 0:
 				c.Forget("z0", strconv.Itoa(rand.IntN(200)))
 			case 1:
-				if st := c.Stats(); st.Entries > maxEntries {
+				if st := c.stats(); st.Entries > maxEntries {
 					t.Errorf("Stats %+v", st)
 				}
 				denied, total := c.Denied(nil, 10)
@@ -740,7 +740,7 @@ func TestDenyCacheConcurrent(t *testing.T) {
 	close(stop)
 	admin.Wait()
 	dcCheckConsistent(t, c)
-	t.Logf("Stats %+v", c.Stats())
+	t.Logf("Stats %+v", c.stats())
 }
 
 func TestDenyCacheHitAllocs(t *testing.T) {
@@ -764,7 +764,7 @@ func TestDenyCacheHitAllocs(t *testing.T) {
 // answered by the cache.
 func BenchmarkDenyCacheHit(b *testing.B) {
 	inner := dcDenyAll(time.Hour)
-	c := NewDenyCache(inner, DefaultDenyCacheEntries)
+	c := NewDenyCache(inner, defaultDenyCacheEntries)
 	check := Check{Zone: "bench", Key: "198.51.100.7", Limit: Limit{Window: time.Minute, Max: 10}}
 	if err := c.Allow(context.Background(), []Check{check}, make([]Decision, 1)); err != nil {
 		b.Fatal(err)
@@ -983,17 +983,17 @@ func TestDenyCacheDeniedAllocs(t *testing.T) {
 }
 
 // BenchmarkDenyCacheDenied lists the 100 longest waits of a full cache of
-// DefaultDenyCacheEntries entries; the time a shard's lock is held is the
+// defaultDenyCacheEntries entries; the time a shard's lock is held is the
 // time per op divided by the shards.
 func BenchmarkDenyCacheDenied(b *testing.B) {
-	c := NewDenyCache(dcDenyAll(time.Hour), DefaultDenyCacheEntries)
+	c := NewDenyCache(dcDenyAll(time.Hour), defaultDenyCacheEntries)
 	now := c.now()
-	for i := range DefaultDenyCacheEntries {
+	for i := range defaultDenyCacheEntries {
 		wait := int64(time.Duration(rand.IntN(3600)) * time.Second)
 		k := strconv.Itoa(i)
 		c.remember(denySlot{k: denyKey{"zone", k}, until: now + int64(2*time.Hour) + wait, retryAt: now + int64(2*time.Hour) + wait, cost: 1, waits: true}, c.shard("zone", k).gen)
 	}
-	if got := c.Stats().Entries; got < DefaultDenyCacheEntries*9/10 {
+	if got := c.stats().Entries; got < defaultDenyCacheEntries*9/10 {
 		b.Fatalf("%d entries", got)
 	}
 	dst := make([]DeniedKey, 0, 100)

@@ -175,8 +175,8 @@ func TestLeasesOfAClosedStore(t *testing.T) {
 		}
 	}
 	stores[0].Close()
-	if err := stores[0].Allow(ctx, []Check{c}, make([]Decision, 1)); !errors.Is(err, ErrClosed) {
-		t.Fatalf("a closed store: %v, want ErrClosed", err)
+	if err := stores[0].Allow(ctx, []Check{c}, make([]Decision, 1)); !errors.Is(err, errClosed) {
+		t.Fatalf("a closed store: %v, want errClosed", err)
 	}
 	ds, start, _ := allowN(t, stores[1], c)
 	if ds[0].Allowed || ds[0].RetryAfter <= 0 || ds[0].RetryAfter > lease {

@@ -66,9 +66,8 @@
 // Cluster) shares one exact limit; it batches concurrent calls into one
 // script call and bounds each call by its own timeout, so callers need no
 // deadline of their own. MemoryStore keeps the state in this process, with
-// the same answers. DenyCache answers repeated denials without a round trip,
-// and Breaker stops calling a failing store for a while; both wrap a Store
-// and are one.
+// the same answers. DenyCache answers repeated denials without a round trip:
+// it wraps a Store and is one.
 package limiter
 
 import (
@@ -82,15 +81,18 @@ import (
 type Algorithm uint8
 
 const (
-	// SlidingLog keeps the time and units of the admissions in the window,
-	// merging those close in time past a bound: exact (never over Max), and
-	// memory grows with the admissions up to about 16 KB in Redis. The zero
-	// value.
+	// SlidingLog admits a request when the units admitted in the last
+	// Window, plus its cost, fit in Max: exact, never more than Max in any
+	// span of Window. Its memory per client grows with the admissions in
+	// the window, to a bound (about 16 KB in Redis). The zero value.
 	SlidingLog Algorithm = iota
-	// SlidingCounter keeps two fixed-window sums of units and weighs the
-	// previous one by how much of it the sliding window still covers: O(1)
-	// memory per key, approximate. With a small Max it can deny for up to
-	// two windows.
+	// SlidingCounter cuts time into fixed windows of Window and admits a
+	// request when the units of the current fixed window, plus those of the
+	// previous one weighted by the part of it the last Window still covers,
+	// plus its cost, fit in Max. Its memory per client is constant; it is
+	// approximate, exact only when the previous window's units were spread
+	// evenly over it, and with a small Max it can deny for up to two
+	// windows.
 	SlidingCounter
 	// Concurrency limits the requests in flight: Max leases at once, each
 	// taken by an admitted request and held until Settle, or until Window
@@ -237,6 +239,18 @@ type Store interface {
 	Reset(ctx context.Context, zone, key string) error
 }
 
+// method is what a store is asked to do with a request's checks: the Store
+// method it carries out, in the words the stores share. The script has
+// opcodes of its own on the wire (script.go); RedisStore translates.
+type method uint8
+
+const (
+	methodPeek method = iota
+	methodAllow
+	methodSettle
+	methodExtend
+)
+
 // ErrLeaseLost is the error of Extend for a lease that had expired.
 var ErrLeaseLost = errors.New("lease expired before it was extended")
 
@@ -260,9 +274,8 @@ const (
 	maxWindow = 2 * 365 * 24 * time.Hour
 )
 
-// MaxWaitWindows bounds a Wait, in windows of its zone (and it is at most
-// two years): a ring then keeps at most the admissions of MaxWaitWindows+1
-// windows, Max in each.
+// MaxWaitWindows is the longest Check.Wait a store accepts, in windows of
+// the check's zone; a Wait is also at most two years.
 const MaxWaitWindows = 16
 
 // checkInput reports the first check that no store can decide, naming it and

@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testClient.Close()
 	srv.Close()
-	// Every store, batcher and breaker the tests made was closed: none may
+	// Every store and batcher the tests made was closed: none may
 	// leave a goroutine behind.
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -107,15 +107,6 @@ func exported(d Decision) Decision {
 	return d
 }
 
-// onlyAllow gives a fake Store whose test is about Allow the rest of the
-// interface: each answers nothing.
-type onlyAllow struct{}
-
-func (onlyAllow) Peek(context.Context, []Check, []Decision) error   { return nil }
-func (onlyAllow) Settle(context.Context, []Check, []Decision) error { return nil }
-func (onlyAllow) Extend(context.Context, []Check, []Decision) error { return nil }
-func (onlyAllow) Reset(context.Context, string, string) error       { return nil }
-
 // checkWithin fails unless lo-tol <= got <= hi+tol.
 func checkWithin(tb testing.TB, what string, got, lo, hi time.Duration) {
 	tb.Helper()
@@ -148,7 +139,7 @@ func sleepUntil(deadline time.Time) { time.Sleep(time.Until(deadline)) }
 
 // newRedisStore returns a store on client under prefix, closed when the test
 // ends. Its timeout is long: the tests' contexts set their deadlines.
-func newRedisStore(tb testing.TB, client RedisClient, prefix string) *RedisStore {
+func newRedisStore(tb testing.TB, client redisClient, prefix string) *RedisStore {
 	s := NewRedisStore(client, RedisOptions{KeyPrefix: prefix, Timeout: time.Minute})
 	tb.Cleanup(func() { s.Close() })
 	return s

@@ -91,12 +91,12 @@ func NewMemoryStore() *MemoryStore {
 
 // Allow implements Store.
 func (s *MemoryStore) Allow(_ context.Context, checks []Check, decisions []Decision) error {
-	return s.decide(opAllow, checks, decisions)
+	return s.decide(methodAllow, checks, decisions)
 }
 
 // Peek implements Store.
 func (s *MemoryStore) Peek(_ context.Context, checks []Check, decisions []Decision) error {
-	return s.decide(opPeek, checks, decisions)
+	return s.decide(methodPeek, checks, decisions)
 }
 
 // Reset implements Store.
@@ -120,8 +120,8 @@ type zoneDecision struct {
 }
 
 // decide mirrors limit.lua's decision: every zone, then the admission time,
-// then the records when o is opAllow and all admit.
-func (s *MemoryStore) decide(o op, checks []Check, decisions []Decision) error {
+// then the records when m is methodAllow and all admit.
+func (s *MemoryStore) decide(m method, checks []Check, decisions []Decision) error {
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
@@ -152,12 +152,12 @@ func (s *MemoryStore) decide(o op, checks []Check, decisions []Decision) error {
 	for i, c := range checks {
 		z, cost := &zs[i], reserved(c)
 		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
-		if o == opPeek && c.Limit.Algorithm == SlidingLog {
+		if m == methodPeek && c.Limit.Algorithm == SlidingLog {
 			d.LastMax = z.st.lastMax
 		}
 		if admit {
 			d.Delay = time.Duration(at-now) * time.Microsecond
-			if o == opAllow {
+			if m == methodAllow {
 				s.state[memoryKey{c.Zone, c.Key}] = z.st
 				d.held = z.st.record(z, now, at, c.Limit, cost)
 				if c.Limit.Algorithm == Concurrency {

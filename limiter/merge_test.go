@@ -42,7 +42,7 @@ func TestMergedRingsStayBoundedAndExact(t *testing.T) {
 					c.Cost = 1 + rng.Int64N(3)
 					got := decide(t, clockedStore{s, &now}, false, c)[0]
 					want := make([]Decision, 1)
-					exact.decide(now, opPeek, []Check{c}, want, []int{0}, 0)
+					exact.decide(now, methodPeek, []Check{c}, want, []int{0}, 0)
 					switch {
 					case got.Allowed && !want[0].Allowed:
 						t.Fatalf("admission %d at %d: merged admits %+v, exact denies %+v", i, now, exported(got), exported(want[0]))
@@ -56,7 +56,7 @@ func TestMergedRingsStayBoundedAndExact(t *testing.T) {
 					}
 					if got.Allowed {
 						admitted++
-						exact.decide(now, opAllow, []Check{c}, want, []int{0}, 0)
+						exact.decide(now, methodAllow, []Check{c}, want, []int{0}, 0)
 					}
 					if r, ok := s.(*RedisStore); ok && i%500 == 0 {
 						biggest = max(biggest, readRing(t, testClient, r.Key(c.Zone, c.Key), now).bytes)

@@ -14,7 +14,9 @@ import (
 
 // model is the package's semantics written as plainly as they can be: every
 // admission of a log zone kept in a list, sums recomputed each time, the room
-// found by walking back from the newest admission. It decides one request at
+// found by walking back from the newest admission; a counter zone's units
+// kept by fixed window, what it counts reckoned from the counter's
+// definition. It decides one request at
 // a time at a time the test gives; with cluster set, a request whose zones
 // are in different Redis Cluster slots is decided slot by slot, as
 // RedisStore does there.
@@ -31,10 +33,14 @@ type modelState struct {
 	// log is a log zone's admissions; units says it is a units log, whose
 	// admissions merge (mergeEntries) and whose entries settled to zero
 	// stay until they are the newest.
-	log              []admission
-	units            bool
-	index, cur, prev int64
-	leases           map[uint64]int64
+	log   []admission
+	units bool
+	// fixed holds a counter zone's units by fixed window (the time in
+	// microseconds divided by Window), every window it ever recorded in;
+	// latest is the latest of them.
+	fixed  map[int64]int64
+	latest int64
+	leases map[uint64]int64
 	// lastMax is the Max of a log's newest record, until the log empties.
 	lastMax int64
 }
@@ -46,28 +52,28 @@ func newModel(cluster bool) *model {
 func (m *model) get(c Check) *modelState {
 	k := memoryKey{c.Zone, c.Key}
 	if m.state[k] == nil {
-		m.state[k] = &modelState{leases: make(map[uint64]int64)}
+		m.state[k] = &modelState{fixed: make(map[int64]int64), leases: make(map[uint64]int64)}
 	}
 	return m.state[k]
 }
 
-// allow decides checks at now (o is opAllow or opPeek).
-func (m *model) allow(now int64, o op, checks []Check, ds []Decision) {
+// allow decides checks at now (meth is methodAllow or methodPeek).
+func (m *model) allow(now int64, meth method, checks []Check, ds []Decision) {
 	groups := [][]int{all(len(checks))}
 	if m.cluster {
 		groups = (&RedisStore{cluster: true}).slotGroups(clientTags(checks), all(len(checks)))
 	}
 	if len(groups) == 1 {
-		m.decide(now, o, checks, ds, all(len(checks)), requestWait(checks))
+		m.decide(now, meth, checks, ds, all(len(checks)), requestWait(checks))
 		return
 	}
 	admitted := true
 	for g, idx := range groups {
-		if o == opPeek || !admitted {
-			m.decide(now, opPeek, checks, ds, idx, 0)
+		if meth == methodPeek || !admitted {
+			m.decide(now, methodPeek, checks, ds, idx, 0)
 			continue
 		}
-		m.decide(now, opAllow, checks, ds, idx, 0)
+		m.decide(now, methodAllow, checks, ds, idx, 0)
 		if !admittedAt(ds, idx) {
 			admitted = false
 			for _, earlier := range groups[:g] {
@@ -103,7 +109,7 @@ type modelZone struct {
 }
 
 // decide decides the checks at idx together, all or nothing, with wait.
-func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int, wait time.Duration) {
+func (m *model) decide(now int64, meth method, checks []Check, ds []Decision, idx []int, wait time.Duration) {
 	zs := make([]modelZone, len(checks))
 	at, admit := now, true
 	for _, i := range idx {
@@ -140,25 +146,14 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 				}
 			}
 		case SlidingCounter:
-			cur, prev := st.cur, st.prev
-			index := now / w
-			switch {
-			case st.index < index-1:
-				cur, prev = 0, 0
-			case st.index == index-1:
-				cur, prev = 0, st.cur
+			if st.latest > now/w {
+				panic("model: the clock stepped back across the start of a counter's fixed window")
 			}
-			W, e := float64(w), float64(now-index*w)
-			z.held = float64(prev)*(W-e)/W + float64(cur)
-			need := c.Limit.Max - cost
-			if z.held > float64(need) && need >= 0 {
-				if cur <= need && prev > 0 {
-					z.room = now + int64(math.Ceil(W-float64(need-cur)*W/float64(prev)-e))
-				} else {
-					z.room = now + int64(math.Ceil((W-e)+W-float64(need)*W/float64(cur)))
-				}
+			z.held = float64(st.counted(now, w)) / float64(w)
+			if need := c.Limit.Max - cost; need >= 0 {
+				z.room = st.counterFits(now, w, need*w)
 			}
-			z.reset = counterReset(cur, prev, W, e)
+			z.reset = st.counterReset(now, w)
 		case Concurrency:
 			first := int64(math.MaxInt64)
 			for _, exp := range st.leases {
@@ -190,13 +185,13 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 		w, cost := microseconds(c.Limit.Window), reserved(c)
 		st := m.get(c)
 		d := Decision{Allowed: z.ok, Never: cost > c.Limit.Max}
-		if o == opPeek && c.Limit.Algorithm == SlidingLog {
+		if meth == methodPeek && c.Limit.Algorithm == SlidingLog {
 			d.LastMax = st.lastMax
 		}
 		if admit {
 			d.Delay = time.Duration(at-now) * time.Microsecond
 		}
-		if admit && o == opAllow {
+		if admit && meth == methodAllow {
 			z.held += float64(cost)
 			switch c.Limit.Algorithm {
 			case SlidingLog:
@@ -206,19 +201,10 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 				}
 				d.held = holding{recorded: true, at: t, units: cost}
 			case SlidingCounter:
-				index := now / w
-				cur, prev := st.cur, st.prev
-				switch {
-				case st.index < index-1:
-					cur, prev = 0, 0
-				case st.index == index-1:
-					cur, prev = 0, st.cur
-				}
-				st.index, st.cur, st.prev = index, cur+cost, prev
-				if prev == 0 {
-					z.reset = counterReset(cur+cost, 0, float64(w), float64(now-index*w))
-				}
-				d.held = holding{recorded: true, at: index, units: cost}
+				st.fixed[now/w] += cost
+				st.latest = max(st.latest, now/w)
+				z.reset = st.counterReset(now, w)
+				d.held = holding{recorded: true, at: now / w, units: cost}
 			case Concurrency:
 				for id, exp := range st.leases {
 					if exp <= now {
@@ -247,6 +233,63 @@ func (m *model) decide(now int64, o op, checks []Check, ds []Decision, idx []int
 		d.Reset = time.Duration(z.reset) * time.Microsecond
 		ds[i] = d
 	}
+}
+
+// The sliding counter, written from its definition (see SlidingCounter)
+// rather than from the stores' code: time is cut into fixed windows of w;
+// at t, in fixed window i = t/w and e = t-i*w into it, the counter counts
+// the units of window i plus those of window i-1 weighted by the part of
+// it the last w still covers, (w-e)/w. The model keeps the units of every
+// fixed window and reckons in integers scaled by w, and finds times by
+// searching them, where the stores keep two sums and solve for times in
+// floating point. A clock that steps back into an earlier fixed window
+// than one recorded in is left out (the model panics): the stores then go
+// on counting in the later window, which the definition does not speak
+// of, and the schedule's steps back, of a few milliseconds, cross no
+// window's start.
+
+// counted is w times what the counter counts at t.
+func (st *modelState) counted(t, w int64) int64 {
+	i, e := t/w, t%w
+	return st.fixed[i]*w + st.fixed[i-1]*(w-e)
+}
+
+// counterFits returns the first time from now on at which what the
+// counter counts (times w) is at most scaled, with nothing recorded
+// meanwhile. What it counts never grows as time passes: the previous
+// window's weight falls to zero as the current window ends, when the
+// current one becomes the previous one at full weight. So the first such
+// time is found by bisection, and it has come two windows after now's
+// began, when both have left.
+func (st *modelState) counterFits(now, w, scaled int64) int64 {
+	lo, hi := now, (now/w+2)*w
+	for lo < hi {
+		if mid := lo + (hi-lo)/2; st.counted(mid, w) <= scaled {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
+
+// counterReset is the time from now until units next leave the counter's
+// window: a whole unit's worth, or, when the previous window holds units,
+// the last of them, as it leaves the window at the current window's end;
+// zero when the counter counts nothing.
+func (st *modelState) counterReset(now, w int64) int64 {
+	counted := st.counted(now, w)
+	if counted == 0 {
+		return 0
+	}
+	reset := int64(math.MaxInt64)
+	if counted >= w {
+		reset = st.counterFits(now, w, counted-w) - now
+	}
+	if st.fixed[now/w-1] > 0 {
+		reset = min(reset, (now/w+1)*w-now)
+	}
+	return reset
 }
 
 // recordLog records an admission of cost in a log of window w at at (or
@@ -283,7 +326,7 @@ func (m *model) settle(now int64, checks []Check, ds []Decision) {
 		if h := ds[i].held; h.recorded {
 			// Lifts: a request of the same reservation did not fit before.
 			before := make([]Decision, 1)
-			m.decide(now, opPeek, []Check{c}, before, []int{0}, 0)
+			m.decide(now, methodPeek, []Check{c}, before, []int{0}, 0)
 			ds[i].Lifts = c.Limit.Algorithm != Concurrency && before[0].Remaining < h.units
 			m.settleOne(now, c, h, c.Cost)
 		}
@@ -328,25 +371,15 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 				}
 			}
 			room := make([]Decision, 1)
-			m.decide(now, opPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
+			m.decide(now, methodPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
 			m.recordLog(now, st, w, c.Limit.Max, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
 		}
 	case SlidingCounter:
-		index := now / w
-		cur, prev := st.cur, st.prev
-		switch {
-		case st.index < index-1:
-			cur, prev = 0, 0
-		case st.index == index-1:
-			cur, prev = 0, st.cur
-		}
-		switch index {
-		case h.at:
-			cur = max(0, cur-h.units)
-		case h.at + 1:
-			prev = max(0, prev-h.units)
-		}
-		st.index, st.cur, st.prev = index, cur+cost, prev
+		// The reservation leaves the fixed window it was recorded in; the
+		// real cost is charged to the current one.
+		st.fixed[h.at] = max(0, st.fixed[h.at]-h.units)
+		st.fixed[now/w] += cost
+		st.latest = max(st.latest, now/w)
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}
@@ -376,7 +409,7 @@ type modelStep struct {
 	// zero (two calls in one microsecond) or negative (the clock stepped
 	// back).
 	advance int64
-	op      op
+	method  method
 	checks  []Check
 	// of is, for a settle or an extend, the step whose decisions it uses.
 	of int
@@ -427,15 +460,15 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 		st.advance, advance = advance, 0
 		switch r := rng.IntN(100); {
 		case r < 15 && len(admitted) > 0:
-			st.op, st.of = opSettle, admitted[rng.IntN(len(admitted))]
+			st.method, st.of = methodSettle, admitted[rng.IntN(len(admitted))]
 		case r < 20 && len(admitted) > 0:
-			st.op, st.of = opExtend, admitted[rng.IntN(len(admitted))]
+			st.method, st.of = methodExtend, admitted[rng.IntN(len(admitted))]
 		case r < 30:
-			st.op = opPeek
+			st.method = methodPeek
 		default:
-			st.op = opAllow
+			st.method = methodAllow
 		}
-		if st.op >= opSettle {
+		if st.method >= methodSettle {
 			// The same checks, with the real costs.
 			from := schedule[st.of]
 			for _, c := range from.checks {
@@ -457,7 +490,7 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 				st.checks = append(st.checks, c)
 			}
 			ds := decisions[st.of]
-			if st.op == opSettle {
+			if st.method == methodSettle {
 				m.settle(now, st.checks, ds)
 				admitted = deleteValue(admitted, st.of)
 			} else {
@@ -510,12 +543,12 @@ func modelSchedule(seed uint64, steps int) []modelStep {
 			st.checks[0].Limit.Max = 5
 		}
 		ds := make([]Decision, len(st.checks))
-		m.allow(now, st.op, st.checks, ds)
+		m.allow(now, st.method, st.checks, ds)
 		st.want = make([]Decision, len(ds))
 		for i, d := range ds {
 			st.want[i] = exported(d)
 		}
-		if st.op == opAllow && Admitted(ds) {
+		if st.method == methodAllow && Admitted(ds) {
 			decisions[len(schedule)] = ds
 			admitted = append(admitted, len(schedule))
 		}
@@ -597,10 +630,10 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		ds := make([]Decision, len(st.checks))
 		want := st.want
 		var err error
-		switch st.op {
-		case opAllow, opPeek:
+		switch st.method {
+		case methodAllow, methodPeek:
 			md := make([]Decision, len(st.checks))
-			m.allow(now, st.op, st.checks, md)
+			m.allow(now, st.method, st.checks, md)
 			if cluster {
 				want = make([]Decision, len(md))
 				for j, d := range md {
@@ -608,12 +641,12 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 				}
 			}
 			mine[i] = md
-			if st.op == opAllow {
+			if st.method == methodAllow {
 				err = s.Allow(ctx, st.checks, ds)
 			} else {
 				err = s.Peek(ctx, st.checks, ds)
 			}
-		case opSettle:
+		case methodSettle:
 			for j, c := range st.checks {
 				if h := got[st.of][j].held; h.recorded && c.Limit.Algorithm == SlidingLog && now-h.at >= microseconds(c.Limit.Window) {
 					long++ // a call longer than the window: settled after its admission aged out
@@ -629,7 +662,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 					lifts++
 				}
 			}
-		case opExtend:
+		case methodExtend:
 			wantErr := m.extend(now, st.checks, mine[st.of]) != nil
 			err = s.Extend(ctx, st.checks, got[st.of])
 			if errors.Is(err, ErrLeaseLost) != wantErr {
@@ -647,7 +680,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		for j := range want {
 			if exported(ds[j]) != want[j] {
 				t.Fatalf("step %d at %d, %s of %+v:\ncheck %d: got  %+v\n         want %+v",
-					i, now, []string{"peek", "allow"}[st.op], st.checks, j, exported(ds[j]), want[j])
+					i, now, []string{"peek", "allow"}[st.method], st.checks, j, exported(ds[j]), want[j])
 			}
 			switch {
 			case ds[j].Never:

@@ -12,29 +12,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultKeyPrefix starts every Redis key the store writes, unless
+// defaultKeyPrefix starts every Redis key the store writes, unless
 // RedisOptions say otherwise.
-const DefaultKeyPrefix = "srl:"
+const defaultKeyPrefix = "srl:"
 
 // defaultTimeout is how long a RedisStore call waits for Redis, unless
 // RedisOptions say otherwise.
 const defaultTimeout = 100 * time.Millisecond
 
-// RedisClient is what a RedisStore needs of a go-redis client: scripts,
-// commands it builds itself, pipelines and DEL. *redis.Client,
-// *redis.ClusterClient, the failover client of redis.NewFailoverClient and
-// redis.UniversalClient all have it.
-type RedisClient interface {
-	redis.Scripter
-	Process(ctx context.Context, cmd redis.Cmder) error
-	Pipeline() redis.Pipeliner
-	Del(ctx context.Context, keys ...string) *redis.IntCmd
-}
-
 // RedisOptions configure a RedisStore. The zero value is the defaults.
 type RedisOptions struct {
 	// KeyPrefix starts every Redis key the store writes. Empty means
-	// DefaultKeyPrefix. A '{' or '}' in it changes the Redis Cluster hash
+	// "srl:". A '{' or '}' in it changes the Redis Cluster hash
 	// tag, putting every client in one slot.
 	KeyPrefix string
 	// Timeout bounds every call: it ends at its context's deadline or
@@ -44,11 +33,12 @@ type RedisOptions struct {
 }
 
 // RedisStore keeps each client's state in Redis, so every process using the
-// same Redis shares one exact limit. It batches the calls of concurrent
-// callers: one Lua script call decides all the requests queued while Redis
-// was busy with the previous one (one call per hash slot on Redis Cluster).
-// The script reads Redis's clock, so the hosts' clocks do not matter. It is
-// safe for concurrent use; Close stops the batching, not the client.
+// same Redis shares one exact limit. Concurrent calls share round trips: the
+// calls made while Redis is busy are decided together by its next script
+// call (one per hash slot on Redis Cluster), and a call never waits for
+// others to join it. Decisions use Redis's clock, so the hosts' clocks do
+// not matter. It is safe for concurrent use; Close stops the batching, not
+// the client.
 //
 // On Redis Cluster, a request whose zones are in different hash slots (zones
 // with different client keys) is decided slot by slot: what earlier slots
@@ -57,7 +47,7 @@ type RedisOptions struct {
 // are known only one after the other and cannot be made one. Zones of one
 // client key always share a slot.
 type RedisStore struct {
-	client  RedisClient
+	client  redisClient
 	prefix  string
 	timeout time.Duration
 	cluster bool
@@ -67,10 +57,12 @@ type RedisStore struct {
 	leases atomic.Uint64
 }
 
-// NewRedisStore returns a store on client and starts its batching.
-func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
+// NewRedisStore returns a store on client and starts its batching. client
+// is a go-redis client: *redis.Client, *redis.ClusterClient, the failover
+// client of redis.NewFailoverClient, or any redis.UniversalClient.
+func NewRedisStore(client redisClient, opts RedisOptions) *RedisStore {
 	if opts.KeyPrefix == "" {
-		opts.KeyPrefix = DefaultKeyPrefix
+		opts.KeyPrefix = defaultKeyPrefix
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = defaultTimeout
@@ -88,7 +80,7 @@ func NewRedisStore(client RedisClient, opts RedisOptions) *RedisStore {
 }
 
 // Close stops the store's batching once the calls in flight return. Calls
-// waiting, and calls made after it, fail with ErrClosed. It does not close
+// waiting, and calls made after it, fail with an error. It does not close
 // the client, and releases no lease: they expire after their lease time.
 func (s *RedisStore) Close() error {
 	s.batch.close()
@@ -124,20 +116,20 @@ func (s *RedisStore) Allow(ctx context.Context, checks []Check, decisions []Deci
 		return err
 	}
 	if !s.cluster || len(checks) == 1 {
-		return s.do(ctx, opAllow, nil, checks, decisions, nil, requestWait(checks))
+		return s.do(ctx, methodAllow, nil, checks, decisions, nil, requestWait(checks))
 	}
 	keys := s.keys(checks)
 	groups := s.slotGroups(keys, all(len(checks)))
 	if len(groups) == 1 {
-		return s.do(ctx, opAllow, keys, checks, decisions, groups[0], requestWait(checks))
+		return s.do(ctx, methodAllow, keys, checks, decisions, groups[0], requestWait(checks))
 	}
 	admitted := true
 	for g, idx := range groups {
-		o := opPeek
+		m := methodPeek
 		if admitted {
-			o = opAllow
+			m = methodAllow
 		}
-		if err := s.do(ctx, o, keys, checks, decisions, idx, 0); err != nil {
+		if err := s.do(ctx, m, keys, checks, decisions, idx, 0); err != nil {
 			if admitted && g > 0 {
 				// Best effort: the request fails either way.
 				_ = s.refund(ctx, keys, checks, decisions, groups[:g])
@@ -161,7 +153,7 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 		return err
 	}
 	if !s.cluster || len(checks) == 1 {
-		if err := s.do(ctx, opPeek, nil, checks, decisions, nil, requestWait(checks)); err != nil {
+		if err := s.do(ctx, methodPeek, nil, checks, decisions, nil, requestWait(checks)); err != nil {
 			return err
 		}
 	} else {
@@ -172,7 +164,7 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 			wait = 0
 		}
 		for _, idx := range groups {
-			if err := s.do(ctx, opPeek, keys, checks, decisions, idx, wait); err != nil {
+			if err := s.do(ctx, methodPeek, keys, checks, decisions, idx, wait); err != nil {
 				return err
 			}
 		}
@@ -189,17 +181,17 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 // which filled decisions recorded, even when others were recorded after
 // them.
 func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
-	return s.spend(ctx, opSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
+	return s.spend(ctx, methodSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
 }
 
 // Extend implements Store.
 func (s *RedisStore) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
-	return s.spend(ctx, opExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
+	return s.spend(ctx, methodExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
 }
 
-// spend runs o, a settle or an extend, for the checks whose decisions hold
+// spend runs m, a settle or an extend, for the checks whose decisions hold
 // something for it, slot by slot.
-func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions []Decision, holds func(Decision) bool) error {
+func (s *RedisStore) spend(ctx context.Context, m method, checks []Check, decisions []Decision, holds func(Decision) bool) error {
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
@@ -213,7 +205,7 @@ func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions 
 		return nil
 	}
 	if held == len(checks) && (!s.cluster || held == 1) {
-		return s.do(ctx, o, nil, checks, decisions, nil, 0)
+		return s.do(ctx, m, nil, checks, decisions, nil, 0)
 	}
 	idx := make([]int, 0, held)
 	for i, d := range decisions {
@@ -224,7 +216,7 @@ func (s *RedisStore) spend(ctx context.Context, o op, checks []Check, decisions 
 	keys := s.keys(checks)
 	var lost error
 	for _, g := range s.slotGroups(keys, idx) {
-		err := s.do(ctx, o, keys, checks, decisions, g, 0)
+		err := s.do(ctx, m, keys, checks, decisions, g, 0)
 		if errors.Is(err, ErrLeaseLost) {
 			lost = err
 			continue
@@ -241,17 +233,17 @@ func (s *RedisStore) Reset(ctx context.Context, zone, key string) error {
 	return s.client.Del(ctx, s.Key(zone, key)).Err()
 }
 
-// do runs o for the checks at idx (whose keys share a slot; all of them
+// do runs m for the checks at idx (whose keys share a slot; all of them
 // when nil, and keys then nil too) through the batcher, with their decisions
 // as its input and, after it, its output. It ends at ctx's deadline or the
 // store's timeout, whichever is sooner, with one clock read.
-func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
+func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
 	if n := len(idx); idx == nil && len(checks) > 255 || n > 255 {
 		return fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
 	}
 	r := &request{
 		ctx:      ctx,
-		op:       o,
+		op:       scriptOps[m],
 		keys:     keys,
 		checks:   checks,
 		wait:     wait,
@@ -270,7 +262,7 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	} else {
 		r.decisions = decisions
 	}
-	if o == opAllow {
+	if m == methodAllow {
 		for j, c := range r.checks {
 			if c.Limit.Algorithm == Concurrency {
 				if r.leases == nil {
@@ -284,7 +276,7 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	if len(r.checks) > 1 {
 		args = make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks))
 	}
-	r.args = appendRequest(args, o, r.checks, r.decisions, wait, r.leases)
+	r.args = appendRequest(args, r.op, r.checks, r.decisions, wait, r.leases)
 	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
 		r.deadline = d
 	}
@@ -300,6 +292,9 @@ func (s *RedisStore) do(ctx context.Context, o op, keys []string, checks []Check
 	}
 	return err
 }
+
+// scriptOps are the script's opcodes of the stores' methods.
+var scriptOps = [...]op{methodPeek: opPeek, methodAllow: opAllow, methodSettle: opSettle, methodExtend: opExtend}
 
 // admittedAt reports whether the decisions at idx all admit.
 func admittedAt(decisions []Decision, idx []int) bool {
@@ -320,7 +315,7 @@ func (s *RedisStore) refund(ctx context.Context, keys []string, checks []Check, 
 		zero[i].Cost = 0
 	}
 	for _, idx := range groups {
-		if err := s.do(ctx, opSettle, keys, zero, decisions, idx, 0); err != nil {
+		if err := s.do(ctx, methodSettle, keys, zero, decisions, idx, 0); err != nil {
 			return fmt.Errorf("refunding admissions: %w", err)
 		}
 		for _, i := range idx {
@@ -381,7 +376,7 @@ func (s *RedisStore) slotGroups(keys []string, idx []int) [][]int {
 // Interface guards
 var (
 	_ Store       = (*RedisStore)(nil)
-	_ RedisClient = (*redis.Client)(nil)
-	_ RedisClient = (*redis.ClusterClient)(nil)
-	_ RedisClient = redis.UniversalClient(nil)
+	_ redisClient = (*redis.Client)(nil)
+	_ redisClient = (*redis.ClusterClient)(nil)
+	_ redisClient = redis.UniversalClient(nil)
 )

@@ -39,7 +39,7 @@ func scanKeys(t *testing.T, client *redis.Client, prefix string) []string {
 // Key builds back, zones with "}:" and client keys made bounded included,
 // and tells keys of another prefix or layout apart.
 func TestRedisStoreKey(t *testing.T) {
-	s := newRedisStore(t, testClient, DefaultKeyPrefix)
+	s := newRedisStore(t, testClient, defaultKeyPrefix)
 	if got, want := s.Key("api", "203.0.113.7"), "srl:{203.0.113.7}:api"; got != want {
 		t.Errorf("Key = %q, want %q", got, want)
 	}
@@ -84,7 +84,7 @@ func TestRedisStoreHostileKeys(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("Redis keys under %q:\n got %q\nwant %q", prefix, got, want)
 	}
-	maxLen := len(prefix) + len("{") + MaxKeyLen + len("}:") + len(zone)
+	maxLen := len(prefix) + len("{") + maxKeyLen + len("}:") + len(zone)
 	for _, key := range got {
 		if len(key) > maxLen {
 			t.Errorf("Redis key of %d bytes, want <= %d: %.80q...", len(key), maxLen, key)

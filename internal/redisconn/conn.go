@@ -6,15 +6,17 @@
 //     sends every command once (see Open), with a dial gate on each server's
 //     client (dialgate.go) and, on Redis Cluster, hooks that stop its own
 //     retry loop (sendonce.go);
-//   - the circuit breaker that guards every handler on this Redis, and its
-//     circuit_state series, labelled by the Redis it guards (breaker.go);
+//   - the circuit breaker that guards every handler's store on this Redis
+//     (any limiter.Store), and its circuit_state series, labelled by the
+//     Redis it guards (breaker.go);
 //   - the start-up check (check.go);
 //   - go-redis's own log lines, routed through Caddy's logger (logging.go);
 //   - the reset bus: the subscriber that hears what other instances
 //     announce, and the announcements of this one (resets.go).
 //
 // The topology is decided once, when the URL is parsed (options.go). This
-// package knows nothing of zones, keys or requests: it carries Redis keys
+// package knows nothing of zones, keys or requests: the breaker passes the
+// stores' calls through as they are, and the reset bus carries Redis keys
 // that the stores build.
 package redisconn
 
@@ -25,8 +27,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // pool holds the connections, one per topology and URL, shared by every
@@ -52,7 +52,7 @@ type shared struct {
 	// announcer publishes resets: client, or, when the URL sets
 	// max_retries, a client that retries as it says.
 	announcer redis.UniversalClient
-	breaker   *limiter.Breaker
+	breaker   *Breaker
 	// label names the Redis in metrics and logs: host:port.
 	label  string
 	resets *resetBus
@@ -99,7 +99,7 @@ func Open(topology, rawURL string) (*Conn, error) {
 func (c *Conn) Client() redis.UniversalClient { return c.s.client }
 
 // Breaker is the circuit breaker of this Redis, shared by every use.
-func (c *Conn) Breaker() *limiter.Breaker { return c.s.breaker }
+func (c *Conn) Breaker() *Breaker { return c.s.breaker }
 
 // Label names the Redis for people and metrics: host:port of the server, or
 // of the first address of a cluster's or sentinel's URL; never credentials.

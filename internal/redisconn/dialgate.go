@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // dialGate keeps a Redis server's connection pool from dialing while the
@@ -69,7 +67,7 @@ func (g *dialGate) Allow() error {
 
 // ReportResult implements redis.Limiter.
 func (g *dialGate) ReportResult(err error) {
-	if err != nil && limiter.IsDialError(err) {
+	if err != nil && IsDialError(err) {
 		g.down.Store(true)
 	}
 }

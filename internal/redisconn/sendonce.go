@@ -7,8 +7,6 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // A cluster client sends a call again by a loop of its own, besides its node
@@ -113,5 +111,5 @@ func attemptOnce(ctx context.Context, attempt func(context.Context) error) error
 // error but Redis's own reply and a connection that was never made.
 func mayHaveRun(err error) bool {
 	var reply redis.Error
-	return !errors.As(err, &reply) && !limiter.IsDialError(err)
+	return !errors.As(err, &reply) && !IsDialError(err)
 }

@@ -1,4 +1,4 @@
-package limiter
+package redisconn
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // breakerClock is a fake clock that moves only when told to.
@@ -35,6 +36,15 @@ func (c *breakerClock) Advance(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
+// onlyAllow gives a fake Store whose test is about Allow the rest of the
+// interface: each answers nothing.
+type onlyAllow struct{}
+
+func (onlyAllow) Peek(context.Context, []limiter.Check, []limiter.Decision) error   { return nil }
+func (onlyAllow) Settle(context.Context, []limiter.Check, []limiter.Decision) error { return nil }
+func (onlyAllow) Extend(context.Context, []limiter.Check, []limiter.Decision) error { return nil }
+func (onlyAllow) Reset(context.Context, string, string) error                       { return nil }
+
 // breakerStore is a fake Store that counts its calls and answers with whatever
 // its answer function says (success when nil).
 type breakerStore struct {
@@ -43,13 +53,13 @@ type breakerStore struct {
 	answer atomic.Pointer[func(context.Context) error]
 }
 
-func (s *breakerStore) Allow(ctx context.Context, checks []Check, decisions []Decision) error {
+func (s *breakerStore) Allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) error {
 	s.calls.Add(1)
 	if f := s.answer.Load(); f != nil {
 		return (*f)(ctx)
 	}
 	for i := range decisions {
-		decisions[i] = Decision{Allowed: true}
+		decisions[i] = limiter.Decision{Allowed: true}
 	}
 	return nil
 }
@@ -97,7 +107,7 @@ func (c *breakerChanges) check(t *testing.T, want ...string) {
 // testBreaker is a breaker with the one store it guards in these tests.
 type testBreaker struct {
 	*Breaker
-	Store
+	limiter.Store
 }
 
 // newTestBreaker returns a breaker guarding a fake store, on a fake clock,
@@ -115,15 +125,15 @@ func newTestBreaker(t *testing.T, opts BreakerOptions) (*testBreaker, *breakerSt
 	return &testBreaker{b, b.Guard(store)}, store, clock, changes
 }
 
-var breakerTestCheck = []Check{{Zone: "z", Key: "k", Limit: Limit{Window: time.Second, Max: 10}}}
+var breakerTestCheck = []limiter.Check{{Zone: "z", Key: "k", Limit: limiter.Limit{Window: time.Second, Max: 10}}}
 
 // breakerCall makes one Allow call with a background context.
-func breakerCall(b Store) error {
+func breakerCall(b limiter.Store) error {
 	return breakerCallCtx(context.Background(), b)
 }
 
-func breakerCallCtx(ctx context.Context, b Store) error {
-	return b.Allow(ctx, breakerTestCheck, make([]Decision, 1))
+func breakerCallCtx(ctx context.Context, b limiter.Store) error {
+	return b.Allow(ctx, breakerTestCheck, make([]limiter.Decision, 1))
 }
 
 // wantState fails the test unless b is in state want.
@@ -617,13 +627,13 @@ func TestBreakerOnStateChangeReentrant(t *testing.T) {
 // breakerNoopStore admits everything and allocates nothing.
 type breakerNoopStore struct{ onlyAllow }
 
-func (breakerNoopStore) Allow(context.Context, []Check, []Decision) error { return nil }
+func (breakerNoopStore) Allow(context.Context, []limiter.Check, []limiter.Decision) error { return nil }
 
 // TestBreakerClosedNoAllocs: the closed path allocates nothing.
 func TestBreakerClosedNoAllocs(t *testing.T) {
 	b := NewBreaker(BreakerOptions{OnStateChange: func(from, to BreakerState) {}}).Guard(breakerNoopStore{})
 	ctx := context.Background()
-	ds := make([]Decision, 1)
+	ds := make([]limiter.Decision, 1)
 	if n := testing.AllocsPerRun(1000, func() { b.Allow(ctx, breakerTestCheck, ds) }); n != 0 {
 		t.Errorf("closed Allow: %v allocations per call, want 0", n)
 	}
@@ -634,7 +644,7 @@ func TestBreakerClosedNoAllocs(t *testing.T) {
 func BenchmarkBreakerClosed(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
-		store Store
+		store limiter.Store
 	}{
 		{"noop", breakerNoopStore{}},
 		{"breaker", NewBreaker(BreakerOptions{}).Guard(breakerNoopStore{})},
@@ -643,8 +653,8 @@ func BenchmarkBreakerClosed(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				ctx := context.Background()
-				checks := []Check{{Zone: "bench", Key: "k", Limit: Limit{Window: time.Minute, Max: 100}}}
-				ds := make([]Decision, 1)
+				checks := []limiter.Check{{Zone: "bench", Key: "k", Limit: limiter.Limit{Window: time.Minute, Max: 100}}}
+				ds := make([]limiter.Decision, 1)
 				for pb.Next() {
 					if err := bc.store.Allow(ctx, checks, ds); err != nil {
 						b.Error(err)
@@ -743,12 +753,15 @@ func TestBreakerRedis(t *testing.T) {
 				MaxCooldown:   cooldown,
 				OnStateChange: changes.record,
 			})
-			b := &testBreaker{breaker, breaker.Guard(newRedisStore(t, client, testPrefix(t)))}
-			check := []Check{{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 1 << 30}}}
+			// The server is this test's own: a fixed prefix and key are its alone.
+			store := limiter.NewRedisStore(client, limiter.RedisOptions{KeyPrefix: "test:", Timeout: time.Minute})
+			t.Cleanup(func() { store.Close() })
+			b := &testBreaker{breaker, breaker.Guard(store)}
+			check := []limiter.Check{{Zone: "z", Key: "client", Limit: limiter.Limit{Window: time.Minute, Max: 1 << 30}}}
 			call := func() (time.Duration, error) {
 				ctx, cancel := context.WithTimeout(context.Background(), deadline)
 				defer cancel()
-				ds := make([]Decision, 1)
+				ds := make([]limiter.Decision, 1)
 				start := time.Now()
 				err := b.Allow(ctx, check, ds)
 				elapsed := time.Since(start)
@@ -928,7 +941,7 @@ func TestBreakerSharedByStores(t *testing.T) {
 	second.fail(errBreakerTestStore)
 	for i := range 4 {
 		wantState(t, b, BreakerClosed)
-		s := Store(b)
+		s := limiter.Store(b)
 		if i%2 == 1 {
 			s = other
 		}
@@ -940,7 +953,7 @@ func TestBreakerSharedByStores(t *testing.T) {
 	if got := first.calls.Load() + second.calls.Load(); got != 4 {
 		t.Fatalf("stores called %d times, want 4", got)
 	}
-	for _, s := range []Store{b, other} {
+	for _, s := range []limiter.Store{b, other} {
 		if err := breakerCall(s); err != ErrBreakerOpen {
 			t.Fatalf("while open: err = %v, want ErrBreakerOpen", err)
 		}
@@ -1021,8 +1034,8 @@ func ExampleBreaker() {
 	api := breaker.Guard(refusing)  // one handler's store
 	site := breaker.Guard(refusing) // another's, on the same client
 
-	checks := []Check{{Zone: "api", Key: "client", Limit: Limit{Window: time.Minute, Max: 100}}}
-	decisions := make([]Decision, 1)
+	checks := []limiter.Check{{Zone: "api", Key: "client", Limit: limiter.Limit{Window: time.Minute, Max: 100}}}
+	decisions := make([]limiter.Decision, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	fmt.Println(api.Allow(ctx, checks, decisions) != nil)
@@ -1039,12 +1052,12 @@ type leaseLostStore struct {
 	extends, settles atomic.Int64
 }
 
-func (s *leaseLostStore) Extend(context.Context, []Check, []Decision) error {
+func (s *leaseLostStore) Extend(context.Context, []limiter.Check, []limiter.Decision) error {
 	s.extends.Add(1)
-	return fmt.Errorf("extending leases: %w", ErrLeaseLost)
+	return fmt.Errorf("extending leases: %w", limiter.ErrLeaseLost)
 }
 
-func (s *leaseLostStore) Settle(context.Context, []Check, []Decision) error {
+func (s *leaseLostStore) Settle(context.Context, []limiter.Check, []limiter.Decision) error {
 	s.settles.Add(1)
 	return nil
 }
@@ -1058,17 +1071,17 @@ func TestBreakerLeaseLostIsNoFailure(t *testing.T) {
 	b := NewBreaker(BreakerOptions{Failures: 2})
 	g := b.Guard(store)
 	for range 5 {
-		if err := g.Extend(context.Background(), breakerTestCheck, make([]Decision, 1)); !errors.Is(err, ErrLeaseLost) {
+		if err := g.Extend(context.Background(), breakerTestCheck, make([]limiter.Decision, 1)); !errors.Is(err, limiter.ErrLeaseLost) {
 			t.Fatalf("Extend: %v, want ErrLeaseLost", err)
 		}
 	}
 	wantState(t, b, BreakerClosed)
 	store.fail(errBreakerTestStore)
 	for range 2 {
-		_ = g.Allow(context.Background(), breakerTestCheck, make([]Decision, 1))
+		_ = g.Allow(context.Background(), breakerTestCheck, make([]limiter.Decision, 1))
 	}
 	wantState(t, b, BreakerOpen)
-	if err := g.Settle(context.Background(), breakerTestCheck, make([]Decision, 1)); !errors.Is(err, ErrBreakerOpen) || store.settles.Load() != 0 {
+	if err := g.Settle(context.Background(), breakerTestCheck, make([]limiter.Decision, 1)); !errors.Is(err, ErrBreakerOpen) || store.settles.Load() != 0 {
 		t.Errorf("Settle while open: %v, %d store calls; want ErrBreakerOpen and none", err, store.settles.Load())
 	}
 }

@@ -1,0 +1,496 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisClient is what a RedisStore needs of a go-redis client: scripts,
+// commands it builds itself, pipelines and DEL. *redis.Client,
+// *redis.ClusterClient, the failover client of redis.NewFailoverClient and
+// redis.UniversalClient all have it.
+type redisClient interface {
+	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
+	Pipeline() redis.Pipeliner
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
+const (
+	// batchQueue is how many requests may wait for a flusher.
+	batchQueue = 4096
+	// batchTurns is how many script calls may be in flight at once before
+	// any is out longer than its hand-off (pace). One would leave Redis idle
+	// while a reply travels back and the next batch is written; two keep it
+	// busy, and more only split batches smaller, which costs Redis more per
+	// decision.
+	batchTurns = 2
+	// maxCalls bounds the calls in flight, handed off ones included, and so
+	// the connections the batcher holds: go-redis's smallest default pool
+	// (one CPU) has 10.
+	maxCalls = 8
+	// paceWeight is the weight of each call's times in the running means
+	// (1/paceWeight).
+	paceWeight = 8
+	// warmAfter calls in a row that measured a far Redis make the next
+	// call warm. One is a hiccup; a far Redis makes every call far.
+	warmAfter = 3
+	// warmEvery bounds how often warm runs.
+	warmEvery = time.Second
+	// warmBackoff is how long a warm that failed holds off the next.
+	warmBackoff = 10 * time.Second
+)
+
+// errClosed is the error of a RedisStore call made after Close.
+var errClosed = errors.New("redis store closed")
+
+// errTimeout answers a request that Redis did not decide within its
+// deadline.
+var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.DeadlineExceeded)
+
+// batcher sends the requests of concurrent callers to Redis together: one
+// limit.lua call per batch (per slot on a cluster), so a flood of decisions
+// costs one round trip and one script call per batch. It never waits to fill
+// a batch: a flusher takes whatever is queued when it has a turn, so a lone
+// request goes out at once and batches grow only while Redis is busy. Two
+// calls are in flight while Redis's CPU is what they wait for, more while it
+// is the network: how long a call holds its turn follows what the calls
+// measure (pace, below).
+//
+// Deadlines cost no timer per request: every request waits in a FIFO, and
+// one watcher, with one timer, answers those whose deadline passes. The
+// FIFO is in deadline order but for requests whose context ends sooner, and
+// those wake up by their context.
+type batcher struct {
+	client  redisClient
+	cluster bool
+	// warmTimeout bounds the opening of a connection by warm.
+	warmTimeout time.Duration
+	queue       chan *request
+	// turns holds a token for each call that has the right to take a batch:
+	// batchTurns of them, so at most that many calls are out at once before
+	// one is out longer than handOff (ns), which pace sets.
+	turns   chan struct{}
+	handOff atomic.Int64
+	pace    pace
+	// ctx ends at close; it bounds the connections warm opens.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// now, when set (by tests), is the time in microseconds the script
+	// decides at, in place of Redis's clock.
+	now func() int64
+	// farStreak counts the calls in a row that measured a far Redis;
+	// warmSoon asks the next call to warm.
+	farStreak atomic.Int64
+	warmSoon  atomic.Bool
+	lastWarm  atomic.Int64
+	done      chan struct{}
+	wg        sync.WaitGroup
+
+	// mu guards closed and watch. Requests join watch under it and Close
+	// sets closed under it, so Close answers every request it missed.
+	mu     sync.Mutex
+	closed bool
+	watch  []*request
+	wake   chan struct{}
+}
+
+// newBatcher starts a batcher for a store whose calls end after timeout.
+func newBatcher(client redisClient, cluster bool, timeout time.Duration) *batcher {
+	b := &batcher{
+		client:  client,
+		cluster: cluster,
+		// A connection whose handshake and first command take longer
+		// than two timeouts could not decide anything in time anyway.
+		warmTimeout: 2 * timeout,
+		queue:       make(chan *request, batchQueue),
+		turns:       make(chan struct{}, batchTurns),
+		done:        make(chan struct{}),
+		wake:        make(chan struct{}, 1),
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	// Until a call measures: Redis's own time in a small call, at most.
+	b.handOff.Store(int64(time.Millisecond))
+	b.wg.Add(maxCalls + 1)
+	for range maxCalls {
+		go newFlusher(b).run()
+	}
+	go b.watchDeadlines()
+	return b
+}
+
+// close stops the flushers once their calls return, and answers every
+// request still waiting with errClosed.
+func (b *batcher) close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	close(b.done)
+	b.cancel()
+	b.mu.Unlock()
+	b.wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.watch {
+		r.abandon(errClosed)
+	}
+	b.watch = nil
+}
+
+// do queues r and waits for its answer, its deadline or its context.
+func (b *batcher) do(r *request) error {
+	r.done = make(chan struct{})
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return errClosed
+	}
+	b.watch = append(b.watch, r)
+	if len(b.watch) == 1 {
+		select {
+		case b.wake <- struct{}{}:
+		default:
+		}
+	}
+	b.mu.Unlock()
+
+	select {
+	case b.queue <- r:
+		select {
+		case <-r.done:
+		case <-r.ctx.Done():
+			r.abandon(r.ctx.Err())
+			<-r.done
+		}
+	case <-r.done:
+	case <-r.ctx.Done():
+		r.abandon(r.ctx.Err())
+		<-r.done
+	}
+	// The watch list holds r until the watcher passes it, up to a timeout
+	// from now. What r refers to of its caller (its context, and with it
+	// everything the server keeps of the request; its checks and
+	// decisions) must not live that long: under load it would be most of
+	// the heap that every garbage collection marks. No flusher reads
+	// them once r is answered.
+	r.ctx, r.checks, r.decisions = nil, nil, nil
+	return r.err
+}
+
+// watchDeadlines answers requests whose deadline has passed, waking for the
+// oldest one.
+func (b *batcher) watchDeadlines() {
+	defer b.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-b.done:
+			return
+		case <-b.wake:
+		case <-timer.C:
+		}
+		now := time.Now()
+		b.mu.Lock()
+		i := 0
+		for ; i < len(b.watch); i++ {
+			r := b.watch[i]
+			if r.state.Load() != pending {
+				continue
+			}
+			if r.deadline.After(now) {
+				break
+			}
+			r.abandon(errTimeout)
+		}
+		n := copy(b.watch, b.watch[i:])
+		clear(b.watch[n:])
+		b.watch = b.watch[:n]
+		next := time.Duration(-1)
+		if n > 0 {
+			next = b.watch[0].deadline.Sub(now)
+		}
+		b.mu.Unlock()
+		if next >= 0 {
+			timer.Reset(next)
+		}
+	}
+}
+
+// batchWork is a flusher's buffers, kept from one batch to the next.
+type batchWork struct {
+	live  []*request
+	calls []slotCall
+	// args holds the calls' commands.
+	args []any
+}
+
+// send decides one batch. Requests already answered (their caller gave
+// up) or past their deadline are not sent: a Redis that recovers from a
+// freeze is not handed the backlog.
+func (b *batcher) send(w *batchWork, batch []*request) {
+	now := time.Now()
+	w.live = w.live[:0]
+	var latest time.Time
+	for _, r := range batch {
+		if r.state.Load() != pending {
+			continue
+		}
+		if !r.deadline.After(now) {
+			r.abandon(errTimeout)
+			continue
+		}
+		if r.deadline.After(latest) {
+			latest = r.deadline
+		}
+		w.live = append(w.live, r)
+	}
+	if len(w.live) == 0 {
+		return
+	}
+	w.calls = groupCalls(w.calls, w.live, b.cluster)
+	// The call ends when every caller has given up, and never sooner.
+	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	defer cancel()
+	var redisTime time.Duration
+	var ok bool
+	if len(w.calls) == 1 {
+		c := &w.calls[0]
+		c.cmd, w.args = c.command(ctx, w.args[:0], false, b.now)
+		_ = b.client.Process(ctx, c.cmd)
+		again := noScript(c.cmd.Err())
+		if again {
+			c.cmd, w.args = c.command(ctx, w.args[:0], true, b.now)
+			_ = b.client.Process(ctx, c.cmd)
+		}
+		redisTime, ok = c.answer(c.cmd.Val(), c.cmd.Err())
+		// A call that went twice measured no one call.
+		ok = ok && !again
+	} else {
+		redisTime, ok = b.sendPipelined(ctx, w)
+	}
+	clear(w.args)
+	if ok {
+		b.measured(now, redisTime)
+	}
+}
+
+// sendPipelined runs w's calls, one per slot, in one pipeline (go-redis
+// splits it by node), and again with EVAL those that met NOSCRIPT. It
+// returns the time they spent in Redis, all told, and whether each had a
+// reply.
+func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime time.Duration, ok bool) {
+	calls := w.calls
+	pipe := b.client.Pipeline()
+	w.args = w.args[:0]
+	for i := range calls {
+		c := &calls[i]
+		c.cmd, w.args = c.command(ctx, w.args, false, b.now)
+		_ = pipe.Process(ctx, c.cmd)
+	}
+	execErr := exec(ctx, pipe)
+	var retry []*slotCall
+	ok = true
+	for i := range calls {
+		c := &calls[i]
+		if noScript(c.cmd.Err()) {
+			retry = append(retry, c)
+			continue
+		}
+		t, answered := c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+		redisTime, ok = redisTime+t, ok && answered
+	}
+	if len(retry) == 0 {
+		return redisTime, ok
+	}
+	pipe = b.client.Pipeline()
+	for _, c := range retry {
+		c.cmd, w.args = c.command(ctx, w.args, true, b.now)
+		_ = pipe.Process(ctx, c.cmd)
+	}
+	execErr = exec(ctx, pipe)
+	for _, c := range retry {
+		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+	}
+	// The calls went twice: what they measured is not one call's.
+	return 0, false
+}
+
+func exec(ctx context.Context, pipe redis.Pipeliner) error {
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// flusher is one of the batcher's goroutines that send batches. It takes a
+// batch only while it holds a turn, and holds it until its call returns or
+// has been out its hand-off (pace): so a Redis whose CPU is busy gets few
+// calls with large batches, and a far one up to maxCalls in flight, one
+// leaving every hand-off while the others travel.
+type flusher struct {
+	b     *batcher
+	batch []*request
+	work  batchWork
+	// handOff passes the turn on when the call is out long; passed says
+	// the turn of the current call was passed on, by it or at the call's
+	// end.
+	handOff *time.Timer
+	passed  atomic.Bool
+}
+
+func newFlusher(b *batcher) *flusher {
+	f := &flusher{b: b, batch: make([]*request, 0, maxBatch)}
+	f.handOff = time.AfterFunc(time.Hour, func() {
+		f.passTurn()
+		// While this call holds its connection: warm's commands then
+		// take new ones, not the one the next call will want.
+		if b.warmSoon.Load() && b.warmSoon.CompareAndSwap(true, false) {
+			b.warm()
+		}
+	})
+	f.handOff.Stop()
+	return f
+}
+
+// passTurn gives the turn back, once per call. A hand-off that fires after
+// the call ended, stopped too late, may pass the next call's turn early;
+// the count of turns stays right.
+func (f *flusher) passTurn() {
+	if f.passed.CompareAndSwap(false, true) {
+		<-f.b.turns
+	}
+}
+
+// run sends batches until Close.
+func (f *flusher) run() {
+	b := f.b
+	defer b.wg.Done()
+	defer f.handOff.Stop()
+	for {
+		select {
+		case b.turns <- struct{}{}:
+		case <-b.done:
+			return
+		}
+		select {
+		case r := <-b.queue:
+			f.batch = append(f.batch[:0], r)
+		case <-b.done:
+			<-b.turns
+			return
+		}
+		zones := len(f.batch[0].keys)
+	more:
+		for len(f.batch) < maxBatch && zones < maxBatchZones {
+			select {
+			case r := <-b.queue:
+				f.batch = append(f.batch, r)
+				zones += len(r.keys)
+			default:
+				break more
+			}
+		}
+		f.passed.Store(false)
+		f.handOff.Reset(time.Duration(b.handOff.Load()))
+		b.send(&f.work, f.batch)
+		f.handOff.Stop()
+		f.passTurn()
+		clear(f.batch)
+	}
+}
+
+// pace sets how long a call holds its turn, from what each call measures:
+// its round trip, and the time Redis spent in it (the script's reply says).
+// A call out longer than twice Redis's mean time per call is waiting for the
+// network, not for Redis's CPU: it hands its turn on. So calls leave no
+// closer together than Redis can run them, and batches stay large while its
+// CPU is what they wait for (its calls grow with their batches, and calls
+// queued in it make the round trips longer); and no further apart than a
+// round trip spread over maxCalls calls, so that with Redis far away a
+// request waits for its call a small part of a round trip, whatever the
+// distance, and one that finds a turn free goes out at once.
+type pace struct {
+	mu sync.Mutex
+	// redis and rtt are running means of a call's time in Redis and of
+	// its round trip.
+	redis, rtt time.Duration
+}
+
+// observe counts a call that took rtt, redis of it in Redis, and returns
+// the hand-off that follows.
+func (p *pace) observe(rtt, redis time.Duration) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rtt == 0 {
+		p.redis, p.rtt = redis, rtt
+	} else {
+		p.redis += (redis - p.redis) / paceWeight
+		p.rtt += (rtt - p.rtt) / paceWeight
+	}
+	return max(2*p.redis, p.rtt/maxCalls)
+}
+
+// measured counts a call that Redis answered, started at start, that
+// spent inRedis in Redis.
+//
+// A call on a new connection pays a handshake's round trips first: far,
+// when two round trips would take a tenth of a decision's time, that is a
+// deadline. So warmAfter far calls in a row make the next call open
+// connections ahead of need (warm), outside any deadline.
+func (b *batcher) measured(start time.Time, inRedis time.Duration) {
+	now := time.Now()
+	rtt := now.Sub(start)
+	b.handOff.Store(int64(b.pace.observe(rtt, inRedis)))
+
+	if rtt-inRedis < b.warmTimeout/40 {
+		if b.farStreak.Load() != 0 {
+			b.farStreak.Store(0)
+		}
+	} else if b.farStreak.Add(1) >= warmAfter {
+		b.warmSoon.Store(true)
+	}
+}
+
+// warm opens connections ahead of need, when Redis is far. A new connection
+// costs a handshake round trip before its first call; with Redis far away,
+// that is what pushes a decision past its deadline, and a far Redis is what
+// makes the batcher send more calls at once. It runs one cheap command on
+// maxCalls connections at once, outside any decision's deadline, which makes
+// the pool hold that many (on a cluster, as many in all).
+func (b *batcher) warm() {
+	now := time.Now().UnixNano()
+	last := b.lastWarm.Load()
+	if now-last < int64(warmEvery) || !b.lastWarm.CompareAndSwap(last, now) {
+		return
+	}
+	if p, ok := b.client.(interface{ PoolStats() *redis.PoolStats }); ok && p.PoolStats().TotalConns >= maxCalls {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.wg.Add(maxCalls)
+	for range maxCalls {
+		go func() {
+			defer b.wg.Done()
+			ctx, cancel := context.WithTimeout(b.ctx, b.warmTimeout)
+			defer cancel()
+			if limitScript.Exists(ctx, b.client).Err() != nil {
+				// Redis is not far but stuck, or gone: do not
+				// open connections to it every second.
+				b.lastWarm.Store(time.Now().Add(warmBackoff - warmEvery).UnixNano())
+			}
+		}()
+	}
+}
