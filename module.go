@@ -7,21 +7,23 @@ package slidingratelimit
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+	"go.uber.org/zap"
 )
 
 func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Defaults of optional fields; the words of enum fields are in rules.go.
+// Defaults of optional fields; the words of enum fields are with the rules
+// (zones.go).
 const (
 	defaultKey        = "{http.vars.client_ip}"
 	defaultTimeout    = 100 * time.Millisecond
@@ -347,7 +349,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	return nil
 }
 
-// Validate checks the configuration: every rule of rules.go, on the JSON
+// Validate checks the configuration: every rule of zones.go and units.go, on the JSON
 // fields. Zero values of optional fields mean their defaults.
 func (h *Handler) Validate() error {
 	hasDefault := h.Window != 0 || h.MaxRequests != 0
@@ -418,3 +420,40 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// registry is a list of provisioned values, safe for concurrent use. It
+// holds the handlers (see handlers) and nothing of theirs: what the admin API
+// needs of a handler, it asks the handler and its backend.
+type registry[T comparable] struct {
+	mu sync.RWMutex
+	// items is in order of registration, oldest first.
+	items []T
+}
+
+func (r *registry[T]) add(v T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.items = append(r.items, v)
+}
+
+// remove drops v and reports whether it was there; it is safe to call more
+// than once.
+func (r *registry[T]) remove(v T) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	i := slices.Index(r.items, v)
+	if i < 0 {
+		return false
+	}
+	r.items = slices.Delete(r.items, i, i+1)
+	return true
+}
+
+// newestFirst returns the values, the newest first.
+func (r *registry[T]) newestFirst() []T {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := slices.Clone(r.items)
+	slices.Reverse(out)
+	return out
+}
