@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -28,15 +29,15 @@ func adminDo(t *testing.T, method, path string) (int, []byte) {
 }
 
 // adminState GETs a client's state and fails the test unless it is a 200.
-func adminState(t *testing.T, zone, escapedKey string) keyState {
+func adminState(t *testing.T, zone, escapedKey string) adminapi.KeyState {
 	t.Helper()
-	return adminKeyCall[keyState](t, http.MethodGet, zone, escapedKey)
+	return adminKeyCall[adminapi.KeyState](t, http.MethodGet, zone, escapedKey)
 }
 
 // adminReset DELETEs a client and fails the test unless it is a 200.
-func adminReset(t *testing.T, zone, escapedKey string) resetAnswer {
+func adminReset(t *testing.T, zone, escapedKey string) adminapi.ResetAnswer {
 	t.Helper()
-	return adminKeyCall[resetAnswer](t, http.MethodDelete, zone, escapedKey)
+	return adminKeyCall[adminapi.ResetAnswer](t, http.MethodDelete, zone, escapedKey)
 }
 
 // adminKeyCall sends method to a client's admin path and decodes the JSON
@@ -126,7 +127,7 @@ http://localhost:9080 {
 	respond "ok"
 }`)
 	s := adminState(t, "adm_get", "alice")
-	if want := (keyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
+	if want := (adminapi.KeyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
 		t.Errorf("fresh key: %+v, want %+v", s, want)
 	}
 
@@ -182,7 +183,7 @@ http://localhost:9080 {
 	if cacheHits("adm_del") == hits {
 		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
 	}
-	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
+	if got := adminReset(t, "adm_del", "bob"); got != (adminapi.ResetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
 		t.Errorf("DELETE answered %+v", got)
 	}
 	if s := adminState(t, "adm_del", "bob"); s.Count != 0 || s.Remaining != 2 {
@@ -580,13 +581,13 @@ func FuzzAdminKeyPath(f *testing.F) {
 
 // adminBlocked GETs the blocked list with the query (such as "?limit=1")
 // and fails the test unless it is a 200.
-func adminBlocked(t *testing.T, query string) blockedAnswer {
+func adminBlocked(t *testing.T, query string) adminapi.BlockedAnswer {
 	t.Helper()
 	status, body := adminDo(t, http.MethodGet, "/sliding_ratelimit/blocked"+query)
 	if status != http.StatusOK {
 		t.Fatalf("GET blocked%s: status %d %s", query, status, body)
 	}
-	var answer blockedAnswer
+	var answer adminapi.BlockedAnswer
 	if err := json.Unmarshal(body, &answer); err != nil {
 		t.Fatalf("GET blocked%s: %v in %s", query, err, body)
 	}
@@ -597,13 +598,13 @@ func adminBlocked(t *testing.T, query string) blockedAnswer {
 }
 
 // blockedEntry returns the entry of key in the zone, if listed.
-func blockedEntry(answer blockedAnswer, zone, key string) (blockedClient, bool) {
+func blockedEntry(answer adminapi.BlockedAnswer, zone, key string) (adminapi.BlockedClient, bool) {
 	for _, b := range answer.Blocked {
 		if b.Zone == zone && b.Key == key {
 			return b, true
 		}
 	}
-	return blockedClient{}, false
+	return adminapi.BlockedClient{}, false
 }
 
 // blockedSites is three handlers on :9080: /ip keyed by the client address,
@@ -678,7 +679,7 @@ func TestAdminBlockedList(t *testing.T) {
 	if all.Count != 3 || len(all.Blocked) != 3 {
 		t.Fatalf("blocked: count %d, %d listed, want 3 and 3: %+v", all.Count, len(all.Blocked), all.Blocked)
 	}
-	want := map[string]blockedClient{
+	want := map[string]adminapi.BlockedClient{
 		"127.0.0.2":           {Zone: "blk_ip", Identity: "blk_ip:1m:1", Key: "127.0.0.2"},
 		"=abc":                {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: "=abc"},
 		hashedKey("=" + long): {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: hashedKey("=" + long)},

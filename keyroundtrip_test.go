@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
 // TestKeysThatAreNotUTF8RoundTrip: two clients keyed by header values that
@@ -61,7 +63,7 @@ func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
 
 	// The command: the listed key goes back to status and reset as printed,
 	// in its table and in its JSON.
-	b := commandJSON[blockedAnswer](t, "blocked")
+	b := commandJSON[adminapi.BlockedAnswer](t, "blocked")
 	if len(b.Blocked) != 1 || !listed(b, fdKey) {
 		t.Fatalf("command blocked --json: %+v, want only %s listed", b, fdKey)
 	}
@@ -69,13 +71,13 @@ func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
 	if err != nil || !strings.Contains(out, " "+fdKey+" ") {
 		t.Errorf("command blocked printed %q (%v), want %s in the table as it is", out, err, fdKey)
 	}
-	if s := commandJSON[keyState](t, "status", "--zone", "raw_bytes", "--key", fdKey); s.Key != fdKey || s.Count != 1 {
+	if s := commandJSON[adminapi.KeyState](t, "status", "--zone", "raw_bytes", "--key", fdKey); s.Key != fdKey || s.Count != 1 {
 		t.Errorf("command status --key %s: %+v, want count 1", fdKey, s)
 	}
-	if s := commandJSON[keyState](t, "status", "--zone", "raw_bytes", "--key", "\xff\xfd"); s.Key != fdKey {
+	if s := commandJSON[adminapi.KeyState](t, "status", "--zone", "raw_bytes", "--key", "\xff\xfd"); s.Key != fdKey {
 		t.Errorf(`command status --key \xff\xfd: %+v, want key %s`, s, fdKey)
 	}
-	if r := commandJSON[resetAnswer](t, "reset", "--zone", "raw_bytes", "--key", fdKey); r.Key != fdKey || !r.Reset {
+	if r := commandJSON[adminapi.ResetAnswer](t, "reset", "--zone", "raw_bytes", "--key", fdKey); r.Key != fdKey || !r.Reset {
 		t.Errorf("command reset --key %s: %+v", fdKey, r)
 	}
 	expect(t, `\xff\xfd after its reset`, site, []int{200}, client, fd)
@@ -85,7 +87,7 @@ func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
 }
 
 // listed reports whether key is in the blocked list.
-func listed(b blockedAnswer, key string) bool {
+func listed(b adminapi.BlockedAnswer, key string) bool {
 	for _, c := range b.Blocked {
 		if c.Key == key {
 			return true

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
@@ -76,11 +77,11 @@ func zonesSite(t *testing.T) string {
 func TestZonesListing(t *testing.T) {
 	startCaddy(t, zonesSite(t))
 	res := send(t, adminURL+"/sliding_ratelimit/zones")
-	var answer zonesAnswer
+	var answer adminapi.ZonesAnswer
 	if res.status != http.StatusOK || json.Unmarshal([]byte(res.body), &answer) != nil {
 		t.Fatalf("GET zones: %d %s", res.status, res.body)
 	}
-	want := []zoneInfo{
+	want := []adminapi.ZoneInfo{
 		{Name: "api", Identity: "api:1m:100", Limit: 100, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", Handlers: 2},
 		{Name: "reports", Identity: "reports:concurrent:2", Limit: 2, Algorithm: "concurrency", Unit: "concurrent-requests", Key: "{http.request.header.X-Client}", Handlers: 1},
 		{Name: "tenants", Identity: "", Limit: 1000, LimitFrom: "{http.vars.quota}", WindowSeconds: 3600, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", WaitSeconds: 2, Handlers: 1},

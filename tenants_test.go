@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
 // authService is a real HTTP auth service for forward_auth: it knows each
@@ -156,7 +157,7 @@ func TestAdminShowsTenantQuota(t *testing.T) {
 		strings.Join(strings.Fields(lines[4]), " ") != "3 {http.reverse_proxy.header.X-Quota} last_decision" {
 		t.Errorf("status of small printed:\n%s", out)
 	}
-	if b := commandJSON[blockedAnswer](t, "blocked"); b.Count != 1 || b.Blocked[0].Key != "=small" {
+	if b := commandJSON[adminapi.BlockedAnswer](t, "blocked"); b.Count != 1 || b.Blocked[0].Key != "=small" {
 		t.Errorf("blocked: %+v, want small", b)
 	}
 

@@ -1,4 +1,4 @@
-package slidingratelimit
+package adminapi
 
 import (
 	"context"
@@ -15,20 +15,20 @@ import (
 	"github.com/caddyserver/caddy/v2"
 )
 
-// adminClientTimeout bounds one admin call of the command. A reset may wait
+// clientTimeout bounds one admin call of the command. A reset may wait
 // for several stores and for its announcement to come back, a second each.
-const adminClientTimeout = 30 * time.Second
+const clientTimeout = 30 * time.Second
 
-// adminBodyLimit bounds what the command reads of an answer; the blocked
+// bodyLimit bounds what the command reads of an answer; the blocked
 // list is the largest, about 150 bytes a client.
-const adminBodyLimit = 64 << 20
+const bodyLimit = 64 << 20
 
-// adminRequest sends one request to the admin API at addr, a Caddy network
+// Request sends one request to the admin API at addr, a Caddy network
 // address (localhost:2019, unix//run/caddy.sock), and returns the body of a
 // successful answer. An answer with an error status becomes an error holding
 // the admin API's message. It dials as caddycmd.AdminAPIRequest does, but
 // keeps the status and the message apart, which that one joins in one text.
-func adminRequest(addr, method, path string) ([]byte, error) {
+func Request(addr, method, path string) ([]byte, error) {
 	na, err := caddy.ParseNetworkAddress(addr)
 	if err != nil || na.PortRangeSize() > 1 {
 		return nil, fmt.Errorf("invalid admin address %s: want one address, such as %s", addr, caddy.DefaultAdminListen)
@@ -49,7 +49,7 @@ func adminRequest(addr, method, path string) ([]byte, error) {
 		req.Header.Set("Origin", origin)
 	}
 	client := http.Client{
-		Timeout: adminClientTimeout,
+		Timeout: clientTimeout,
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
@@ -67,13 +67,13 @@ func adminRequest(addr, method, path string) ([]byte, error) {
 		return nil, fmt.Errorf("no Caddy admin API answers at %s (is Caddy running, with this admin address? see --address and --config): %w", addr, err)
 	}
 	defer res.Body.Close()
-	return readAdminAnswer(res, addr, path)
+	return readAnswer(res, addr, path)
 }
 
-// readAdminAnswer returns the body of an admin API answer, or its error as
+// readAnswer returns the body of an admin API answer, or its error as
 // the admin API's own message.
-func readAdminAnswer(res *http.Response, addr, path string) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(res.Body, adminBodyLimit))
+func readAnswer(res *http.Response, addr, path string) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(res.Body, bodyLimit))
 	if err != nil {
 		return nil, fmt.Errorf("reading the admin API's answer: %w", err)
 	}
