@@ -169,7 +169,7 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
-	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+	key := z.key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 	check := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit, Wait: z.wait}
 	if z.units != nil {
 		// The times say when a request of the zone's fixed cost goes.
@@ -240,7 +240,7 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, hs []*Handler, 
 	var errs []error
 	done := make(resetDone)
 	for i, h := range hs {
-		key := zones[i].key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+		key := zones[i].key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 		keys = append(keys, key)
 		an, err := h.backend.reset(r.Context(), identity, key, done)
 		if err != nil {
@@ -386,7 +386,7 @@ func listZones(hs []*Handler) []adminapi.ZoneInfo {
 				LimitFrom: z.MaxRequestsFrom,
 				Algorithm: z.limit.Algorithm.String(),
 				Unit:      z.unit(),
-				Key:       z.key.raw,
+				Key:       z.key.Raw,
 				Handlers:  1,
 			}
 			if z.limit.Algorithm != limiter.Concurrency {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -570,8 +571,8 @@ func FuzzAdminKeyPath(f *testing.F) {
 			t.Errorf("%q: parsed to zone %q key %q without an error", target, zone, key)
 		}
 		if err == nil {
-			tmpl := parseKeyTemplate("{http.request.header.X}")
-			if stored := tmpl.storedKey(key, 24, 64); stored == "" || len(stored) > limiter.MaxKeyLen {
+			tmpl := clientkey.Parse("{http.request.header.X}")
+			if stored := tmpl.StoredKey(key, 24, 64); stored == "" || len(stored) > limiter.MaxKeyLen {
 				t.Errorf("%q: stored key %q, want 1 to %d bytes", target, stored, limiter.MaxKeyLen)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 	"go.uber.org/zap"
 )
@@ -98,7 +99,7 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string,
 		// A name without a dot is a map's output or another handler's
 		// placeholder, which a price or a quota often is: only names in
 		// Caddy's namespaces can be checked.
-		if strings.Contains(p.name(), ".") && !knownPlaceholder(p.name()) {
+		if strings.Contains(p.name(), ".") && !clientkey.KnownPlaceholder(p.name()) {
 			logger.Warn("placeholder is not one Caddy provides to a request handler: it will expand to \"\" and the fallback apply (a typo?)",
 				zap.String("zone", zone), zap.String("placeholder", p.raw))
 		}
@@ -164,11 +165,11 @@ func parseCount(s string) (n int64, ok bool) {
 
 // numberPlaceholder is a config value that is one placeholder alone, such as
 // "{http.request.header.X-Cost}" or "{http.vars.cost}", read per request as
-// keys read theirs (keys.go): a header, query parameter or cookie by its
-// first value, anything else through Caddy's replacer.
+// keys read theirs (internal/clientkey): a header, query parameter or cookie
+// by its first value, anything else through Caddy's replacer.
 type numberPlaceholder struct {
 	raw  string
-	part keyPart
+	part clientkey.Part
 }
 
 // isPlaceholder reports whether s is one placeholder alone: "{...}" with no
@@ -180,12 +181,12 @@ func isPlaceholder(s string) bool {
 // parseNumberPlaceholder returns the placeholder of s, which the config's
 // rules have checked to be one (isPlaceholder).
 func parseNumberPlaceholder(s string) *numberPlaceholder {
-	return &numberPlaceholder{raw: s, part: placeholderPart(s[1 : len(s)-1])}
+	return &numberPlaceholder{raw: s, part: clientkey.PlaceholderPart(s[1 : len(s)-1])}
 }
 
 // value returns the placeholder's value for r.
 func (p *numberPlaceholder) value(r *http.Request, repl *caddy.Replacer) string {
-	return p.part.value(r, repl)
+	return p.part.Value(r, repl)
 }
 
 // name is the placeholder's name, without braces, for the check that Caddy

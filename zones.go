@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 	"go.uber.org/zap"
@@ -122,7 +123,7 @@ type Zone struct {
 
 	matchers caddyhttp.MatcherSets
 	limit    limiter.Limit
-	key      keyTemplate
+	key      clientkey.Template
 	// identity names the zone's state in stores and deny caches: the name
 	// and what makes it a different limit (see zoneIdentity).
 	identity string
@@ -196,9 +197,9 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
 	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
 	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
-	z.key = parseKeyTemplate(z.Key)
-	for _, name := range z.key.placeholderNames() {
-		if !knownPlaceholder(name) {
+	z.key = clientkey.Parse(z.Key)
+	for _, name := range z.key.PlaceholderNames() {
+		if !clientkey.KnownPlaceholder(name) {
 			logger.Warn("key placeholder is not one Caddy provides to a request handler: it will expand to \"\" and the key fall back to the client address (a typo?)",
 				zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), zap.String("key", z.Key))
 		}
@@ -452,7 +453,7 @@ func warnImplicitSharing(ctx caddy.Context, logger *zap.Logger, z *Zone, store a
 	if err != nil {
 		return
 	}
-	state := implicitZoneState{store: store, identity: z.identity, address: z.key.address != ""}
+	state := implicitZoneState{store: store, identity: z.identity, address: z.key.Address != ""}
 	name := handlerPlace(ctx)
 
 	implicitZones.mu.Lock()
