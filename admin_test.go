@@ -785,3 +785,92 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 		t.Errorf("blocked: %+v, want 127.0.0.2 once", answer)
 	}
 }
+
+// zonesSite has two sites: one shares zone api with the other, which also
+// has a concurrency zone and a per-tenant quota.
+func zonesSite(t *testing.T) string {
+	prefix := uniquePrefix(t)
+	return `:9080 {
+	sliding_ratelimit {
+		redis ` + sharedRedis.URL() + `
+		key_prefix ` + prefix + `
+		key {http.request.header.X-Client}
+		zone api 1m 100
+		zone reports {
+			concurrent 2
+		}
+		zone tenants {
+			window 1h
+			max_requests {http.vars.quota} 1000
+			wait 2s
+		}
+	}
+	respond "ok"
+}
+
+:9081 {
+	sliding_ratelimit {
+		redis ` + sharedRedis.URL() + `
+		key_prefix ` + prefix + `
+		key {http.request.header.X-Client}
+		zone api 1m 100
+	}
+	respond "ok"
+}
+`
+}
+
+// TestZonesListing: GET /sliding_ratelimit/zones and `caddy
+// sliding-ratelimit zones` list the running zones; an unknown zone's error
+// names them; the path in an error reads as written.
+func TestZonesListing(t *testing.T) {
+	startCaddy(t, zonesSite(t))
+	res := send(t, adminURL+"/sliding_ratelimit/zones")
+	var answer adminapi.ZonesAnswer
+	if res.status != http.StatusOK || json.Unmarshal([]byte(res.body), &answer) != nil {
+		t.Fatalf("GET zones: %d %s", res.status, res.body)
+	}
+	want := []adminapi.ZoneInfo{
+		{Name: "api", Identity: "api:1m:100", Limit: 100, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", Handlers: 2},
+		{Name: "reports", Identity: "reports:concurrent:2", Limit: 2, Algorithm: "concurrency", Unit: "concurrent-requests", Key: "{http.request.header.X-Client}", Handlers: 1},
+		{Name: "tenants", Identity: "", Limit: 1000, LimitFrom: "{http.vars.quota}", WindowSeconds: 3600, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", WaitSeconds: 2, Handlers: 1},
+	}
+	if len(answer.Zones) != len(want) {
+		t.Fatalf("GET zones: %s, want %d zones", res.body, len(want))
+	}
+	for i, w := range want {
+		got := answer.Zones[i]
+		if w.Identity == "" {
+			w.Identity = got.Identity // a per-tenant zone's identity is the zone's own business
+		}
+		if got != w {
+			t.Errorf("zone %d: %+v, want %+v", i, got, w)
+		}
+	}
+
+	res = send(t, adminURL+"/sliding_ratelimit/zones/apl/keys/a")
+	if res.status != http.StatusNotFound || !strings.Contains(res.body, `unknown zone \"apl\": no sliding_ratelimit handler has a zone of that name; the zones are api, reports, tenants`) {
+		t.Errorf("unknown zone: %d %s, want 404 naming the zones", res.status, res.body)
+	}
+	res = send(t, adminURL+"/sliding_ratelimit/zones/api")
+	if res.status != http.StatusBadRequest || !strings.Contains(res.body, "want /sliding_ratelimit/zones/{zone}/keys/{key}, /sliding_ratelimit/zones or /sliding_ratelimit/blocked") ||
+		strings.Contains(res.body, `\u003c`) {
+		t.Errorf("malformed path: %d %s, want the paths as written", res.status, res.body)
+	}
+
+	out, status := runCaddy(t, "sliding-ratelimit", "zones", "--address", "localhost:2999")
+	for _, line := range []string{
+		"ZONE     IDENTITY",
+		"api      api:1m:100",
+		"reports  reports:concurrent:2",
+		"tenants ",
+		"{http.vars.quota} (fallback 1000)",
+	} {
+		if !strings.Contains(out, line) {
+			t.Errorf("caddy sliding-ratelimit zones: no %q in\n%s", line, out)
+		}
+	}
+	if status != 0 {
+		t.Errorf("caddy sliding-ratelimit zones: exit status %d", status)
+	}
+}

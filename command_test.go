@@ -284,3 +284,30 @@ func TestCommandAsCaddy(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandPlainErrorsAndTypos: the command's errors are a line a person
+// reads, not a JSON log entry; a misspelt subcommand fails and suggests the
+// right one, instead of printing the help and exiting 0.
+func TestCommandPlainErrorsAndTypos(t *testing.T) {
+	startCaddy(t, zonesSite(t))
+	out, status := runCaddy(t, "sliding-ratelimit", "status", "--zone", "nope", "--key", "k", "--address", "localhost:2999")
+	if status == 0 || !strings.Contains(out, `Error: unknown zone "nope": no sliding_ratelimit handler has a zone of that name; the zones are api, reports, tenants`) ||
+		strings.Contains(out, `"level"`) {
+		t.Errorf("unknown zone: exit status %d, printed %s; want a plain error line", status, out)
+	}
+	for _, c := range []struct{ typo, want string }{
+		{"stat", "did you mean status?"},
+		{"rest", "did you mean reset?"},
+		{"blockd", "did you mean blocked?"},
+		{"zone", "did you mean zones?"},
+		{"purge", "run caddy sliding-ratelimit --help for the list"},
+	} {
+		out, status := runCaddy(t, "sliding-ratelimit", c.typo, "--zone", "api", "--key", "k")
+		if status == 0 || !strings.Contains(out, `unknown subcommand "`+c.typo+`" of caddy sliding-ratelimit`) || !strings.Contains(out, c.want) {
+			t.Errorf("caddy sliding-ratelimit %s: exit status %d, printed %s; want a failure with %q", c.typo, status, out, c.want)
+		}
+	}
+	if out, status := runCaddy(t, "sliding-ratelimit"); status != 0 || !strings.Contains(out, "status --zone <zone> --key <key>") {
+		t.Errorf("caddy sliding-ratelimit alone: exit status %d, printed %s; want the help", status, out)
+	}
+}
