@@ -114,19 +114,15 @@ func cached(h *Handler) int {
 }
 
 func TestAdminGetCountsWithoutConsuming(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone adm_get 1m 5
 		zone adm_get_ctr 1m 10 {
 			algorithm counter
 		}
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	s := adminState(t, "adm_get", "alice")
 	if want := (adminapi.KeyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
 		t.Errorf("fresh key: %+v, want %+v", s, want)
@@ -164,16 +160,12 @@ http://localhost:9080 {
 }
 
 func TestAdminDeleteUnblocksAtOnce(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone adm_del 1m 2
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	waitSubscribed(t, registered(t, "adm_del"))
 	hits := cacheHits("adm_del")
 	for i, want := range []int{200, 200, 429, 429} {
@@ -202,15 +194,11 @@ http://localhost:9080 {
 // process registry, so only Redis pub/sub can clear its deny cache.
 func TestAdminResetReachesOtherInstance(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		zone adm_far 1m 3
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	b := newInstance(t, `{
 		"zones": [{"name": "adm_far", "window": "1m", "max_requests": 3}],
 		"redis": "`+sharedRedis.URL()+`?client_name=adm_far_b",
@@ -334,17 +322,13 @@ http://localhost:9080 {
 }
 
 func TestAdminKeysRoundTrip(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		ipv4_prefix 24
 		zone adm_keys 1m 5
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	long := strings.Repeat("k", 100)
 	for _, c := range []struct {
 		name, client string
@@ -761,18 +745,14 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	prefix := uniquePrefix(t)
 	handler := `
 		sliding_ratelimit {
-			redis ` + sharedRedis.URL() + `
-			key_prefix ` + prefix + `
 			zone blk_shared 1m 1
 		}
 		respond "ok"`
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	handle /a {`+handler+`
 	}
 	handle /b {`+handler+`
-	}
-}`)
+	}`))
 	client := from("127.0.0.2")
 	expect(t, "/a then /b", site+"a", []int{200, 429}, client)
 	expect(t, "/b, denied by Redis", site+"b", []int{429}, client)

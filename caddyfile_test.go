@@ -101,17 +101,13 @@ func TestDurationWithoutUnit(t *testing.T) {
 func TestRunningCaddyRefusesConfigMistakes(t *testing.T) {
 	prefix := uniquePrefix(t)
 	siteWith := func(lines string) string {
-		return `
-:9080 {
+		return siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
-` + lines + `
+`+lines+`
 	}
-	respond "ok"
-}`
+	respond "ok"`)
 	}
 	startCaddy(t, siteWith("\t\tkey {http.request.header.X-Api-Key}"))
 	client := from("127.0.0.2")

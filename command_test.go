@@ -92,16 +92,12 @@ func commandJSON[T any](t *testing.T, args ...string) T {
 // commandSite is a site on :9080 keyed by the X-Client header, two requests
 // a minute, on Redis.
 func commandSite(t *testing.T) string {
-	return `
-:9080 {
+	return siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
 		key {http.request.header.X-Client}
 		zone cmd_zone 1m 2
 	}
-	respond "ok"
-}`
+	respond "ok"`)
 }
 
 func TestCommandSubcommands(t *testing.T) {

@@ -16,17 +16,13 @@ import (
 )
 
 func TestLimitThroughCaddy(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 5
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for i := 1; i <= 5; i++ {
 		res := send(t, "http://localhost:9080/", withHeader("X-Client", "alice"))
 		if res.status != http.StatusOK || res.body != "ok" {
@@ -62,20 +58,16 @@ http://localhost:9080 {
 }
 
 func TestHandleErrorsSeesPlaceholders(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 1
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	respond "ok"
 	handle_errors 429 {
 		respond "zone={http.sliding_ratelimit.zone} limit={http.sliding_ratelimit.limit} remaining={http.sliding_ratelimit.remaining} retry={http.sliding_ratelimit.retry_after} reset={http.sliding_ratelimit.reset}" 429
-	}
-}`)
+	}`))
 	send(t, "http://localhost:9080/", withHeader("X-Client", "carol"))
 	res := send(t, "http://localhost:9080/", withHeader("X-Client", "carol"))
 	if got, want := res.status, http.StatusTooManyRequests; got != want {
@@ -91,17 +83,13 @@ http://localhost:9080 {
 }
 
 func TestMatcherLimitsOnlyWhatItMatches(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit /api/* {
 		window 1m
 		max_requests 1
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for i := 0; i < 5; i++ {
 		if res := send(t, "http://localhost:9080/static/file", withHeader("X-Client", "dave")); res.status != http.StatusOK {
 			t.Fatalf("unmatched path: status %d, want 200", res.status)
@@ -120,20 +108,16 @@ http://localhost:9080 {
 }
 
 func TestTwoHandlersShareOneLimit(t *testing.T) {
+	prefix := uniquePrefix(t)
 	limit := `
 	sliding_ratelimit {
 		window 1m
 		max_requests 5
 		key {http.request.header.X-Client}
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
 	}
 `
-	startCaddy(t, `
-http://localhost:9080 {`+limit+`	respond "a"
-}
-http://localhost:9081 {`+limit+`	respond "b"
-}`)
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, limit+`	respond "a"`)+
+		siteBlock("http://localhost:9081", prefix, limit+`	respond "b"`))
 	sites := []string{"http://localhost:9080/", "http://localhost:9081/"}
 	for i := 0; i < 5; i++ {
 		if res := send(t, sites[i%2], withHeader("X-Client", "erin")); res.status != http.StatusOK {
@@ -149,29 +133,21 @@ http://localhost:9081 {`+limit+`	respond "b"
 
 func TestLegacyAndNoHeaders(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 90s
 		max_requests 3
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		headers legacy
 	}
-	respond "ok"
-}
-http://localhost:9081 {
+	respond "ok"`)+siteBlock("http://localhost:9081", prefix+"off:", `
 	sliding_ratelimit {
 		window 1m
 		max_requests 1
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`off:
 		headers off
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	res := send(t, "http://localhost:9080/", withHeader("X-Client", "frank"))
 	for header, want := range map[string]string{
 		"RateLimit-Policy":      `"default";q=3;w=90`,
@@ -252,17 +228,13 @@ func TestRedisPlaceholderThatExpandsToNothingWarns(t *testing.T) {
 }
 
 func TestEmptyKeyFallsBackToClientIP(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	// Without the header the key is the client IP, shared by every such
 	// request from this machine, so leaving the header out escapes nothing.
 	for i, want := range []int{200, 200, 429} {
@@ -274,17 +246,13 @@ http://localhost:9080 {
 
 func TestHostileKeysStayBounded(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 1m
 		max_requests 5
 		key {http.request.uri.query.k}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	hostile := []string{
 		strings.Repeat("A", 10<<10),
 		"evil\r\nSET x y\r\n",
@@ -489,16 +457,12 @@ func TestExampleCaddyfile(t *testing.T) {
 }
 
 func TestSpoofedForwardedForDoesNotChangeTheKey(t *testing.T) {
-	site := `
-http://localhost:9080 {
+	site := siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
 	}
-	respond "ok"
-}`
+	respond "ok"`)
 	startCaddy(t, site)
 	for i, want := range []int{200, 200, 429, 429} {
 		res := send(t, "http://localhost:9080/", withHeader("X-Forwarded-For", "203.0.113."+string(rune('1'+i))))
@@ -509,17 +473,13 @@ http://localhost:9080 {
 }
 
 func TestTrustedProxiesForwardedClientIP(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {client_ip}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "{client_ip}"
-}`, withGlobals(`
+	respond "{client_ip}"`), withGlobals(`
 servers {
 	trusted_proxies static 127.0.0.1/32 ::1/128
 }`))

@@ -128,6 +128,52 @@ func uniquePrefix(t *testing.T) string {
 	return "t" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
 }
 
+// siteBlock writes a Caddyfile site for the test Caddy: body inside a site
+// block of address (":9080" answers every host; "http://localhost:9080" only
+// requests for localhost), where each sliding_ratelimit block that names no
+// redis or no key_prefix of its own gets the shared Redis and prefix (most
+// often uniquePrefix(t)) as its first lines. A test then writes only what its
+// limit is about.
+func siteBlock(address, prefix, body string) string {
+	lines := strings.Split(body, "\n")
+	// names holds, by the line that opens a sliding_ratelimit block, the
+	// subdirectives the block names.
+	names := make(map[int]map[string]bool)
+	var open []int // the lines that open the blocks around a line
+	for i, line := range lines {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "}" && len(open) > 0 {
+			open = open[:len(open)-1]
+			continue
+		}
+		if n := len(open); n > 0 && names[open[n-1]] != nil {
+			word, _, _ := strings.Cut(trimmed, " ")
+			names[open[n-1]][word] = true
+		}
+		if strings.HasSuffix(trimmed, "{") {
+			open = append(open, i)
+			if strings.HasPrefix(trimmed, "sliding_ratelimit") {
+				names[i] = make(map[string]bool)
+			}
+		}
+	}
+	var out []string
+	for i, line := range lines {
+		out = append(out, line)
+		if names[i] == nil {
+			continue
+		}
+		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))] + "\t"
+		if !names[i]["redis"] {
+			out = append(out, indent+"redis "+sharedRedis.URL())
+		}
+		if !names[i]["key_prefix"] {
+			out = append(out, indent+"key_prefix "+prefix)
+		}
+	}
+	return "\n" + address + " {" + strings.Join(out, "\n") + "\n}"
+}
+
 // sendOption sets a part of a request that send sends.
 type sendOption func(*outgoing)
 

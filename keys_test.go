@@ -18,26 +18,22 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
-// limitedSite is a site on :9080 limited by key, max_requests 2 a minute.
-func limitedSite(t *testing.T, key string) string {
-	return `
-:9080 {
+// keyedSite is a site on :9080 limited by key, max_requests 2 a minute.
+func keyedSite(t *testing.T, key string) string {
+	return siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
-		key ` + key + `
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
+		key `+key+`
 	}
-	respond "ok"
-}`
+	respond "ok"`)
 }
 
 // TestForgedKeyCannotSpendAnotherClientsQuota: a header that holds another
 // client's address lands in the value namespace, never on the key that
 // client falls back to.
 func TestForgedKeyCannotSpendAnotherClientsQuota(t *testing.T) {
-	startCaddy(t, limitedSite(t, "{http.request.header.Authorization}"))
+	startCaddy(t, keyedSite(t, "{http.request.header.Authorization}"))
 	attacker, victim := from("127.0.0.2"), from("127.0.0.1")
 	forged := withHeader("Authorization", "127.0.0.1")
 	expect(t, "127.0.0.2 sending Authorization: 127.0.0.1", site, []int{200, 200, 429}, attacker, forged)
@@ -75,7 +71,7 @@ func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			startCaddy(t, limitedSite(t, c.key))
+			startCaddy(t, keyedSite(t, c.key))
 			client := from("127.0.0.2")
 			url, headers := c.first()
 			expect(t, "first value alone", url, []int{200, 200}, client, withHeaders(headers))
@@ -92,7 +88,7 @@ func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
 // client address only when all of them are empty; a missing part is keyed by
 // address within the others; moving text between parts makes another key.
 func TestCompositeKeys(t *testing.T) {
-	startCaddy(t, limitedSite(t, "{http.request.header.X-Org}:{http.request.header.X-User}"))
+	startCaddy(t, keyedSite(t, "{http.request.header.X-Org}:{http.request.header.X-User}"))
 	two, three := from("127.0.0.2"), from("127.0.0.3")
 
 	expect(t, "127.0.0.2, no headers", site, []int{200, 200, 429}, two)
@@ -119,32 +115,22 @@ func TestCompositeKeys(t *testing.T) {
 // ambiguous name by identity.
 func TestSitesWithDifferentLimitsDoNotShare(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit /a* {
 		window 1m
 		max_requests 3
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	sliding_ratelimit /b* {
 		window 1h
 		max_requests 100
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	sliding_ratelimit /s1* {
 		zone shared 1m 2
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	sliding_ratelimit /s2* {
 		zone shared 1m 2
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	client := from("127.0.0.2")
 	expect(t, "100/h site", site+"b", []int{200, 200, 200, 200, 200}, client)
 	expect(t, "3/min site after five on the other", site+"a", []int{200, 200, 200, 429}, client)
@@ -167,15 +153,11 @@ func TestSitesWithDifferentLimitsDoNotShare(t *testing.T) {
 // wait Redis reports, rounded up, not one trimmed for clock drift (a day's
 // window: 86 s early before).
 func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone daily 24h 1
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	client := from("127.0.0.2")
 	expect(t, "first", site, []int{200}, client)
 	hits := cacheHits("daily")
@@ -214,8 +196,7 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 // about at provision; keys that fall back to the client address are counted
 // and logged at most once a minute.
 func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
-	logFile := startCaddy(t, `
-:9080 {
+	logFile := startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone typo 1m 100 {
 			key {http.request.heder.X-Api-Key}
@@ -223,11 +204,8 @@ func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
 		zone header 1m 100 {
 			key {header.X-Api-Key}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`, withGlobals(`
+	respond "ok"`), withGlobals(`
 servers {
 	metrics
 }`))
@@ -317,7 +295,7 @@ func TestUnbalancedKeyFailsTheConfig(t *testing.T) {
 		t.Errorf("JSON: error %v, want one containing %q", err, want)
 	}
 
-	startCaddy(t, limitedSite(t, "global"))
+	startCaddy(t, keyedSite(t, "global"))
 	two, three := from("127.0.0.2"), from("127.0.0.3")
 	expect(t, "first client, constant key", site, []int{200, 200}, two)
 	expect(t, "second client, constant key", site, []int{429}, three)
@@ -327,17 +305,13 @@ func TestUnbalancedKeyFailsTheConfig(t *testing.T) {
 // fall back together, and each counts its fallbacks (a zone that reuses an
 // earlier zone's key counted none before).
 func TestKeyFallbacksCountPerZone(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {header.X-Api-Key}
 		zone kfa 1m 100
 		zone kfb 1h 1000
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`, withGlobals(`
+	respond "ok"`), withGlobals(`
 servers {
 	metrics
 }`))
@@ -359,16 +333,12 @@ servers {
 // which GET reads and DELETE resets, through the admin API and the command,
 // one at a time: the other stays blocked.
 func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone raw_bytes 1m 1
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	client := from("127.0.0.2")
 	fe := withHeader("X-Client", "\xff\xfe")
 	fd := withHeader("X-Client", "\xff\xfd")

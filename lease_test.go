@@ -93,17 +93,13 @@ func TestConcurrencyAcrossInstances(t *testing.T) {
 	srv := httptest.NewServer(upstream)
 	defer srv.Close()
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone reports {
 			concurrent 2
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
 	other := newInstance(t, `{"zones": [{"name": "reports", "concurrent": 2}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
 	inUse := `caddy_sliding_ratelimit_leases_in_use{zone="reports"}`
@@ -287,18 +283,14 @@ func TestLeaseKeptForWebSocket(t *testing.T) {
 	srv := httptest.NewServer(upgrader)
 	defer srv.Close()
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone ws {
 			concurrent 1
 			lease 2s
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
 	key := prefix + "{127.0.0.2}:ws:concurrent:1"
 	lost := `caddy_sliding_ratelimit_leases_lost_total{zone="ws"}`
 	lostBefore := scrape(t, lost)
@@ -640,20 +632,16 @@ func TestLeaseKeptAcrossReload(t *testing.T) {
 func TestLeaseReleasedWhenTheClientHangsUp(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("hangup")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` {
 			concurrent 1
 			lease 1m
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	reverse_proxy `+upstream+` {
 		flush_interval -1
-	}
-}`)
+	}`))
 	req, err := http.NewRequest(http.MethodGet, site, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -18,17 +18,13 @@ import (
 func TestReloadUnderLoad(t *testing.T) {
 	prefix := uniquePrefix(t)
 	config := func(version int) string {
-		return globalOptions + `
-http://localhost:9080 {
+		return globalOptions + siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 1m
 		max_requests 100000
 		key {http.request.header.X-Client}
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 	}
-	respond "v` + strconv.Itoa(version) + `"
-}`
+	respond "v`+strconv.Itoa(version)+`"`)
 	}
 	startCaddy(t, config(0)[len(globalOptions):])
 	rdb := sharedRedis.Client(t)

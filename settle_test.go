@@ -35,18 +35,14 @@ import (
 func TestSettleHeaderFromUpstream(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("tokens")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1m 100 {
 			settle header X-Usage
 			key {http.request.header.X-Client}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	reverse_proxy `+upstream+`
-}`)
+	reverse_proxy `+upstream+``))
 	fallbacks := 0
 	for _, c := range []struct {
 		name     string
@@ -99,19 +95,15 @@ func TestSettleHeaderFromUpstream(t *testing.T) {
 func TestSettleWithCountStatus(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("ok")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1m 100 {
 			settle header X-Usage
 			count_status 2xx
 			key {http.request.header.X-Client}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	reverse_proxy `+upstream+`
-}`)
+	reverse_proxy `+upstream+``))
 	send(t, site, withHeader("X-Client", "a"), withHeader("X-Test-Usage", "40"), withHeader("X-Test-Status", "503"))
 	if got := unitsUsed(t, zone, "a", 0); got != 0 {
 		t.Errorf("a 503 with a usage of 40: %d units, want 0", got)
@@ -229,19 +221,15 @@ func TestSettleDownLiftsADenialElsewhere(t *testing.T) {
 func TestSettleAfterAnAbortedStream(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("stream")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1h 1000000000 {
 			settle bytes
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	reverse_proxy `+upstream+` {
 		flush_interval -1
-	}
-}`)
+	}`))
 	req, err := http.NewRequest(http.MethodGet, site, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -315,18 +303,14 @@ func TestSettleInProcess(t *testing.T) {
 func TestSettleReadsAUsageHiddenFromClients(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("hidden")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	header -X-Usage
 	sliding_ratelimit {
 		zone `+zone+` 1m 100 {
 			settle header X-Usage
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	reverse_proxy `+upstream+`
-}`)
+	reverse_proxy `+upstream+``))
 	res := send(t, site, from("127.0.0.5"), withHeader("X-Test-Usage", "33"))
 	if v := res.header.Values("X-Usage"); res.status != http.StatusOK || len(v) != 0 {
 		t.Fatalf("%d with X-Usage %q, want 200 without it", res.status, v)
@@ -347,20 +331,16 @@ func TestSettleLongStreamCountsFromItsEnd(t *testing.T) {
 	for _, c := range []struct{ algorithm, ip string }{{"log", "127.0.0.5"}, {"counter", "127.0.0.6"}} {
 		t.Run(c.algorithm, func(t *testing.T) {
 			zone := uniqueZone("long")
-			startCaddy(t, `
-:9080 {
+			startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 2s 1000 {
 			settle bytes
 			algorithm `+c.algorithm+`
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	reverse_proxy `+upstream+` {
 		flush_interval -1
-	}
-}`)
+	}`))
 			stream := withHeaders(map[string][]string{"X-Test-Bytes": {"1000"}, "X-Test-Chunk": {"100"}, "X-Test-Chunk-Delay": {"300ms"}})
 			start := time.Now()
 			if res := send(t, site, from(c.ip), stream); res.status != http.StatusOK || len(res.body) != 1000 {
@@ -403,18 +383,14 @@ func TestSettleLongStreamCountsFromItsEnd(t *testing.T) {
 // TestSettleDownLiftsADenialElsewhere).
 func TestSettleDownAnnouncesOnlyWhenFull(t *testing.T) {
 	zone := uniqueZone("reserve")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1m 1000000000 {
 			cost 10000000
 			settle bytes
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "hello"
-}`)
+	respond "hello"`))
 	rc := sharedRedis.Client(t)
 	send(t, site, from("127.0.0.8")) // loads the script
 	publishes := commandCalls(t, rc, "publish")
@@ -551,8 +527,7 @@ func TestSettleJSONThroughCaddy(t *testing.T) {
 		zw.Close()
 	}))
 	t.Cleanup(gz.Close)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	route /gz/* {
 		sliding_ratelimit {
 			key {http.request.header.Authorization}
@@ -560,8 +535,6 @@ func TestSettleJSONThroughCaddy(t *testing.T) {
 				cost 500
 				settle json usage.prompt_tokens usage.completion_tokens
 			}
-			redis `+sharedRedis.URL()+`
-			key_prefix `+uniquePrefix(t)+`
 		}
 		reverse_proxy `+strings.TrimPrefix(gz.URL, "http://")+`
 	}
@@ -572,12 +545,9 @@ func TestSettleJSONThroughCaddy(t *testing.T) {
 				cost 500
 				settle json usage.prompt_tokens usage.completion_tokens usage.input_tokens usage.output_tokens
 			}
-			redis `+sharedRedis.URL()+`
-			key_prefix `+uniquePrefix(t)+`
 		}
 		reverse_proxy `+upstream+`
-	}
-}`, withGlobals(`
+	}`), withGlobals(`
 servers {
 	metrics
 }`))
@@ -700,18 +670,14 @@ func TestSettleJSONPassesStreamsOn(t *testing.T) {
 		w.Write([]byte(last))
 	}))
 	t.Cleanup(up.Close)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.Authorization}
 		zone sjpass 1m 1000 {
 			settle json usage.total_tokens
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(up.URL, "http://")+``))
 	req, _ := http.NewRequest(http.MethodPost, site, nil)
 	req.Header.Set("Authorization", "k")
 	res, err := clientAt(t, "127.0.0.1").Do(req)
@@ -821,20 +787,16 @@ func TestCountStatusBehindBasicAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone login 10m 3 {
 			count_status 401
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	basic_auth {
 		alice `+string(hash)+`
 	}
-	respond "welcome"
-}`)
+	respond "welcome"`))
 	other := newInstance(t, `{"zones": [{"name": "login", "window": "10m", "max_requests": 3, "count_status": [401]}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
 	client := from("127.0.0.2")
@@ -1039,18 +1001,14 @@ func TestBandwidthRecipe(t *testing.T) {
 		}
 	}
 	zone := uniqueZone("bandwidth")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1h 10000 {
 			settle bytes
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	root * `+root+`
-	file_server
-}`)
+	file_server`))
 	small, big := site+"small.bin", site+"big.bin"
 	a := from("127.0.0.2")
 	res := send(t, small, a, withMethod(http.MethodHead))
@@ -1107,18 +1065,14 @@ func TestBandwidthKeyStaysSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	zone, prefix := uniqueZone("tiny"), uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone `+zone+` 1h 1000000000 {
 			settle bytes
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	root * `+root+`
-	file_server
-}`)
+	file_server`))
 	const requests = 3000
 	for i := range requests {
 		if res := send(t, site+"one.bin", from("127.0.0.9")); res.status != http.StatusOK {

@@ -225,18 +225,14 @@ func TestQuotaFromTheClientWarnsAndTheRecipeFailsSafe(t *testing.T) {
 func TestUnitsExactAcrossInstances(t *testing.T) {
 	prefix := uniquePrefix(t)
 	zone := uniqueZone("exact")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone `+zone+` 10m 60 {
 			cost {http.request.header.X-Cost}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		timeout 1s
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	other := newInstance(t, `{"zones": [{"name": "`+zone+`", "window": "10m", "max_requests": 60, "cost": "{http.request.header.X-Cost}"}],
 		"redis": "`+sharedRedis.URL()+`?client_name=other", "key_prefix": "`+prefix+`", "timeout": "1s"}`)
 	type result struct{ admitted, denied int64 }
@@ -354,21 +350,17 @@ func uniqueZone(prefix string) string {
 // which handle_errors can explain with the cost and the limit.
 func TestCostFromARequestValue(t *testing.T) {
 	zone := uniqueZone("cost")
-	logFile := startCaddy(t, `
-:9080 {
+	logFile := startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1m 100 {
 			cost {http.request.header.X-Cost}
 			key {http.request.header.X-Client}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	respond "ok"
 	handle_errors 429 {
 		respond "cost {http.sliding_ratelimit.cost} of {http.sliding_ratelimit.limit} {http.sliding_ratelimit.unit}, retry after {http.sliding_ratelimit.retry_after}" 429
-	}
-}`)
+	}`))
 	fallbacks := 0
 	for _, c := range []struct {
 		name      string
@@ -429,17 +421,13 @@ func TestCostFromARequestValue(t *testing.T) {
 // and a half: two are admitted, the third waits until the first ages out,
 // and the headers count units.
 func TestFixedCost(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 25
 		cost 10
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	client := from("127.0.0.3")
 	for i, want := range []struct {
 		status int
@@ -464,8 +452,7 @@ func TestFixedCost(t *testing.T) {
 // prices requests: an export costs 10, anything else 1.
 func TestCostFromAMap(t *testing.T) {
 	zone := uniqueZone("priced")
-	logFile := startCaddy(t, `
-:9080 {
+	logFile := startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	map {path} {price} {
 		/export 10
 		default 1
@@ -474,11 +461,8 @@ func TestCostFromAMap(t *testing.T) {
 		zone `+zone+` 1m 30 {
 			cost {price}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for i, c := range []struct{ path, r string }{{"export", "20"}, {"list", "19"}, {"export", "9"}} {
 		if got := send(t, site+c.path, from("127.0.0.6")).header.Get("RateLimit"); !strings.HasPrefix(got, `"`+zone+`";r=`+c.r+";") {
 			t.Errorf("request %d, /%s: RateLimit %q, want r=%s", i+1, c.path, got, c.r)
@@ -580,8 +564,7 @@ func TestCostJSONThroughCaddy(t *testing.T) {
 	defer func(d time.Duration) { costJSONReadTime = d }(costJSONReadTime)
 	costJSONReadTime = 500 * time.Millisecond
 	upstream := echoServer(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.Authorization}
 		zone cjtokens 1m 10000000 {
@@ -590,11 +573,8 @@ func TestCostJSONThroughCaddy(t *testing.T) {
 		zone cjplain 1m 1000000 {
 			cost json max_tokens 4096
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	reverse_proxy `+upstream+`
-}`, withGlobals(`
+	reverse_proxy `+upstream+``), withGlobals(`
 servers {
 	metrics
 }`))
@@ -743,8 +723,7 @@ func TestTenantsRecipe(t *testing.T) {
 	auth := newAuthService(t, map[string]string{"gold": "5", "free": "2", "new": ""})
 	app := usageUpstream(t)
 	zone := uniqueZone("tenants")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	route /api/* {
 		forward_auth `+auth.url+` {
 			uri /check
@@ -754,12 +733,9 @@ func TestTenantsRecipe(t *testing.T) {
 			zone `+zone+` 1h {http.reverse_proxy.header.X-Quota} 3 {
 				key {http.reverse_proxy.header.X-Tenant}
 			}
-			redis `+sharedRedis.URL()+`
-			key_prefix `+uniquePrefix(t)+`
 		}
 		reverse_proxy `+app+`
-	}
-}`)
+	}`))
 	api := site + "api/report"
 	forged := withHeader("X-Quota", "1000")
 	for _, c := range []struct {
@@ -809,8 +785,7 @@ func TestTenantsRecipe(t *testing.T) {
 func TestAdminShowsTenantQuota(t *testing.T) {
 	auth := newAuthService(t, map[string]string{"small": "3"})
 	zone := uniqueZone("tenantquota")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	route /api/* {
 		forward_auth `+auth.url+` {
 			uri /check
@@ -820,12 +795,9 @@ func TestAdminShowsTenantQuota(t *testing.T) {
 			zone `+zone+` 1h {http.reverse_proxy.header.X-Quota} 1000 {
 				key {http.reverse_proxy.header.X-Tenant}
 			}
-			redis `+sharedRedis.URL()+`
-			key_prefix `+uniquePrefix(t)+`
 		}
 		respond "ok"
-	}
-}`)
+	}`))
 	expect(t, "small, quota 3", site+"api/x", []int{200, 200, 200, 429}, from("127.0.0.2"), withHeader("Authorization", "Bearer small"))
 	s := adminState(t, zone, "small")
 	if s.Limit != 3 || s.LimitSource != "last_decision" || s.Count != 3 || s.Remaining != 0 || s.RetryAfterSeconds < 3000 || s.RetryAfterSeconds > 3600 {
@@ -866,17 +838,13 @@ func TestAdminShowsTenantQuota(t *testing.T) {
 // forward_auth.)
 func TestQuotaValues(t *testing.T) {
 	zone := uniqueZone("quota")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` 1m {http.request.header.X-Quota} 2 {
 			key {http.request.header.X-Client}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	fallbacks := 0
 	for _, c := range []struct {
 		name   string

@@ -246,17 +246,13 @@ func TestWaitsExactAcrossInstances(t *testing.T) {
 	srv := httptest.NewServer(upstream)
 	defer srv.Close()
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone paced 1s 5 {
 			wait 1s
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
 	other := newInstance(t, `{"zones": [{"name": "paced", "window": "1s", "max_requests": 5, "wait": "1s"}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
 	clients := []string{"127.0.0.2", "127.0.0.3"}
@@ -295,8 +291,7 @@ func TestWaitsExactAcrossInstances(t *testing.T) {
 // applies to it has a wait; a zone without one admits now or not at all.
 // The admin API shows how long a request now would wait.
 func TestWaitOnlyIfEveryZoneWaits(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
 		zone waits 3s 1 {
@@ -307,11 +302,8 @@ func TestWaitOnlyIfEveryZoneWaits(t *testing.T) {
 				path /strict
 			}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for _, c := range []string{"a", "b"} {
 		if s := send(t, site+"strict", withHeader("X-Client", c)).status; s != http.StatusOK {
 			t.Fatalf("client %s's first request: status %d", c, s)
@@ -337,19 +329,15 @@ func TestWaitOnlyIfEveryZoneWaits(t *testing.T) {
 // so a flood cannot pile up held connections, and every held request ends
 // at its slot.
 func TestWaitFloodIsBounded(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
 		zone flood 4s 1 {
 			wait 4s
 		}
 		max_waiting 5
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	const clients = 20
 	client := func(i int) sendOption { return withHeader("X-Client", "c"+strconv.Itoa(i)) }
 	for i := range clients {
@@ -395,8 +383,7 @@ func TestWaitFloodIsBounded(t *testing.T) {
 // write timeout: one whose slot comes too late is denied at once, and one
 // whose slot comes in time is held and answered.
 func TestWaitCutToServerTimeouts(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
 		zone long 5s 1 {
@@ -411,11 +398,8 @@ func TestWaitCutToServerTimeouts(t *testing.T) {
 				path /short
 			}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`, withGlobals("servers {\n\ttimeouts {\n\t\twrite 3s\n\t}\n}"))
+	respond "ok"`), withGlobals("servers {\n\ttimeouts {\n\t\twrite 3s\n\t}\n}"))
 	for _, c := range []struct {
 		path string
 		want int
@@ -441,18 +425,14 @@ func TestWaitCutToServerTimeouts(t *testing.T) {
 // TestAbandonedWaitGivesSlotBack: a held request whose client goes away
 // gives back the slot it was promised, so the next request can have it.
 func TestAbandonedWaitGivesSlotBack(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
 		zone left 3s 1 {
 			wait 3s
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	me := withHeader("X-Client", "leaver")
 	if s := send(t, site, me).status; s != http.StatusOK {
 		t.Fatalf("first request: status %d", s)
@@ -503,8 +483,7 @@ func TestAbandonedWaitGivesSlotBack(t *testing.T) {
 func TestCommandShowsWaitsAndLeases(t *testing.T) {
 	upstream := newGate()
 	srv := newUpstream(t, upstream)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
 		zone paced 1m 1 {
@@ -519,12 +498,9 @@ func TestCommandShowsWaitsAndLeases(t *testing.T) {
 				path /jobs
 			}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	reverse_proxy /jobs `+srv+`
-	respond /paced "ok"
-}`)
+	respond /paced "ok"`))
 	me := withHeader("X-Client", "cli")
 	if s := send(t, site+"paced", me).status; s != http.StatusOK {
 		t.Fatalf("the paced request: status %d", s)
@@ -702,17 +678,13 @@ func TestConcurrencyZoneIdentity(t *testing.T) {
 // two get a 429 at once, not after waiting.
 func TestWaitLongerThanTheWindow(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone line 1s 2 {
 			wait 3500ms
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	other := newInstance(t, `{"zones": [{"name": "line", "window": "1s", "max_requests": 2, "wait": "3500ms"}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
 	const ip = "127.0.0.7"
@@ -896,17 +868,13 @@ func TestHeldBodyAboveBoundNotHeld(t *testing.T) {
 	upstream := new(bodyEcho)
 	srv := httptest.NewServer(upstream)
 	defer srv.Close()
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 2s
 		max_requests 1
 		wait 2s
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
 	const sender = "127.0.0.3"
 	if s := send(t, site, from(sender), withMethod(http.MethodPost), withBody("text/plain", "first")).status; s != http.StatusOK {
 		t.Fatalf("first request: status %d", s)

@@ -10,19 +10,15 @@ import (
 
 func TestZonesAllOrNothing(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		key {http.request.header.X-Client}
 		zone burst 1m 3
 		zone hourly 1h 5 {
 			key {http.request.header.Authorization}
 		}
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	request := func(client, token string) answer {
 		return send(t, "http://localhost:9080/", withHeader("X-Client", client), withHeader("Authorization", token))
 	}
@@ -69,11 +65,8 @@ http://localhost:9080 {
 }
 
 func TestZoneMatchers(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone all 1m 10
 		zone login 1m 1 {
@@ -83,8 +76,7 @@ http://localhost:9080 {
 			}
 		}
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	post := func() int {
 		return send(t, "http://localhost:9080/login", withMethod(http.MethodPost), withHeader("X-Client", "m1")).status
 	}
@@ -106,18 +98,14 @@ http://localhost:9080 {
 
 func TestReportModePassesAndReports(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {http.request.header.X-Client}
 		mode report
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "{http.sliding_ratelimit.retry_after}"
-}`)
+	respond "{http.sliding_ratelimit.retry_after}"`))
 	for i := 1; i <= 5; i++ {
 		res := send(t, "http://localhost:9080/", withHeader("X-Client", "r1"))
 		retryAfter := res.body
@@ -145,18 +133,14 @@ http://localhost:9080 {
 }
 
 func TestIPPrefixGrouping(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {http.request.header.X-IP}
 		ipv4_prefix 24
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for _, c := range []struct {
 		ip   string
 		want int
@@ -330,8 +314,7 @@ func TestZoneIdentity(t *testing.T) {
 // smaller limits: a map names each key's plan, and zone matchers give each
 // plan its limit.
 func TestPlansPerAPIKey(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	map {http.request.header.X-Api-Key} {plan} {
 		gold-key-1 gold
 		gold-key-2 gold
@@ -349,11 +332,8 @@ func TestPlansPerAPIKey(t *testing.T) {
 				not vars {plan} gold
 			}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "{plan}"
-}`)
+	respond "{plan}"`))
 	client := from("127.0.0.2")
 	for _, c := range []struct {
 		key, zone string
