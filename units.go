@@ -724,6 +724,9 @@ func warnClientChosenUnits(logger *zap.Logger, zone, maxRequestsFrom, cost strin
 	}
 }
 
+// The settle config is here with the zone's other units; what a response
+// says it cost is read in settle.go.
+
 // Settle says how a zone learns what a request really cost, which is known
 // only once its response is: the request reserves its cost (see the zone's
 // cost, default 1) before it goes on, and is admitted while the window has
@@ -784,6 +787,7 @@ func (s *Settle) provision() {
 	}
 }
 
+// The bounds of the JSON that cost json and settle json read.
 const (
 	// jsonMaxDepth is the deepest a document is read; a deeper one is
 	// skipped as if it were not JSON (usage sits a few levels down).
@@ -795,6 +799,9 @@ const (
 	// usage (2^53 has 16 digits).
 	jsonMaxNumber = 32
 )
+
+// The rules of units, as those of zones.go: each once, for JSON and the
+// Caddyfile alike.
 
 // maxMaxRequests is the largest max_requests: the engine keeps a zone's
 // running sums of units modulo 2^48.
