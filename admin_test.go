@@ -770,10 +770,8 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 // has a concurrency zone and a per-tenant quota.
 func zonesSite(t *testing.T) string {
 	prefix := uniquePrefix(t)
-	return `:9080 {
+	return siteBlock(":9080", prefix, `
 	sliding_ratelimit {
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 		key {http.request.header.X-Client}
 		zone api 1m 100
 		zone reports {
@@ -785,19 +783,12 @@ func zonesSite(t *testing.T) string {
 			wait 2s
 		}
 	}
-	respond "ok"
-}
-
-:9081 {
+	respond "ok"`) + siteBlock(":9081", prefix, `
 	sliding_ratelimit {
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 		key {http.request.header.X-Client}
 		zone api 1m 100
 	}
-	respond "ok"
-}
-`
+	respond "ok"`) + "\n"
 }
 
 // TestZonesListing: GET /sliding_ratelimit/zones and `caddy

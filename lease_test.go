@@ -408,11 +408,9 @@ func TestLeasesOfAKilledInstanceExpire(t *testing.T) {
 			concurrent 2
 			lease 3s
 		}
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 	}`
-	startCaddy(t, ":9080 {"+limiter+"\n\trespond \"ok\"\n}")
-	doomed := startCaddyProcess(t, ":9180 {"+limiter+"\n\treverse_proxy /jobs* "+strings.TrimPrefix(srv.URL, "http://")+"\n\trespond /ready \"ok\"\n}\n",
+	startCaddy(t, siteBlock(":9080", prefix, limiter+"\n\trespond \"ok\""))
+	doomed := startCaddyProcess(t, siteBlock(":9180", prefix, limiter+"\n\treverse_proxy /jobs* "+strings.TrimPrefix(srv.URL, "http://")+"\n\trespond /ready \"ok\"")+"\n",
 		"http://127.0.0.1:9180/ready")
 
 	client := clientAt(t, "127.0.0.2")

@@ -152,15 +152,12 @@ func TestQuotaFromTheClientWarnsAndTheRecipeFailsSafe(t *testing.T) {
 	}
 
 	// The unsafe form: warned, and the client's own quota counts.
-	logFile := startCaddy(t, `:9080 {
+	logFile := startCaddy(t, siteBlock(":9080", prefix+"u", `
 	sliding_ratelimit {
 		window 1m
 		max_requests {http.request.header.X-Quota} 2
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`u
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	lines := logLines(t, logFile, warning)
 	if len(lines) != 1 || !strings.Contains(lines[0], `{http.reverse_proxy.header.X-Quota}`) {
 		t.Errorf("unsafe quota: warnings %v, want one that names {http.reverse_proxy.header.X-Quota}", lines)

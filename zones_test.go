@@ -202,29 +202,19 @@ func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
 	sliding_ratelimit {
 		window 1m
 		max_requests ` + max + `
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 	}
 	respond "ok"`
 	}
 	named := `
 	sliding_ratelimit {
 		zone api 1m 1
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 	}
 	respond "ok"`
-	logFile := startCaddy(t, `
-http://a.localhost:9080 {`+threeLines("1")+`
-}
-http://b.localhost:9080 {`+threeLines("1")+`
-}
-http://c.localhost:9080 {`+named+`
-}
-http://d.localhost:9080 {`+named+`
-}
-http://e.localhost:9080 {`+threeLines("2")+`
-}`)
+	logFile := startCaddy(t, siteBlock("http://a.localhost:9080", prefix, threeLines("1"))+
+		siteBlock("http://b.localhost:9080", prefix, threeLines("1"))+
+		siteBlock("http://c.localhost:9080", prefix, named)+
+		siteBlock("http://d.localhost:9080", prefix, named)+
+		siteBlock("http://e.localhost:9080", prefix, threeLines("2")))
 	client := newFaultClient(t, 2)
 	for _, c := range []struct {
 		host string
