@@ -14,8 +14,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/spf13/cobra"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
 // The `caddy sliding-ratelimit` command talks to a running Caddy's admin API

@@ -6,10 +6,11 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // errRateLimited is the error a denied request carries to handle_errors.

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 

@@ -13,12 +13,13 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
 // eventRecorder is an events handler module for tests: it records the

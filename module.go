@@ -14,8 +14,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 func init() {

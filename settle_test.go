@@ -21,9 +21,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/crypto/bcrypt"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
-	"golang.org/x/crypto/bcrypt"
 )
 
 // TestSettleHeaderFromUpstream: through Caddy, reverse_proxy and Redis, a

@@ -15,9 +15,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
-	"go.uber.org/zap"
 )
 
 // The units a zone counts in, as headers, placeholders and the admin API

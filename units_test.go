@@ -18,9 +18,10 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
-	"go.uber.org/zap"
 )
 
 // unitZone is a zone provisioned for headers and placeholders, without a
