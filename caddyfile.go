@@ -13,6 +13,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
 
 func init() {
@@ -605,7 +606,7 @@ func parseCostJSON(d *caddyfile.Dispenser, args []string) (*CostJSON, error) {
 	if len(args) < 2 {
 		return nil, d.Errf("cost json takes paths and a default, then +body if the body's size adds to it (cost json max_tokens 4096 +body), got %q", args)
 	}
-	n, ok := parseCount(args[len(args)-1])
+	n, ok := strictnum.Parse(args[len(args)-1])
 	if !ok {
 		return nil, d.Errf("cost json: the default (its last argument before +body) must be a whole number, got %q", args[len(args)-1])
 	}

@@ -18,6 +18,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/jsonusage"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -136,34 +138,6 @@ func (u *zoneUnits) name() string {
 	return u.unit
 }
 
-// Numbers that come with a request (a cost, a tenant's quota) or with its
-// response (the usage an upstream reports) are read strictly: base-10 ASCII
-// digits and nothing else. "+5", "5.0", "1e9", "0x10", " 5" and "NaN" are not
-// numbers here, so a value never means something other than what it shows.
-
-// maxCount is what parseCount saturates at: the largest cost the engine
-// takes (2^53), above any max_requests (at most 2^48-1), so a number too
-// large for an int64 is still a number above every budget.
-const maxCount = 1 << 53
-
-// parseCount reads s as a whole number: digits only, at least one. A number
-// above maxCount is maxCount.
-func parseCount(s string) (n int64, ok bool) {
-	if s == "" {
-		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		if n < maxCount {
-			n = n*10 + int64(c-'0')
-		}
-	}
-	return min(n, maxCount), true
-}
-
 // numberPlaceholder is a config value that is one placeholder alone, such as
 // "{http.request.header.X-Cost}" or "{http.vars.cost}", read per request as
 // keys read theirs (internal/clientkey): a header, query parameter or cookie
@@ -225,25 +199,6 @@ func (f *valueFallbacks) record(source, why string) {
 	}
 }
 
-// Why a value fell back.
-const (
-	valueMissing  = "missing"
-	valueNotWhole = "not a whole number"
-	valueZero     = "zero"
-	valueTooLarge = "too large"
-)
-
-// whyNot says why value is no whole number of at least 1.
-func whyNot(value string) string {
-	if value == "" {
-		return valueMissing
-	}
-	if _, ok := parseCount(value); ok {
-		return valueZero
-	}
-	return valueNotWhole
-}
-
 // zoneCost is what one request of a zone reserves before it goes on: a
 // number of the config, or a placeholder read per request. A request value
 // can never make a request free or negative: what is not a whole number of
@@ -280,7 +235,7 @@ func newZoneCost(cost string, costJSON *CostJSON, fallbacks *valueFallbacks) zon
 	return zoneCost{fixed: n}
 }
 
-// of returns what r reserves, from 1 to maxCount.
+// of returns what r reserves, from 1 to strictnum.Max.
 func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer) int64 {
 	if c.json != nil {
 		n, why := c.json.of(r)
@@ -293,10 +248,10 @@ func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer) int64 {
 		return c.fixed
 	}
 	v := c.from.value(r, repl)
-	if n, ok := parseCount(v); ok && n >= 1 {
+	if n, ok := strictnum.Parse(v); ok && n >= 1 {
 		return n
 	}
-	c.fallbacks.record(c.from.raw, whyNot(v))
+	c.fallbacks.record(c.from.raw, strictnum.WhyNot(v))
 	return 1
 }
 
@@ -382,7 +337,7 @@ func checkCostJSON(c *CostJSON, cost string) error {
 		return fmt.Errorf("cost and cost json are one setting: set one (cost %q)", cost)
 	case len(c.Paths) == 0:
 		return errors.New("cost json needs at least one path and a default (cost json max_tokens 4096)")
-	case c.Default < 1 || c.Default > maxCount:
+	case c.Default < 1 || c.Default > strictnum.Max:
 		return fmt.Errorf("cost json: the default must be a whole number of at least 1, got %d", c.Default)
 	}
 	for _, p := range c.Paths {
@@ -420,7 +375,7 @@ func (c *CostJSON) of(r *http.Request) (int64, string) {
 		cost = c.Default
 	}
 	if c.Body {
-		cost = min(cost+size, maxCount)
+		cost = min(cost+size, strictnum.Max)
 	}
 	return max(cost, 1), why
 }
@@ -445,7 +400,7 @@ func (c *CostJSON) read(doc []byte) (sum int64, found bool, why string) {
 		}
 		switch t := t.(type) {
 		case json.Delim:
-			if depth++; depth > jsonMaxDepth {
+			if depth++; depth > jsonusage.MaxDepth {
 				return errors.New("too deep")
 			}
 			defer func() { depth-- }()
@@ -500,14 +455,14 @@ func (c *CostJSON) read(doc []byte) (sum int64, found bool, why string) {
 	}
 	switch {
 	case errors.Is(err, errNotWhole):
-		return 0, false, valueNotWhole
+		return 0, false, strictnum.NotWhole
 	case err != nil:
 		return 0, false, costNotJSON
 	}
 	for i := range c.paths {
 		if seen[i] {
 			found = true
-			sum = min(sum+largest[i], maxCount)
+			sum = min(sum+largest[i], strictnum.Max)
 		}
 	}
 	return sum, found, ""
@@ -528,7 +483,7 @@ func equalPath(p, keys []string) bool {
 }
 
 // wholeAtLeast reads a value at a path: a number, or a string that holds
-// one, of at least 0, rounded up, at most maxCount.
+// one, of at least 0, rounded up, at most strictnum.Max.
 func wholeAtLeast(v json.Token) (int64, bool) {
 	var s string
 	switch v := v.(type) {
@@ -539,15 +494,15 @@ func wholeAtLeast(v json.Token) (int64, bool) {
 	default:
 		return 0, false
 	}
-	if n, ok := parseCount(s); ok {
+	if n, ok := strictnum.Parse(s); ok {
 		return n, true
 	}
 	f, err := strconv.ParseFloat(s, 64)
 	if err != nil && !errors.Is(err, strconv.ErrRange) || math.IsNaN(f) || f < 0 {
 		return 0, false
 	}
-	if f >= maxCount {
-		return maxCount, true
+	if f >= strictnum.Max {
+		return strictnum.Max, true
 	}
 	return int64(math.Ceil(f)), true
 }
@@ -658,14 +613,14 @@ type zoneQuota struct {
 // of returns the max of r's call.
 func (q *zoneQuota) of(r *http.Request, repl *caddy.Replacer) int64 {
 	v := q.from.value(r, repl)
-	n, ok := parseCount(v)
+	n, ok := strictnum.Parse(v)
 	switch {
 	case ok && n >= 1 && n <= maxMaxRequests:
 		return n
 	case ok && n > maxMaxRequests:
-		q.fallbacks.record(q.from.raw, valueTooLarge)
+		q.fallbacks.record(q.from.raw, strictnum.TooLarge)
 	default:
-		q.fallbacks.record(q.from.raw, whyNot(v))
+		q.fallbacks.record(q.from.raw, strictnum.WhyNot(v))
 	}
 	return q.fallback
 }
@@ -788,19 +743,6 @@ func (s *Settle) provision() {
 	}
 }
 
-// The bounds of the JSON that cost json and settle json read.
-const (
-	// jsonMaxDepth is the deepest a document is read; a deeper one is
-	// skipped as if it were not JSON (usage sits a few levels down).
-	jsonMaxDepth = 64
-	// jsonMaxKey is how much of a key is kept: a longer one matches no
-	// path.
-	jsonMaxKey = 64
-	// jsonMaxNumber is the longest number read: a longer one is not a
-	// usage (2^53 has 16 digits).
-	jsonMaxNumber = 32
-)
-
 // The rules of units, as those of zones.go: each once, for JSON and the
 // Caddyfile alike.
 
@@ -832,7 +774,7 @@ func checkCost(cost string) error {
 	if cost == "" || isPlaceholder(cost) {
 		return nil
 	}
-	if n, ok := parseCount(cost); !ok || n < 1 {
+	if n, ok := strictnum.Parse(cost); !ok || n < 1 {
 		return fmt.Errorf("cost must be a whole number of at least 1, or a placeholder alone such as {http.request.header.X-Cost}, got %q", cost)
 	}
 	return nil
@@ -841,7 +783,7 @@ func checkCost(cost string) error {
 // checkCostFits rejects a fixed cost above a fixed max_requests: no request
 // would ever be admitted.
 func checkCostFits(cost string, maxRequests int64, maxRequestsFrom string) error {
-	if n, ok := parseCount(cost); ok && maxRequestsFrom == "" && n > maxRequests {
+	if n, ok := strictnum.Parse(cost); ok && maxRequestsFrom == "" && n > maxRequests {
 		return fmt.Errorf("cost %d is above max_requests %d: no request would ever be admitted", n, maxRequests)
 	}
 	return nil
@@ -877,10 +819,10 @@ func checkSettle(s *Settle) error {
 // checkJSONPath accepts a dotted path of object keys (usage.total_tokens),
 // each a plain name: no empty one, no quote, backslash, bracket or brace,
 // no ':' or ',' (settle's paths name the zone's state: zoneIdentity), at
-// most jsonMaxKey bytes.
+// most jsonusage.MaxKey bytes.
 func checkJSONPath(p string) error {
 	for _, name := range strings.Split(p, ".") {
-		if name == "" || len(name) > jsonMaxKey || strings.ContainsAny(name, "\\\"{}[]:, \t") {
+		if name == "" || len(name) > jsonusage.MaxKey || strings.ContainsAny(name, "\\\"{}[]:, \t") {
 			return fmt.Errorf("%q is not a dotted path of names such as usage.total_tokens", p)
 		}
 	}

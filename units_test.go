@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -304,36 +305,6 @@ func TestSettledUnitsAcrossInstances(t *testing.T) {
 	}
 }
 
-func TestParseCount(t *testing.T) {
-	for _, c := range []struct {
-		in   string
-		want int64
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"7", 7, true},
-		{"007", 7, true},
-		{"9007199254740992", maxCount, true},
-		{"9007199254740993", maxCount, true},
-		{"99999999999999999999", maxCount, true},
-		{"", 0, false},
-		{"-5", 0, false},
-		{"+5", 0, false},
-		{" 5", 0, false},
-		{"5 ", 0, false},
-		{"1e9", 0, false},
-		{"5.0", 0, false},
-		{"0x10", 0, false},
-		{"NaN", 0, false},
-		{"5,7", 0, false},
-		{"٥", 0, false},
-	} {
-		if n, ok := parseCount(c.in); n != c.want || ok != c.ok {
-			t.Errorf("parseCount(%q) = %d, %v; want %d, %v", c.in, n, ok, c.want, c.ok)
-		}
-	}
-}
-
 // uniqueZone is a zone name of its own for a test, so that process-wide
 // metrics count only its requests.
 func uniqueZone(prefix string) string {
@@ -509,13 +480,13 @@ func TestCostJSONRead(t *testing.T) {
 		{`{"max_tokens": 1000.0}`, 1000, true, ""},
 		{`{"max_tokens": 10.5}`, 11, true, ""},
 		{`{"max_tokens": "500"}`, 500, true, ""},
-		{`{"max_tokens": 1e300}`, maxCount, true, ""},
-		{`{"max_tokens": 99999999999999999999999}`, maxCount, true, ""},
+		{`{"max_tokens": 1e300}`, strictnum.Max, true, ""},
+		{`{"max_tokens": 99999999999999999999999}`, strictnum.Max, true, ""},
 		{`{"max_tokens": null}`, 0, false, ""},
 		{`{"max_tokens": 0}`, 0, true, ""},
-		{`{"max_tokens": -5}`, 0, false, valueNotWhole},
-		{`{"max_tokens": "lots"}`, 0, false, valueNotWhole},
-		{`{"max_tokens": true}`, 0, false, valueNotWhole},
+		{`{"max_tokens": -5}`, 0, false, strictnum.NotWhole},
+		{`{"max_tokens": "lots"}`, 0, false, strictnum.NotWhole},
+		{`{"max_tokens": true}`, 0, false, strictnum.NotWhole},
 		{`{"max_tokens": [1, 2]}`, 0, false, ""},
 		{`{"max_tokens": {"n": 5}}`, 0, false, ""},
 		{`{"max_tokens": 5`, 0, false, costNotJSON},
