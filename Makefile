@@ -56,7 +56,7 @@ test:
 FUZZTIME ?= 50000x
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCaddyfile$$' -fuzztime $(FUZZTIME) .
-	$(GO) test -run '^$$' -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzClientKey$$' -fuzztime $(FUZZTIME) ./internal/clientkey
 
 # Not part of `make test` or CI: it runs for SOAK_DURATION (default 10m),
 # without the race detector so that the RSS it prints is the real one.

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -81,81 +82,13 @@ func (a *AdminAPI) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// Paths of the admin API.
-const (
-	adminKeyPath     = "/sliding_ratelimit/zones/{zone}/keys/{key}"
-	adminBlockedPath = "/sliding_ratelimit/blocked"
-)
-
-// blockedDefaultLimit is how many entries the blocked list has without
-// ?limit: enough to see an attack, small enough to read.
-const blockedDefaultLimit = 100
-
 // Routes returns the routes of the /sliding_ratelimit/ endpoint.
 func (a *AdminAPI) Routes() []caddy.AdminRoute {
 	return []caddy.AdminRoute{
 		{Pattern: "/sliding_ratelimit/", Handler: caddy.AdminHandlerFunc(a.serveKey)},
-		{Pattern: adminBlockedPath, Handler: caddy.AdminHandlerFunc(a.serveBlocked)},
-		{Pattern: adminZonesPath, Handler: caddy.AdminHandlerFunc(a.serveZones)},
+		{Pattern: adminapi.BlockedPath, Handler: caddy.AdminHandlerFunc(a.serveBlocked)},
+		{Pattern: adminapi.ZonesPath, Handler: caddy.AdminHandlerFunc(a.serveZones)},
 	}
-}
-
-// keyState is the answer to GET: a client's state in a zone now.
-type keyState struct {
-	Zone string `json:"zone"`
-	// Identity names the zone's state: name, window, limit (zoneIdentity).
-	Identity string `json:"identity"`
-	// Key is the client key after normalisation, as stored.
-	Key string `json:"key"`
-	// Limit is the zone's max_requests; where each request's comes from a
-	// placeholder (LimitFrom), the client's own: the max its last
-	// admission was decided with, which the store keeps, or else the
-	// fallback (LimitSource says which).
-	Limit int64 `json:"limit"`
-	// LimitFrom is the placeholder of a zone whose max_requests is each
-	// tenant's own: Remaining and the times are then counted against Limit.
-	LimitFrom string `json:"limit_from,omitempty"`
-	// LimitSource is, with LimitFrom, "last_decision" when Limit is the max
-	// of the client's last admission in the zone, or "fallback" when the
-	// store does not know it (no admission kept; a counter or concurrency
-	// zone; state written by a version that did not keep it).
-	LimitSource   string  `json:"limit_source,omitempty"`
-	WindowSeconds float64 `json:"window_seconds"`
-	Algorithm     string  `json:"algorithm"`
-	// Unit is what Limit, Count and Remaining count: "requests",
-	// "content-bytes" (settle bytes), "units" (a cost, settle header) or
-	// "concurrent-requests" (a concurrency zone).
-	Unit string `json:"unit"`
-	// Count is the units used in the window now, past Limit included (a
-	// charge above a reservation); for the counter algorithm its estimate,
-	// rounded up.
-	Count int64 `json:"count"`
-	// Remaining is the units left now.
-	Remaining int64 `json:"remaining"`
-	// ResetSeconds is the time until units next free; 0 with no admission
-	// in the window.
-	ResetSeconds float64 `json:"reset_seconds"`
-	// RetryAfterSeconds is the time until a request would be admitted (of
-	// the zone's fixed cost, or of 1 where requests say their own); 0 if one
-	// would be admitted now (after waiting WaitSeconds, in a zone with a
-	// wait).
-	RetryAfterSeconds float64 `json:"retry_after_seconds"`
-	// WaitSeconds is, in a zone with a wait, how long a request now would be
-	// held for its slot (0: it would go on at once); absent in other zones.
-	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
-	// LeasesHeld is, in a concurrency zone, the leases the client holds on
-	// every instance (its requests in flight, as Count), and LeasesHeldHere
-	// those that its requests running through this handler hold; absent in
-	// other zones.
-	LeasesHeld     *int64 `json:"leases_held,omitempty"`
-	LeasesHeldHere *int64 `json:"leases_held_here,omitempty"`
-}
-
-// resetAnswer is the answer to DELETE.
-type resetAnswer struct {
-	Reset bool   `json:"reset"`
-	Zone  string `json:"zone"`
-	Key   string `json:"key"`
 }
 
 func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
@@ -218,12 +151,12 @@ func identities(zones []*Zone) []string {
 }
 
 // parseKeyPath returns the zone and the client key of an escaped path of the
-// form adminKeyPath. The key is everything after /keys/, so it may hold '/'.
+// form adminapi.KeyPath. The key is everything after /keys/, so it may hold '/'.
 func parseKeyPath(escaped string) (zone, key string, err error) {
 	rest, ok := strings.CutPrefix(escaped, "/sliding_ratelimit/zones/")
 	rawZone, rawKey, found := strings.Cut(rest, "/keys/")
 	if !ok || !found || rawZone == "" || strings.Contains(rawZone, "/") || rawKey == "" {
-		return "", "", fmt.Errorf("malformed path: want %s, %s or %s", adminKeyPath, adminZonesPath, adminBlockedPath)
+		return "", "", fmt.Errorf("malformed path: want %s, %s or %s", adminapi.KeyPath, adminapi.ZonesPath, adminapi.BlockedPath)
 	}
 	if zone, err = url.PathUnescape(rawZone); err != nil {
 		return "", "", fmt.Errorf("malformed zone in path: %v", err)
@@ -236,7 +169,7 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
-	key := z.key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+	key := z.key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 	check := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit, Wait: z.wait}
 	if z.units != nil {
 		// The times say when a request of the zone's fixed cost goes.
@@ -265,7 +198,7 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 	decisions := []limiter.Decision{d}
 	leaseAnswers([]*Zone{z}, decisions)
 	d = decisions[0]
-	state := keyState{
+	state := adminapi.KeyState{
 		Zone:              z.Name,
 		Identity:          z.identity,
 		Key:               key,
@@ -307,7 +240,7 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, hs []*Handler, 
 	var errs []error
 	done := make(resetDone)
 	for i, h := range hs {
-		key := zones[i].key.storedKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
+		key := zones[i].key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 		keys = append(keys, key)
 		an, err := h.backend.reset(r.Context(), identity, key, done)
 		if err != nil {
@@ -322,7 +255,7 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, hs []*Handler, 
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.Join(errs...)}
 	}
 	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(hs)), zap.Int("announced", len(announce)))
-	return writeJSON(w, http.StatusOK, resetAnswer{Reset: true, Zone: zone, Key: keys[0]})
+	return writeJSON(w, http.StatusOK, adminapi.ResetAnswer{Reset: true, Zone: zone, Key: keys[0]})
 }
 
 // announce tells the other instances of the resets, warning when this
@@ -343,26 +276,6 @@ func (a *AdminAPI) announce(ctx context.Context, zone string, announce []*announ
 	return errs
 }
 
-// blockedAnswer is the answer to GET /sliding_ratelimit/blocked.
-type blockedAnswer struct {
-	// Count is how many clients are held as blocked, listed or not.
-	Count int `json:"count"`
-	// Blocked lists them, the longest wait first, at most limit.
-	Blocked []blockedClient `json:"blocked"`
-}
-
-// blockedClient is one client held as blocked in one zone.
-type blockedClient struct {
-	Zone string `json:"zone"`
-	// Identity names the zone's state: name, window, limit (zoneIdentity).
-	Identity string `json:"identity"`
-	// Key is the client key as stored: normalised, hashed if long.
-	Key string `json:"key"`
-	// RetryAfterSeconds is the time left until the client may retry: what
-	// its next request is told.
-	RetryAfterSeconds float64 `json:"retry_after_seconds"`
-}
-
 // serveBlocked answers GET /sliding_ratelimit/blocked from the deny caches
 // of every handler, without a store call.
 func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
@@ -373,7 +286,7 @@ func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
 			Err:        fmt.Errorf("method %s not allowed: use GET", r.Method),
 		}
 	}
-	limit := blockedDefaultLimit
+	limit := adminapi.BlockedDefaultLimit
 	if raw := r.URL.Query().Get("limit"); raw != "" {
 		n, err := strconv.Atoi(raw)
 		if err != nil || n < 0 {
@@ -393,8 +306,8 @@ func (a *AdminAPI) serveBlocked(w http.ResponseWriter, r *http.Request) error {
 // new config during a reload) is listed once, with its longest wait, and
 // counted once if it is among the first limit of each of those handlers;
 // otherwise it may be counted once per handler.
-func blockedClients(handlers []*Handler, limit int) blockedAnswer {
-	answer := blockedAnswer{Blocked: []blockedClient{}}
+func blockedClients(handlers []*Handler, limit int) adminapi.BlockedAnswer {
+	answer := adminapi.BlockedAnswer{Blocked: []adminapi.BlockedClient{}}
 	type clientInZone struct{ identity, key string }
 	seen := make(map[clientInZone]int) // index in answer.Blocked
 	for _, h := range handlers {
@@ -413,10 +326,10 @@ func blockedClients(handlers []*Handler, limit int) blockedAnswer {
 				name = h.zones[i].Name
 			}
 			seen[id] = len(answer.Blocked)
-			answer.Blocked = append(answer.Blocked, blockedClient{Zone: name, Identity: d.Zone, Key: d.Key, RetryAfterSeconds: wait})
+			answer.Blocked = append(answer.Blocked, adminapi.BlockedClient{Zone: name, Identity: d.Zone, Key: d.Key, RetryAfterSeconds: wait})
 		}
 	}
-	slices.SortStableFunc(answer.Blocked, func(a, b blockedClient) int {
+	slices.SortStableFunc(answer.Blocked, func(a, b adminapi.BlockedClient) int {
 		if c := cmp.Compare(b.RetryAfterSeconds, a.RetryAfterSeconds); c != 0 {
 			return c
 		}
@@ -445,39 +358,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) error {
 	return nil
 }
 
-// adminZonesPath lists the zones of the running handlers: what a path of
-// adminKeyPath may name.
-const adminZonesPath = "/sliding_ratelimit/zones"
-
-// zoneInfo is one zone in the answer to GET adminZonesPath.
-type zoneInfo struct {
-	Name string `json:"name"`
-	// Identity names the zone's state; the admin paths take it where two
-	// zones share a name with different limits.
-	Identity string `json:"identity"`
-	// Limit is max_requests (or concurrent); where each tenant's comes from
-	// a placeholder (LimitFrom), its fallback.
-	Limit     int64  `json:"limit"`
-	LimitFrom string `json:"limit_from,omitempty"`
-	// WindowSeconds is 0 in a concurrency zone.
-	WindowSeconds float64 `json:"window_seconds"`
-	Algorithm     string  `json:"algorithm"`
-	Unit          string  `json:"unit"`
-	// Key is the zone's key template (not a client's key).
-	Key string `json:"key"`
-	// WaitSeconds is the zone's wait, when it has one.
-	WaitSeconds float64 `json:"wait_seconds,omitempty"`
-	// Handlers is how many handlers have the zone: sites that share it, or
-	// the old and the new config during a reload.
-	Handlers int `json:"handlers"`
-}
-
-// zonesAnswer is the answer to GET adminZonesPath.
-type zonesAnswer struct {
-	Zones []zoneInfo `json:"zones"`
-}
-
-// serveZones answers GET adminZonesPath.
+// serveZones answers GET adminapi.ZonesPath.
 func (a *AdminAPI) serveZones(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", "GET")
@@ -486,26 +367,26 @@ func (a *AdminAPI) serveZones(w http.ResponseWriter, r *http.Request) error {
 			Err:        fmt.Errorf("method %s not allowed: use GET", r.Method),
 		}
 	}
-	return writeJSON(w, http.StatusOK, zonesAnswer{Zones: listZones(handlers.newestFirst())})
+	return writeJSON(w, http.StatusOK, adminapi.ZonesAnswer{Zones: listZones(handlers.newestFirst())})
 }
 
 // listZones returns the zones of the handlers, one per identity, by name.
-func listZones(hs []*Handler) []zoneInfo {
-	zones := []zoneInfo{}
+func listZones(hs []*Handler) []adminapi.ZoneInfo {
+	zones := []adminapi.ZoneInfo{}
 	for _, h := range hs {
 		for _, z := range h.zones {
-			if i := slices.IndexFunc(zones, func(info zoneInfo) bool { return info.Identity == z.identity }); i >= 0 {
+			if i := slices.IndexFunc(zones, func(info adminapi.ZoneInfo) bool { return info.Identity == z.identity }); i >= 0 {
 				zones[i].Handlers++
 				continue
 			}
-			info := zoneInfo{
+			info := adminapi.ZoneInfo{
 				Name:      z.Name,
 				Identity:  z.identity,
 				Limit:     z.limit.Max,
 				LimitFrom: z.MaxRequestsFrom,
 				Algorithm: z.limit.Algorithm.String(),
 				Unit:      z.unit(),
-				Key:       z.key.raw,
+				Key:       z.key.Raw,
 				Handlers:  1,
 			}
 			if z.limit.Algorithm != limiter.Concurrency {
@@ -517,7 +398,7 @@ func listZones(hs []*Handler) []zoneInfo {
 			zones = append(zones, info)
 		}
 	}
-	slices.SortStableFunc(zones, func(a, b zoneInfo) int {
+	slices.SortStableFunc(zones, func(a, b adminapi.ZoneInfo) int {
 		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Identity, b.Identity))
 	})
 	return zones

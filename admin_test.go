@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -28,15 +30,15 @@ func adminDo(t *testing.T, method, path string) (int, []byte) {
 }
 
 // adminState GETs a client's state and fails the test unless it is a 200.
-func adminState(t *testing.T, zone, escapedKey string) keyState {
+func adminState(t *testing.T, zone, escapedKey string) adminapi.KeyState {
 	t.Helper()
-	return adminKeyCall[keyState](t, http.MethodGet, zone, escapedKey)
+	return adminKeyCall[adminapi.KeyState](t, http.MethodGet, zone, escapedKey)
 }
 
 // adminReset DELETEs a client and fails the test unless it is a 200.
-func adminReset(t *testing.T, zone, escapedKey string) resetAnswer {
+func adminReset(t *testing.T, zone, escapedKey string) adminapi.ResetAnswer {
 	t.Helper()
-	return adminKeyCall[resetAnswer](t, http.MethodDelete, zone, escapedKey)
+	return adminKeyCall[adminapi.ResetAnswer](t, http.MethodDelete, zone, escapedKey)
 }
 
 // adminKeyCall sends method to a client's admin path and decodes the JSON
@@ -112,21 +114,17 @@ func cached(h *Handler) int {
 }
 
 func TestAdminGetCountsWithoutConsuming(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone adm_get 1m 5
 		zone adm_get_ctr 1m 10 {
 			algorithm counter
 		}
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	s := adminState(t, "adm_get", "alice")
-	if want := (keyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
+	if want := (adminapi.KeyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
 		t.Errorf("fresh key: %+v, want %+v", s, want)
 	}
 
@@ -162,16 +160,12 @@ http://localhost:9080 {
 }
 
 func TestAdminDeleteUnblocksAtOnce(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone adm_del 1m 2
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	waitSubscribed(t, registered(t, "adm_del"))
 	hits := cacheHits("adm_del")
 	for i, want := range []int{200, 200, 429, 429} {
@@ -182,7 +176,7 @@ http://localhost:9080 {
 	if cacheHits("adm_del") == hits {
 		t.Fatal("the second 429 did not come from the deny cache; the test would not cross it")
 	}
-	if got := adminReset(t, "adm_del", "bob"); got != (resetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
+	if got := adminReset(t, "adm_del", "bob"); got != (adminapi.ResetAnswer{Reset: true, Zone: "adm_del", Key: "=bob"}) {
 		t.Errorf("DELETE answered %+v", got)
 	}
 	if s := adminState(t, "adm_del", "bob"); s.Count != 0 || s.Remaining != 2 {
@@ -200,15 +194,11 @@ http://localhost:9080 {
 // process registry, so only Redis pub/sub can clear its deny cache.
 func TestAdminResetReachesOtherInstance(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		zone adm_far 1m 3
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	b := newInstance(t, `{
 		"zones": [{"name": "adm_far", "window": "1m", "max_requests": 3}],
 		"redis": "`+sharedRedis.URL()+`?client_name=adm_far_b",
@@ -332,17 +322,13 @@ http://localhost:9080 {
 }
 
 func TestAdminKeysRoundTrip(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		ipv4_prefix 24
 		zone adm_keys 1m 5
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	long := strings.Repeat("k", 100)
 	for _, c := range []struct {
 		name, client string
@@ -569,8 +555,8 @@ func FuzzAdminKeyPath(f *testing.F) {
 			t.Errorf("%q: parsed to zone %q key %q without an error", target, zone, key)
 		}
 		if err == nil {
-			tmpl := parseKeyTemplate("{http.request.header.X}")
-			if stored := tmpl.storedKey(key, 24, 64); stored == "" || len(stored) > 64 {
+			tmpl := clientkey.Parse("{http.request.header.X}")
+			if stored := tmpl.StoredKey(key, 24, 64); stored == "" || len(stored) > 64 {
 				t.Errorf("%q: stored key %q, want 1 to %d bytes", target, stored, 64)
 			}
 		}
@@ -580,13 +566,13 @@ func FuzzAdminKeyPath(f *testing.F) {
 
 // adminBlocked GETs the blocked list with the query (such as "?limit=1")
 // and fails the test unless it is a 200.
-func adminBlocked(t *testing.T, query string) blockedAnswer {
+func adminBlocked(t *testing.T, query string) adminapi.BlockedAnswer {
 	t.Helper()
 	status, body := adminDo(t, http.MethodGet, "/sliding_ratelimit/blocked"+query)
 	if status != http.StatusOK {
 		t.Fatalf("GET blocked%s: status %d %s", query, status, body)
 	}
-	var answer blockedAnswer
+	var answer adminapi.BlockedAnswer
 	if err := json.Unmarshal(body, &answer); err != nil {
 		t.Fatalf("GET blocked%s: %v in %s", query, err, body)
 	}
@@ -597,13 +583,13 @@ func adminBlocked(t *testing.T, query string) blockedAnswer {
 }
 
 // blockedEntry returns the entry of key in the zone, if listed.
-func blockedEntry(answer blockedAnswer, zone, key string) (blockedClient, bool) {
+func blockedEntry(answer adminapi.BlockedAnswer, zone, key string) (adminapi.BlockedClient, bool) {
 	for _, b := range answer.Blocked {
 		if b.Zone == zone && b.Key == key {
 			return b, true
 		}
 	}
-	return blockedClient{}, false
+	return adminapi.BlockedClient{}, false
 }
 
 // blockedSites is three handlers on :9080: /ip keyed by the client address,
@@ -678,7 +664,7 @@ func TestAdminBlockedList(t *testing.T) {
 	if all.Count != 3 || len(all.Blocked) != 3 {
 		t.Fatalf("blocked: count %d, %d listed, want 3 and 3: %+v", all.Count, len(all.Blocked), all.Blocked)
 	}
-	want := map[string]blockedClient{
+	want := map[string]adminapi.BlockedClient{
 		"127.0.0.2":           {Zone: "blk_ip", Identity: "blk_ip:1m:1", Key: "127.0.0.2"},
 		"=abc":                {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: "=abc"},
 		hashedKey("=" + long): {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: hashedKey("=" + long)},
@@ -759,18 +745,14 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	prefix := uniquePrefix(t)
 	handler := `
 		sliding_ratelimit {
-			redis ` + sharedRedis.URL() + `
-			key_prefix ` + prefix + `
 			zone blk_shared 1m 1
 		}
 		respond "ok"`
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	handle /a {`+handler+`
 	}
 	handle /b {`+handler+`
-	}
-}`)
+	}`))
 	client := from("127.0.0.2")
 	expect(t, "/a then /b", site+"a", []int{200, 429}, client)
 	expect(t, "/b, denied by Redis", site+"b", []int{429}, client)
@@ -781,5 +763,85 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 	answer := adminBlocked(t, "")
 	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared:1m:1" {
 		t.Errorf("blocked: %+v, want 127.0.0.2 once", answer)
+	}
+}
+
+// zonesSite has two sites: one shares zone api with the other, which also
+// has a concurrency zone and a per-tenant quota.
+func zonesSite(t *testing.T) string {
+	prefix := uniquePrefix(t)
+	return siteBlock(":9080", prefix, `
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone api 1m 100
+		zone reports {
+			concurrent 2
+		}
+		zone tenants {
+			window 1h
+			max_requests {http.vars.quota} 1000
+			wait 2s
+		}
+	}
+	respond "ok"`) + siteBlock(":9081", prefix, `
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone api 1m 100
+	}
+	respond "ok"`) + "\n"
+}
+
+// TestZonesListing: GET /sliding_ratelimit/zones and `caddy
+// sliding-ratelimit zones` list the running zones; an unknown zone's error
+// names them; the path in an error reads as written.
+func TestZonesListing(t *testing.T) {
+	startCaddy(t, zonesSite(t))
+	res := send(t, adminURL+"/sliding_ratelimit/zones")
+	var answer adminapi.ZonesAnswer
+	if res.status != http.StatusOK || json.Unmarshal([]byte(res.body), &answer) != nil {
+		t.Fatalf("GET zones: %d %s", res.status, res.body)
+	}
+	want := []adminapi.ZoneInfo{
+		{Name: "api", Identity: "api:1m:100", Limit: 100, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", Handlers: 2},
+		{Name: "reports", Identity: "reports:concurrent:2", Limit: 2, Algorithm: "concurrency", Unit: "concurrent-requests", Key: "{http.request.header.X-Client}", Handlers: 1},
+		{Name: "tenants", Identity: "", Limit: 1000, LimitFrom: "{http.vars.quota}", WindowSeconds: 3600, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", WaitSeconds: 2, Handlers: 1},
+	}
+	if len(answer.Zones) != len(want) {
+		t.Fatalf("GET zones: %s, want %d zones", res.body, len(want))
+	}
+	for i, w := range want {
+		got := answer.Zones[i]
+		if w.Identity == "" {
+			w.Identity = got.Identity // a per-tenant zone's identity is the zone's own business
+		}
+		if got != w {
+			t.Errorf("zone %d: %+v, want %+v", i, got, w)
+		}
+	}
+
+	res = send(t, adminURL+"/sliding_ratelimit/zones/apl/keys/a")
+	if res.status != http.StatusNotFound || !strings.Contains(res.body, `unknown zone \"apl\": no sliding_ratelimit handler has a zone of that name; the zones are api, reports, tenants`) {
+		t.Errorf("unknown zone: %d %s, want 404 naming the zones", res.status, res.body)
+	}
+	res = send(t, adminURL+"/sliding_ratelimit/zones/api")
+	if res.status != http.StatusBadRequest || !strings.Contains(res.body, "want /sliding_ratelimit/zones/{zone}/keys/{key}, /sliding_ratelimit/zones or /sliding_ratelimit/blocked") ||
+		strings.Contains(res.body, `\u003c`) {
+		t.Errorf("malformed path: %d %s, want the paths as written", res.status, res.body)
+	}
+
+	out, status := runCaddy(t, "sliding-ratelimit", "zones", "--address", "localhost:2999")
+	for _, line := range []string{
+		"ZONE     IDENTITY",
+		"api      api:1m:100",
+		"reports  reports:concurrent:2",
+		"tenants ",
+		"{http.vars.quota} (fallback 1000)",
+	} {
+		if !strings.Contains(out, line) {
+			t.Errorf("caddy sliding-ratelimit zones: no %q in\n%s", line, out)
+		}
+	}
+	if status != 0 {
+		t.Errorf("caddy sliding-ratelimit zones: exit status %d", status)
 	}
 }

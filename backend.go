@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
@@ -49,7 +50,7 @@ const (
 // backend is the store stack of one handler, built in one place (newBackend)
 // and the only door to its parts: the request path, the admin API and the
 // resets other instances announce all go through it, and no code but the
-// stack's (this file and stores.go) calls a store.
+// stack's (this file) calls a store.
 //
 //	deny cache -> connection's breaker -> timing -> RedisStore
 //	deny cache -> MemoryStore                (no Redis)
@@ -490,4 +491,85 @@ func (b *backend) close() error {
 	}
 	b.releases = nil
 	return first
+}
+
+// stores holds the Redis stores and the in-process store, one per distinct
+// configuration, shared by every handler that names it and kept across config
+// reloads: a reload neither reconnects nor forgets in-process limits.
+var stores = caddy.NewUsagePool()
+
+// memoryStoreKey is the pool key of the single in-process store.
+const memoryStoreKey = "memory"
+
+type memoryStore struct{ *limiter.MemoryStore }
+
+func (m memoryStore) Destruct() error { return m.Close() }
+
+// loadMemoryStore returns the process's in-process store and the function
+// that releases this use of it.
+func loadMemoryStore() (*limiter.MemoryStore, func() error) {
+	v, _, _ := stores.LoadOrNew(memoryStoreKey, func() (caddy.Destructor, error) {
+		return memoryStore{limiter.NewMemoryStore()}, nil
+	})
+	return v.(memoryStore).MemoryStore, func() error {
+		_, err := stores.Delete(memoryStoreKey)
+		return err
+	}
+}
+
+// redisStore is a pooled store with the use of the connection it holds.
+type redisStore struct {
+	*limiter.RedisStore
+	conn *redisconn.Conn
+}
+
+func (s redisStore) Destruct() error {
+	s.RedisStore.Close()
+	return s.conn.Close()
+}
+
+// loadRedisStore returns the shared store for a topology, URL, key prefix
+// and timeout, and the function that releases this use of it. Handlers that
+// agree on all four share one store, and so one batch of decisions per
+// script call; the store lives as long as the handlers that use it, and
+// holds its connection that long.
+func loadRedisStore(topology, rawURL string, opts limiter.RedisOptions) (*limiter.RedisStore, func() error, error) {
+	poolKey := fmt.Sprintf("redis store %s %s %q %d", topology, rawURL, opts.KeyPrefix, opts.Timeout)
+	v, _, err := stores.LoadOrNew(poolKey, func() (caddy.Destructor, error) {
+		conn, err := redisconn.Open(topology, rawURL)
+		if err != nil {
+			return nil, err
+		}
+		return redisStore{limiter.NewRedisStore(conn.Client(), opts), conn}, nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return v.(redisStore).RedisStore, func() error {
+		_, err := stores.Delete(poolKey)
+		return err
+	}, nil
+}
+
+// timedStore observes how long each Redis decision takes, errors included.
+type timedStore struct{ *limiter.RedisStore }
+
+func (s timedStore) Allow(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) error {
+	start := time.Now()
+	err := s.RedisStore.Allow(ctx, checks, decisions)
+	limiterMetrics.redisDuration.Observe(time.Since(start).Seconds())
+	return err
+}
+
+// redisSilentAtStart is the warning of a Redis that does not answer at load:
+// what each fail mode does meanwhile, since with open it is every limit off.
+func redisSilentAtStart(failMode string) string {
+	const msg = "redis not reachable at provision: "
+	switch failMode {
+	case failClosed:
+		return msg + "requests are refused with 503 (fail_mode closed) until it answers"
+	case failLocal:
+		return msg + "each instance counts alone in process (fail_mode local) until it answers"
+	}
+	return msg + "requests pass unlimited (fail_mode open) until it answers; decisions_total counts them as failed_open"
 }

@@ -1,10 +1,23 @@
 package slidingratelimit
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
 // TestAnnouncedKeys: an announced key that is one of the backend's is
@@ -43,5 +56,605 @@ func TestAnnouncedKeys(t *testing.T) {
 				t.Errorf("%s: %d cached after the announcement, want %d", c.key, got, want)
 			}
 		})
+	}
+}
+
+// TestGoRedisLinesInCaddysLog: go-redis's own lines (a failed dial in an
+// outage) are in Caddy's log, as its lines are, and throttled: one of a kind
+// for many failed requests.
+func TestGoRedisLinesInCaddysLog(t *testing.T) {
+	srv := redistest.Start(t)
+	logFile := startCaddy(t, `:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 100
+		key {http.request.header.X-Client}
+		redis `+srv.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	send(t, site, withHeader("X-Client", "before"))
+	srv.Stop()
+	for i := range 40 {
+		send(t, site, withHeader("X-Client", "c"+strconv.Itoa(i)))
+		time.Sleep(30 * time.Millisecond) // past the breaker's pauses, so that go-redis dials again
+	}
+	lines := logLines(t, logFile, `"logger":"go-redis"`)
+	dials := logLines(t, logFile, `"logger":"go-redis"`, "failed to dial")
+	if len(dials) == 0 {
+		t.Fatalf("no go-redis line about the failed dials in Caddy's log; its go-redis lines: %v", lines)
+	}
+	if len(dials) > 2 || !strings.Contains(dials[0], `"level":"warn"`) {
+		t.Errorf("go-redis dial lines in Caddy's log, want one or two warnings for 40 requests in an outage:\n%s", strings.Join(dials, "\n"))
+	}
+}
+
+// TestRedisSilentAtStartSaysWhatItMeans: a Redis that answers nothing at
+// load is a warning that says what the fail mode does until it answers (with
+// open: every limit off), counted in config_warnings; the requests it lets
+// through are counted as failed_open, which SlidingRatelimitFailingOpen
+// alerts on.
+func TestRedisSilentAtStartSaysWhatItMeans(t *testing.T) {
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ failMode, want string }{
+		{"open", "redis not reachable at provision: requests pass unlimited (fail_mode open) until it answers"},
+		{"closed", "redis not reachable at provision: requests are refused with 503 (fail_mode closed) until it answers"},
+	} {
+		zone := uniqueZone("silent")
+		logFile := startCaddy(t, `:9080 {
+	sliding_ratelimit {
+		zone `+zone+` 1m 2
+		redis redis://127.0.0.1:`+strconv.Itoa(port)+`/0
+		fail_mode `+c.failMode+`
+	}
+	respond "ok"
+}`)
+		if lines := logLines(t, logFile, c.want); len(lines) != 1 || !strings.Contains(lines[0], `"level":"warn"`) {
+			t.Errorf("fail_mode %s: warnings %v, want one saying %q", c.failMode, logLines(t, logFile, "not reachable"), c.want)
+		}
+		if got := scrape(t, "caddy_sliding_ratelimit_config_warnings"); got != 1 {
+			t.Errorf("fail_mode %s: config_warnings = %v, want 1", c.failMode, got)
+		}
+		if c.failMode == "open" {
+			expect(t, "a silent Redis, fail_mode open", site, []int{200, 200, 200, 200}, from("127.0.0.2"))
+			if got := scrape(t, `caddy_sliding_ratelimit_decisions_total{result="failed_open",zone="`+zone+`"}`); got != 4 {
+				t.Errorf("failed_open = %v, want 4", got)
+			}
+		}
+	}
+}
+
+// TestRedisACLUser: an ACL user and password from the URL, taken from an
+// environment placeholder, work; a wrong password fails the config with
+// Redis's own answer, which does not carry the password.
+func TestRedisACLUser(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "limiter", "on", ">s3cret-pw", "~srl:*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("SRL_TEST_REDIS_URL", "redis://limiter:s3cret-pw@"+srv.Addr()+"/0")
+	good := newInstance(t, `{"window": "1m", "max_requests": 2, "redis": "{env.SRL_TEST_REDIS_URL}", "fail_mode": "closed"}`)
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		if status := send(t, "/", to(good), from("192.0.2.5")).status; status != want {
+			t.Fatalf("request %d as the ACL user: %d, want %d", i+1, status, want)
+		}
+	}
+
+	err := provisionError(t, `{"window": "1m", "max_requests": 2, "redis": "redis://limiter:wrong-pw@`+srv.Addr()+`/0", "fail_mode": "closed"}`)
+	if err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		t.Fatalf("wrong password: provision error %v, want one with Redis's WRONGPASS", err)
+	}
+	if strings.Contains(err.Error(), "wrong-pw") {
+		t.Errorf("error carries the password: %v", err)
+	}
+}
+
+// TestFailClosedOutageDoesNotFloodTheLog: Redis frozen under load with
+// fail_mode closed. Each request gets a 503 with Retry-After; the log gets the
+// module's own failure line at most once a second, not an error-level line
+// per request from Caddy's error path. With handle_errors, the 503 is still
+// shaped there, and Caddy logs those handled errors at debug level only.
+func TestFailClosedOutageDoesNotFloodTheLog(t *testing.T) {
+	for _, c := range []struct {
+		name, errors, body string
+	}{
+		{"without handle_errors", "", ""},
+		{"with handle_errors", `
+	handle_errors {
+		respond "shaped {err.status_code}" {err.status_code}
+	}`, "shaped 503"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 1000
+		redis `+srv.URL()+`
+		timeout 100ms
+		fail_mode closed
+	}
+	respond "ok"`+c.errors+`
+}`)
+			expect(t, "Redis up", site, []int{200}, from("127.0.0.2"))
+			if err := srv.Freeze(); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Thaw()
+
+			// Workers are goroutines, where send may not end the test: they
+			// send through the client it uses.
+			client := clientAt(t, "127.0.0.2")
+			const workers, each = 4, 200
+			type answer struct {
+				status           int
+				retryAfter, body string
+			}
+			answers := make(chan answer, workers*each)
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range workers {
+				wg.Go(func() {
+					for range each {
+						res, err := client.Get(site)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						body, _ := io.ReadAll(res.Body)
+						res.Body.Close()
+						answers <- answer{res.StatusCode, res.Header.Get("Retry-After"), string(body)}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			close(answers)
+			n, wrong := 0, 0
+			for a := range answers {
+				n++
+				if a.status != http.StatusServiceUnavailable || a.retryAfter != "1" || a.body != c.body {
+					if wrong++; wrong == 1 {
+						t.Errorf("answer %d: %d, Retry-After %q, body %q; want 503, Retry-After 1, body %q", n, a.status, a.retryAfter, a.body, c.body)
+					}
+				}
+			}
+			if wrong > 0 {
+				t.Errorf("%d of %d answers wrong", wrong, n)
+			}
+
+			// The throttled failure line comes at once, then at most once a
+			// second.
+			most := int(elapsed/time.Second) + 1
+			errorLines := logLines(t, logFile, `"level":"error"`)
+			if len(errorLines) > most {
+				t.Errorf("%d error-level log lines for %d fail-closed answers in %v, want at most %d: %s",
+					len(errorLines), n, elapsed.Round(time.Millisecond), most, strings.Join(errorLines[:min(len(errorLines), 3)], "\n"))
+			}
+			if lines := logLines(t, logFile, `"logger":"http.log.error"`); len(lines) > 0 {
+				t.Errorf("%d lines of Caddy's error log at INFO and above, want none: %s", len(lines), lines[0])
+			}
+			if lines := logLines(t, logFile, `"level":"error"`, "rate limit store unavailable"); len(lines) == 0 {
+				t.Error("no line says the store is unavailable")
+			}
+			t.Logf("%d answers of 503 in %v: %d error-level log lines", n, elapsed.Round(time.Millisecond), len(errorLines))
+		})
+	}
+}
+
+// validateCaddyfile adapts a Caddyfile and provisions it as Caddy would
+// before serving it, without serving it.
+func validateCaddyfile(t *testing.T, caddyfile string) error {
+	t.Helper()
+	cfgJSON, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	return caddy.Validate(mustConfig(t, cfgJSON))
+}
+
+func mustConfig(t *testing.T, cfgJSON []byte) *caddy.Config {
+	t.Helper()
+	cfg := new(caddy.Config)
+	if err := caddy.StrictUnmarshalJSON(cfgJSON, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestRedisRefusalsFailTheConfig: what no retry can fix is reported at
+// provision in Redis's own words, instead of a config that loads and then
+// fails every request (open: no limit at all).
+func TestRedisRefusalsFailTheConfig(t *testing.T) {
+	notRedis := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(notRedis.Close)
+	for _, c := range []struct {
+		name, url, want string
+	}{
+		{"database index out of range", "redis://" + sharedRedis.Addr() + "/99", "DB index is out of range"},
+		{"not a redis server", "redis://" + strings.TrimPrefix(notRedis.URL, "http://") + "/0", "redis"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := validateCaddyfile(t, `
+:0 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+		redis `+c.url+`
+	}
+	respond "ok"
+}`)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("provision error %v, want one containing %q", err, c.want)
+			}
+			if strings.Contains(err.Error(), "unexpected type") {
+				t.Errorf("a decoding error stands for Redis's answer: %v", err)
+			}
+		})
+	}
+}
+
+// TestUnreachableRedisStillLoads: a Redis that is down at provision may come
+// up later; the config loads and the fail mode answers meanwhile.
+func TestUnreachableRedisStillLoads(t *testing.T) {
+	down := redistest.Start(t)
+	url := down.URL()
+	down.Stop()
+	in := newInstance(t, `{"window": "1m", "max_requests": 2, "redis": "`+url+`", "fail_mode": "closed", "timeout": "50ms"}`)
+	if status := send(t, "/", to(in), from("192.0.2.7")).status; status != http.StatusServiceUnavailable {
+		t.Fatalf("redis down, fail_mode closed: %d, want 503", status)
+	}
+}
+
+// TestRedisMemoryPolicyWarnings: at start, a Redis whose policy would evict
+// limit state when full (allkeys-*), or that refuses writes once full
+// (noeviction with a maxmemory), is a warning that says what to do; a Redis
+// without a maxmemory, or with volatile-ttl, is none.
+func TestRedisMemoryPolicyWarnings(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	for _, c := range []struct {
+		policy, maxmemory string
+		warning           string
+	}{
+		{"noeviction", "0", ""},
+		{"noeviction", "50mb", "refuses writes once it reaches maxmemory (maxmemory-policy noeviction)"},
+		{"allkeys-lru", "50mb", "evicts any key when it is full (maxmemory-policy allkeys-lru)"},
+		{"allkeys-lfu", "50mb", "evicts any key when it is full (maxmemory-policy allkeys-lfu)"},
+		{"allkeys-lru", "0", ""},
+		{"volatile-ttl", "50mb", ""},
+	} {
+		t.Run(c.policy+"/"+c.maxmemory, func(t *testing.T) {
+			ctx := context.Background()
+			if err := rc.ConfigSet(ctx, "maxmemory-policy", c.policy).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rc.ConfigSet(ctx, "maxmemory", c.maxmemory).Err(); err != nil {
+				t.Fatal(err)
+			}
+			logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		window 1m
+		max_requests 10
+		redis `+srv.URL()+`
+	}
+	respond "ok"
+}`)
+			lines := logLines(t, logFile, "maxmemory")
+			switch {
+			case c.warning == "" && len(lines) != 0:
+				t.Errorf("warnings %q, want none", lines)
+			case c.warning != "" && len(lines) != 1:
+				t.Errorf("%d warnings about maxmemory, want 1: %q", len(lines), lines)
+			case c.warning != "":
+				for _, want := range []string{`"level":"warn"`, c.warning, "volatile-ttl", "more memory"} {
+					if !strings.Contains(lines[0], want) {
+						t.Errorf("warning %s, want it to say %q", lines[0], want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestRedisFullOOM: a Redis filled to its maxmemory with noeviction refuses
+// the limiter's writes (OOM). Every request gets the fail mode (open: 200),
+// store_errors_total{reason="oom"} counts the refusals, and the log stays
+// bounded: a line a second about the full Redis, not one per request, and
+// no more than a few lines a second in all.
+func TestRedisFullOOM(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		window 1m
+		max_requests 1000
+		redis `+srv.URL()+`
+	}
+	respond "ok"
+}`)
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "4mb"}} {
+		if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	value := strings.Repeat("v", 64<<10)
+	for i := 0; ; i++ {
+		err := rc.Set(ctx, fmt.Sprintf("fill:%d", i), value, 0).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
+			break
+		}
+		if err != nil || i > 1000 {
+			t.Fatalf("filling redis: %d values, %v", i, err)
+		}
+	}
+	oom := `caddy_sliding_ratelimit_store_errors_total{reason="oom"}`
+	before := scrape(t, oom)
+	linesBefore := len(logLines(t, logFile, ""))
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Since(start) < 2*time.Second; i++ {
+				s := send(t, site, from("127.0.0.2"), withHeader("X-Client", fmt.Sprintf("c%d-%d", g, i))).status
+				mu.Lock()
+				statuses[s]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	refused := scrape(t, oom) - before
+	all := logLines(t, logFile, "")[linesBefore:]
+	full := logLines(t, logFile, "redis is out of memory")
+	t.Logf("%v requests in %v against a full redis; %v refusals counted as oom; %d log lines in all, %d about the full redis",
+		statuses, elapsed.Round(time.Millisecond), refused, len(all), len(full))
+	if statuses[http.StatusOK] == 0 || len(statuses) != 1 {
+		t.Errorf("statuses %v, want every request 200 (fail_mode open)", statuses)
+	}
+	if refused < 1 {
+		t.Errorf("%s grew by %v, want the refusals counted", oom, refused)
+	}
+	seconds := int(elapsed/time.Second) + 2
+	if len(full) < 1 || len(full) > seconds {
+		t.Errorf("%d lines about the full redis in %v, want 1 to %d (a line a second)", len(full), elapsed, seconds)
+	}
+	if len(all) > 4*seconds {
+		t.Errorf("%d log lines in %v, want at most %d: the log of a full redis must be bounded", len(all), elapsed, 4*seconds)
+	}
+}
+
+// TestRedisOverTLS: a rediss:// URL reaches Redis over TLS (the server's TLS
+// port speaks nothing else), and the server's certificate is verified unless
+// the URL says skip_verify=true: a certificate the system does not trust
+// fails the config.
+func TestRedisOverTLS(t *testing.T) {
+	srv := redistest.StartTLS(t)
+	config := func(url, prefix string) string {
+		return `{"window": "1m", "max_requests": 3, "fail_mode": "closed", "timeout": "1s",
+			"redis": "` + url + `", "key_prefix": "` + prefix + `"}`
+	}
+
+	t.Run("certificate verified", func(t *testing.T) {
+		// The server's CA is its own, not one the system trusts: no retry
+		// can fix the handshake, so the config fails with the reason.
+		err := provisionError(t, config(srv.TLSURL(), uniquePrefix(t)))
+		if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") {
+			t.Errorf("untrusted certificate: provision error %v, want the certificate error", err)
+		}
+	})
+
+	t.Run("skip_verify", func(t *testing.T) {
+		prefix := uniquePrefix(t)
+		in := newInstance(t, config(srv.TLSURL()+"?skip_verify=true", prefix))
+		for i, want := range []int{200, 200, 200, 429} {
+			if code := send(t, "/", to(in), from("192.0.2.11")).status; code != want {
+				t.Errorf("request %d over TLS: status %d, want %d", i+1, code, want)
+			}
+		}
+		// The admissions are in Redis: read them over the plain port.
+		n, err := admissionsKept(context.Background(), srv.Client(t), prefix+"{192.0.2.11}:default:1m:3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 3 {
+			t.Errorf("Redis holds %d admissions for the client, want 3", n)
+		}
+	})
+}
+
+// TestLostScriptRepliesAreNotSentAgain: a proxy between Caddy and Redis closes
+// the connection instead of delivering every third script reply. The script
+// ran, so Redis recorded the admission; go-redis must not send it again,
+// whatever the URL says about retries, or one request costs its client two
+// slots. So every admission Redis holds was either served or answered with
+// the fail mode, one each: with max_retries in the URL as without.
+func TestLostScriptRepliesAreNotSentAgain(t *testing.T) {
+	for _, query := range []string{"", "?max_retries=3"} {
+		t.Run("url"+query, func(t *testing.T) {
+			srv := redistest.Start(t)
+			cutter := redistest.StartReplyCutter(t, srv.Addr())
+			checkLostReplies(t, cutter.URL()+query, cutter)
+		})
+	}
+}
+
+// TestLostScriptRepliesOnClusterAreNotSentAgain: the same on Redis Cluster,
+// whose client sends a call again by a loop of its own (max_redirects),
+// whatever max_retries says.
+func TestLostScriptRepliesOnClusterAreNotSentAgain(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	var cutters []*redistest.ReplyCutter
+	for _, c := range cluster.ThroughReplyCutters(t) {
+		cutters = append(cutters, c)
+	}
+	for _, query := range []string{"", "&max_retries=3"} {
+		t.Run("url"+query, func(t *testing.T) {
+			checkLostReplies(t, "cluster "+cluster.URL()+query, cutters...)
+		})
+	}
+}
+
+// checkLostReplies sends requests from one client to a site on redis (the
+// redis subdirective's arguments), while the cutters cut every third script
+// reply, and checks that Redis holds one admission per request served or
+// answered with the fail mode.
+func checkLostReplies(t *testing.T, redis string, cutters ...*redistest.ReplyCutter) {
+	t.Helper()
+	// A timeout long enough for go-redis's retries to finish in it, as
+	// they would with Redis close by.
+	startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone lost 1m 1000
+		redis `+redis+`
+		key_prefix `+uniquePrefix(t)+`
+		timeout 2s
+		fail_mode closed
+	}
+	respond "ok"
+}`)
+	client := newFaultClient(t, 2)
+	if a := client.get(""); a.status != http.StatusOK {
+		t.Fatalf("before cutting: %+v", a)
+	}
+	var cutBefore, scriptsBefore int64
+	for _, c := range cutters {
+		cutBefore += c.Cut()
+		scriptsBefore += c.Scripts()
+		c.CutEvery(3)
+	}
+	served, failed := 1, 0
+	for i := range 60 {
+		switch a := client.get(""); {
+		case a.err == nil && a.status == http.StatusOK && a.rateLimit != "":
+			served++
+		case a.err == nil && a.status == http.StatusServiceUnavailable:
+			failed++
+		default:
+			t.Fatalf("request %d: %+v, want 200 decided by Redis or 503", i, a)
+		}
+	}
+	var cut, scripts int64
+	for _, c := range cutters {
+		c.CutEvery(0)
+		cut += c.Cut()
+		scripts += c.Scripts()
+	}
+	cut -= cutBefore
+	held := adminState(t, "lost", "127.0.0.2").Count
+	t.Logf("%d script replies, %d cut; %d served, %d answered 503; Redis holds %d admissions", scripts-scriptsBefore, cut, served, failed, held)
+	if cut == 0 {
+		t.Fatal("no reply was cut")
+	}
+	if int64(failed) != cut {
+		t.Errorf("%d requests answered with the fail mode for %d replies cut: want one each (a script call sent again got the reply the first lost)", failed, cut)
+	}
+	if held != int64(served+failed) {
+		t.Errorf("Redis holds %d admissions for %d served and %d failed requests: want one each", held, served, failed)
+	}
+}
+
+// scriptCommands are the commands a store call can be, for commandCalls.
+var scriptCommands = []string{"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
+
+// TestNeverFitAnsweredInProcess: requests that cost more than a zone's max,
+// the zone's own or a tenant's from a placeholder, are denied without a
+// store call (Redis runs no script for them), in every zone of the request
+// (the other zone records nothing), with a 429 without Retry-After, and
+// logged in a line a second at most, not one each.
+func TestNeverFitAnsweredInProcess(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	tokens := uniqueZone("tok")
+	logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone `+tokens+` {
+			window 1m
+			max_requests {http.request.header.X-Quota} 100
+			cost {http.request.header.X-Cost}
+		}
+		zone calls 1m 5
+		redis `+srv.URL()+`
+	}
+	respond "ok"
+}`)
+	denied := limiterMetrics.decisions.WithLabelValues(tokens, resultDenied)
+	deniedBefore := testutil.ToFloat64(denied)
+	callsBefore := commandCalls(t, rc, scriptCommands...)
+
+	const n = 400
+	neverFit := func(i int) sendOption {
+		if i%2 == 0 {
+			// Above the zone's max_requests (the fallback, 100).
+			return withHeaders(map[string][]string{"X-Client": {"c"}, "X-Cost": {"101"}})
+		}
+		// Above this tenant's max, from the placeholder.
+		return withHeaders(map[string][]string{"X-Client": {"c"}, "X-Quota": {"10"}, "X-Cost": {"11"}})
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	statuses := map[string]int{}
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 8 {
+				res := send(t, site, from("127.0.0.2"), neverFit(i))
+				what := fmt.Sprintf("%d Retry-After=%q RateLimit=%s", res.status, res.header.Get("Retry-After"),
+					strings.SplitAfter(res.header.Get("RateLimit"), ";")[0])
+				mu.Lock()
+				statuses[what]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	calls := commandCalls(t, rc, scriptCommands...) - callsBefore
+	lines := logLines(t, logFile, "cost more than the zone's max", tokens)
+	t.Logf("%d never-fit requests in %v: answers %v; %d script calls; %d log lines", n, elapsed.Round(time.Millisecond), statuses, calls, len(lines))
+	if want := fmt.Sprintf(`429 Retry-After="" RateLimit="%s";`, tokens); statuses[want] != n {
+		t.Errorf("answers %v, want %d of %s", statuses, n, want)
+	}
+	if calls != 0 {
+		t.Errorf("%d script calls for %d requests that can never fit, want 0", calls, n)
+	}
+	if got := testutil.ToFloat64(denied) - deniedBefore; got != n {
+		t.Errorf("decisions_total{zone=%q,result=denied} grew by %v, want %d", tokens, got, n)
+	}
+	if maxLines := int(elapsed/time.Second) + 2; len(lines) < 1 || len(lines) > maxLines {
+		t.Errorf("%d log lines for %d never-fit requests in %v, want 1 to %d (a line a second)", len(lines), n, elapsed, maxLines)
+	}
+	// Nothing was recorded in either zone: the calls zone has its five.
+	res := send(t, site, from("127.0.0.2"), withHeader("X-Client", "c"), withHeader("X-Cost", "5"))
+	want := fmt.Sprintf(`"calls";r=4;t=60, %q;r=95;t=60`, tokens)
+	if res.status != http.StatusOK || res.header.Get("RateLimit") != want {
+		t.Errorf("a request that fits after them: status %d, RateLimit %q; want 200 and %q (the never-fit ones recorded nothing)",
+			res.status, res.header.Get("RateLimit"), want)
 	}
 }

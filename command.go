@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
 // The `caddy sliding-ratelimit` command talks to a running Caddy's admin API
@@ -114,7 +116,7 @@ func buildSlidingRatelimitCommand(cmd *cobra.Command) {
 		Args:  cobra.NoArgs,
 		RunE:  commandRunner(cmdBlocked),
 	}
-	blocked.Flags().Int("limit", blockedDefaultLimit, "Most clients to list, the longest wait first")
+	blocked.Flags().Int("limit", adminapi.BlockedDefaultLimit, "Most clients to list, the longest wait first")
 	for _, sub := range []*cobra.Command{zones, status, reset, blocked} {
 		adminFlags(sub)
 		cmd.AddCommand(sub)
@@ -143,8 +145,8 @@ func commandRunner(f func(caddycmd.Flags, io.Writer) (int, error)) func(*cobra.C
 }
 
 func cmdZones(fl caddycmd.Flags, out io.Writer) (int, error) {
-	return callAdmin(fl, out, "GET", adminZonesPath, func(tw io.Writer, body []byte) error {
-		var a zonesAnswer
+	return callAdmin(fl, out, "GET", adminapi.ZonesPath, func(tw io.Writer, body []byte) error {
+		var a adminapi.ZonesAnswer
 		if err := json.Unmarshal(body, &a); err != nil {
 			return err
 		}
@@ -175,7 +177,7 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	return callAdmin(fl, out, "GET", path, func(tw io.Writer, body []byte) error {
-		var s keyState
+		var s adminapi.KeyState
 		if err := json.Unmarshal(body, &s); err != nil {
 			return err
 		}
@@ -191,7 +193,7 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 // count against where each tenant has its own (and where it comes from),
 // the wait of a request now in a zone with a wait, and the leases held in a
 // concurrency zone.
-func printWaitAndLeases(tw io.Writer, s keyState) {
+func printWaitAndLeases(tw io.Writer, s adminapi.KeyState) {
 	if s.LimitFrom != "" {
 		// SOURCE: last_decision (the client's own) or fallback (not known).
 		fmt.Fprintf(tw, "\nLIMIT\tFROM\tSOURCE\n%d\t%s\t%s\n", s.Limit, cell(s.LimitFrom), cell(s.LimitSource))
@@ -210,7 +212,7 @@ func cmdReset(fl caddycmd.Flags, out io.Writer) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	return callAdmin(fl, out, "DELETE", path, func(tw io.Writer, body []byte) error {
-		var r resetAnswer
+		var r adminapi.ResetAnswer
 		if err := json.Unmarshal(body, &r); err != nil {
 			return err
 		}
@@ -221,9 +223,9 @@ func cmdReset(fl caddycmd.Flags, out io.Writer) (int, error) {
 }
 
 func cmdBlocked(fl caddycmd.Flags, out io.Writer) (int, error) {
-	path := adminBlockedPath + "?limit=" + strconv.Itoa(fl.Int("limit"))
+	path := adminapi.BlockedPath + "?limit=" + strconv.Itoa(fl.Int("limit"))
 	return callAdmin(fl, out, "GET", path, func(tw io.Writer, body []byte) error {
-		var b blockedAnswer
+		var b adminapi.BlockedAnswer
 		if err := json.Unmarshal(body, &b); err != nil {
 			return err
 		}
@@ -267,7 +269,7 @@ func callAdmin(fl caddycmd.Flags, out io.Writer, method, path string, table func
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("finding the admin API address: %w", err)
 	}
-	body, err := adminRequest(addr, method, path)
+	body, err := adminapi.Request(addr, method, path)
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}

@@ -17,6 +17,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
@@ -91,16 +92,12 @@ func commandJSON[T any](t *testing.T, args ...string) T {
 // commandSite is a site on :9080 keyed by the X-Client header, two requests
 // a minute, on Redis.
 func commandSite(t *testing.T) string {
-	return `
-:9080 {
+	return siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
 		key {http.request.header.X-Client}
 		zone cmd_zone 1m 2
 	}
-	respond "ok"
-}`
+	respond "ok"`)
 }
 
 func TestCommandSubcommands(t *testing.T) {
@@ -109,7 +106,7 @@ func TestCommandSubcommands(t *testing.T) {
 	alice := map[string][]string{"X-Client": {"alice"}}
 	expect(t, "alice", site, []int{200}, client, withHeaders(alice))
 
-	s := commandJSON[keyState](t, "status", "--zone", "cmd_zone", "--key", "alice")
+	s := commandJSON[adminapi.KeyState](t, "status", "--zone", "cmd_zone", "--key", "alice")
 	if s.Key != "=alice" || s.Count != 1 || s.Remaining != 1 || s.Identity != "cmd_zone:1m:2" {
 		t.Errorf("status --json: %+v, want key =alice, count 1, remaining 1", s)
 	}
@@ -125,7 +122,7 @@ func TestCommandSubcommands(t *testing.T) {
 	}
 
 	retry := denyUntilBlocked(t, site, client, withHeaders(alice))
-	b := commandJSON[blockedAnswer](t, "blocked")
+	b := commandJSON[adminapi.BlockedAnswer](t, "blocked")
 	if b.Count != 1 || len(b.Blocked) != 1 || b.Blocked[0].Key != "=alice" || b.Blocked[0].Zone != "cmd_zone" ||
 		b.Blocked[0].RetryAfterSeconds > retry || b.Blocked[0].RetryAfterSeconds < retry-10 {
 		t.Errorf("blocked --json: %+v, want =alice in cmd_zone waiting about %gs", b, retry)
@@ -144,7 +141,7 @@ func TestCommandSubcommands(t *testing.T) {
 	} else if wait, err := time.ParseDuration(fields[len(fields)-1]); err != nil || wait > time.Minute || wait < 50*time.Second {
 		t.Errorf("blocked printed a wait of %v (%v), want about a minute:\n%s", wait, err, out)
 	}
-	if b := commandJSON[blockedAnswer](t, "blocked", "--limit", "0"); b.Count != 1 || len(b.Blocked) != 0 {
+	if b := commandJSON[adminapi.BlockedAnswer](t, "blocked", "--limit", "0"); b.Count != 1 || len(b.Blocked) != 0 {
 		t.Errorf("blocked --limit 0: %+v, want a count of 1 and no entries", b)
 	}
 
@@ -159,7 +156,7 @@ func TestCommandSubcommands(t *testing.T) {
 	if out, err := runCommand(t, "blocked", "--address", "localhost:2999"); err != nil || out != "no client is blocked on this instance\n" {
 		t.Errorf("blocked after the reset: %q, %v", out, err)
 	}
-	if r := commandJSON[resetAnswer](t, "reset", "--zone", "cmd_zone", "--key", "alice"); r != (resetAnswer{Reset: true, Zone: "cmd_zone", Key: "=alice"}) {
+	if r := commandJSON[adminapi.ResetAnswer](t, "reset", "--zone", "cmd_zone", "--key", "alice"); r != (adminapi.ResetAnswer{Reset: true, Zone: "cmd_zone", Key: "=alice"}) {
 		t.Errorf("reset --json: %+v", r)
 	}
 }
@@ -171,12 +168,12 @@ func TestCommandEscapesKeys(t *testing.T) {
 	client := from("127.0.0.2")
 	for _, key := range []string{"team/a/b", "a//b", "..", ".", "x/../y", "a b%c?d#e", "ключ", "x/keys/y", strings.Repeat("k", 100)} {
 		expect(t, key, site, []int{200}, client, withHeader("X-Client", key))
-		s := commandJSON[keyState](t, "status", "--zone", "cmd_zone", "--key", key)
+		s := commandJSON[adminapi.KeyState](t, "status", "--zone", "cmd_zone", "--key", key)
 		want := hashedKey("=" + key) // unchanged unless long or holding '#'
 		if s.Key != want || s.Count != 1 {
 			t.Errorf("status of %q: key %q count %d, want %q and 1", key, s.Key, s.Count, want)
 		}
-		if r := commandJSON[resetAnswer](t, "reset", "--zone", "cmd_zone", "--key", key); r.Key != want {
+		if r := commandJSON[adminapi.ResetAnswer](t, "reset", "--zone", "cmd_zone", "--key", key); r.Key != want {
 			t.Errorf("reset of %q: key %q, want %q", key, r.Key, want)
 		}
 	}
@@ -201,7 +198,7 @@ func TestCommandFindsTheAdminAddress(t *testing.T) {
 		{"--config", config},
 	} {
 		out, err := runCommand(t, append([]string{"status", "--zone", "cmd_zone", "--key", "bob", "--json"}, args...)...)
-		var s keyState
+		var s adminapi.KeyState
 		if err != nil || json.Unmarshal([]byte(out), &s) != nil || s.Key != "=bob" {
 			t.Errorf("%v: %v, printed %q", args, err, out)
 		}
@@ -281,5 +278,32 @@ func TestCommandAsCaddy(t *testing.T) {
 		if status == 0 || !strings.Contains(out, c.want) {
 			t.Errorf("caddy %s: exit status %d, printed %s; want a failure with %q", strings.Join(c.args, " "), status, out, c.want)
 		}
+	}
+}
+
+// TestCommandPlainErrorsAndTypos: the command's errors are a line a person
+// reads, not a JSON log entry; a misspelt subcommand fails and suggests the
+// right one, instead of printing the help and exiting 0.
+func TestCommandPlainErrorsAndTypos(t *testing.T) {
+	startCaddy(t, zonesSite(t))
+	out, status := runCaddy(t, "sliding-ratelimit", "status", "--zone", "nope", "--key", "k", "--address", "localhost:2999")
+	if status == 0 || !strings.Contains(out, `Error: unknown zone "nope": no sliding_ratelimit handler has a zone of that name; the zones are api, reports, tenants`) ||
+		strings.Contains(out, `"level"`) {
+		t.Errorf("unknown zone: exit status %d, printed %s; want a plain error line", status, out)
+	}
+	for _, c := range []struct{ typo, want string }{
+		{"stat", "did you mean status?"},
+		{"rest", "did you mean reset?"},
+		{"blockd", "did you mean blocked?"},
+		{"zone", "did you mean zones?"},
+		{"purge", "run caddy sliding-ratelimit --help for the list"},
+	} {
+		out, status := runCaddy(t, "sliding-ratelimit", c.typo, "--zone", "api", "--key", "k")
+		if status == 0 || !strings.Contains(out, `unknown subcommand "`+c.typo+`" of caddy sliding-ratelimit`) || !strings.Contains(out, c.want) {
+			t.Errorf("caddy sliding-ratelimit %s: exit status %d, printed %s; want a failure with %q", c.typo, status, out, c.want)
+		}
+	}
+	if out, status := runCaddy(t, "sliding-ratelimit"); status != 0 || !strings.Contains(out, "status --zone <zone> --key <key>") {
+		t.Errorf("caddy sliding-ratelimit alone: exit status %d, printed %s; want the help", status, out)
 	}
 }

@@ -16,17 +16,13 @@ import (
 )
 
 func TestLimitThroughCaddy(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 5
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for i := 1; i <= 5; i++ {
 		res := send(t, "http://localhost:9080/", withHeader("X-Client", "alice"))
 		if res.status != http.StatusOK || res.body != "ok" {
@@ -62,20 +58,16 @@ http://localhost:9080 {
 }
 
 func TestHandleErrorsSeesPlaceholders(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 1
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	respond "ok"
 	handle_errors 429 {
 		respond "zone={http.sliding_ratelimit.zone} limit={http.sliding_ratelimit.limit} remaining={http.sliding_ratelimit.remaining} retry={http.sliding_ratelimit.retry_after} reset={http.sliding_ratelimit.reset}" 429
-	}
-}`)
+	}`))
 	send(t, "http://localhost:9080/", withHeader("X-Client", "carol"))
 	res := send(t, "http://localhost:9080/", withHeader("X-Client", "carol"))
 	if got, want := res.status, http.StatusTooManyRequests; got != want {
@@ -91,17 +83,13 @@ http://localhost:9080 {
 }
 
 func TestMatcherLimitsOnlyWhatItMatches(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit /api/* {
 		window 1m
 		max_requests 1
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for i := 0; i < 5; i++ {
 		if res := send(t, "http://localhost:9080/static/file", withHeader("X-Client", "dave")); res.status != http.StatusOK {
 			t.Fatalf("unmatched path: status %d, want 200", res.status)
@@ -120,20 +108,16 @@ http://localhost:9080 {
 }
 
 func TestTwoHandlersShareOneLimit(t *testing.T) {
+	prefix := uniquePrefix(t)
 	limit := `
 	sliding_ratelimit {
 		window 1m
 		max_requests 5
 		key {http.request.header.X-Client}
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
 	}
 `
-	startCaddy(t, `
-http://localhost:9080 {`+limit+`	respond "a"
-}
-http://localhost:9081 {`+limit+`	respond "b"
-}`)
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, limit+`	respond "a"`)+
+		siteBlock("http://localhost:9081", prefix, limit+`	respond "b"`))
 	sites := []string{"http://localhost:9080/", "http://localhost:9081/"}
 	for i := 0; i < 5; i++ {
 		if res := send(t, sites[i%2], withHeader("X-Client", "erin")); res.status != http.StatusOK {
@@ -149,29 +133,21 @@ http://localhost:9081 {`+limit+`	respond "b"
 
 func TestLegacyAndNoHeaders(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 90s
 		max_requests 3
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		headers legacy
 	}
-	respond "ok"
-}
-http://localhost:9081 {
+	respond "ok"`)+siteBlock("http://localhost:9081", prefix+"off:", `
 	sliding_ratelimit {
 		window 1m
 		max_requests 1
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`off:
 		headers off
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	res := send(t, "http://localhost:9080/", withHeader("X-Client", "frank"))
 	for header, want := range map[string]string{
 		"RateLimit-Policy":      `"default";q=3;w=90`,
@@ -252,17 +228,13 @@ func TestRedisPlaceholderThatExpandsToNothingWarns(t *testing.T) {
 }
 
 func TestEmptyKeyFallsBackToClientIP(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {http.request.header.X-Client}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	// Without the header the key is the client IP, shared by every such
 	// request from this machine, so leaving the header out escapes nothing.
 	for i, want := range []int{200, 200, 429} {
@@ -274,17 +246,13 @@ http://localhost:9080 {
 
 func TestHostileKeysStayBounded(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 1m
 		max_requests 5
 		key {http.request.uri.query.k}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	hostile := []string{
 		strings.Repeat("A", 10<<10),
 		"evil\r\nSET x y\r\n",
@@ -485,5 +453,101 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 	if status, _ := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/login:10m:5/keys/127.0.0.2"); status != http.StatusNotFound {
 		t.Errorf("GET login:10m:5: status %d, want 404 (no zone has that identity)", status)
+	}
+}
+
+func TestSpoofedForwardedForDoesNotChangeTheKey(t *testing.T) {
+	site := siteBlock("http://localhost:9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		window 1m
+		max_requests 2
+	}
+	respond "ok"`)
+	startCaddy(t, site)
+	for i, want := range []int{200, 200, 429, 429} {
+		res := send(t, "http://localhost:9080/", withHeader("X-Forwarded-For", "203.0.113."+string(rune('1'+i))))
+		if res.status != want {
+			t.Errorf("no trusted_proxies, request %d with a new X-Forwarded-For: %d, want %d", i+1, res.status, want)
+		}
+	}
+}
+
+func TestTrustedProxiesForwardedClientIP(t *testing.T) {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		window 1m
+		max_requests 2
+		key {client_ip}
+	}
+	respond "{client_ip}"`), withGlobals(`
+servers {
+	trusted_proxies static 127.0.0.1/32 ::1/128
+}`))
+	for i, c := range []struct {
+		xff  string
+		want int
+	}{
+		{"203.0.113.1", 200}, {"203.0.113.2", 200}, {"203.0.113.3", 200},
+		{"203.0.113.1", 200}, {"203.0.113.1", 429},
+	} {
+		res := send(t, "http://localhost:9080/", withHeader("X-Forwarded-For", c.xff))
+		if res.status != c.want {
+			t.Errorf("request %d from %s through a trusted proxy: %d, want %d", i+1, c.xff, res.status, c.want)
+		}
+	}
+}
+
+// TestSecretsStayOutOfLogs: at the default level, neither the Redis password
+// nor a client key appears in Caddy's log, through denials and Redis
+// failures alike.
+func TestSecretsStayOutOfLogs(t *testing.T) {
+	down := redistest.Start(t)
+	downURL := "redis://default:s3cretpw@" + down.Addr() + "/0"
+	down.Stop()
+	logFile := startCaddy(t, `
+http://localhost:9080 {
+	sliding_ratelimit /limited {
+		window 1m
+		max_requests 1
+		key {http.request.header.X-Client}
+		redis `+sharedRedis.URL()+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	sliding_ratelimit /broken {
+		window 1m
+		max_requests 1
+		key {http.request.header.X-Client}
+		redis `+downURL+`
+		timeout 50ms
+	}
+	respond "ok"
+}`)
+	secretKey := withHeader("X-Client", "secret-client-key-123")
+	for i := 0; i < 3; i++ {
+		send(t, "http://localhost:9080/limited", secretKey)
+	}
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		send(t, "http://localhost:9080/broken", secretKey)
+		time.Sleep(20 * time.Millisecond)
+	}
+	logs, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logs), "rate limit store unavailable") {
+		t.Errorf("the Redis failure was not logged at all; log:\n%s", logs)
+	}
+	failures := strings.Count(string(logs), "rate limit store unavailable")
+	if failures > 3 {
+		t.Errorf("%d failure lines in 1.5s, want at most one a second", failures)
+	}
+	for _, secret := range []string{"s3cretpw", "secret-client-key-123"} {
+		if strings.Contains(string(logs), secret) {
+			t.Errorf("log holds %q:\n%s", secret, logs)
+		}
+	}
+	if res := send(t, "http://localhost:9080/broken"); res.status != http.StatusOK {
+		t.Errorf("fail open: %d", res.status)
 	}
 }

@@ -1,9 +1,14 @@
 package slidingratelimit
 
 import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -12,8 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
 )
 
 // The tests talk to one real Caddy, caddytest's, on fixed ports: startCaddy
@@ -119,6 +126,52 @@ func logLines(t *testing.T, logFile string, parts ...string) []string {
 // uniquePrefix gives each test its own Redis keys on the shared server.
 func uniquePrefix(t *testing.T) string {
 	return "t" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+}
+
+// siteBlock writes a Caddyfile site for the test Caddy: body inside a site
+// block of address (":9080" answers every host; "http://localhost:9080" only
+// requests for localhost), where each sliding_ratelimit block that names no
+// redis or no key_prefix of its own gets the shared Redis and prefix (most
+// often uniquePrefix(t)) as its first lines. A test then writes only what its
+// limit is about.
+func siteBlock(address, prefix, body string) string {
+	lines := strings.Split(body, "\n")
+	// names holds, by the line that opens a sliding_ratelimit block, the
+	// subdirectives the block names.
+	names := make(map[int]map[string]bool)
+	var open []int // the lines that open the blocks around a line
+	for i, line := range lines {
+		trimmed := strings.TrimSpace(line)
+		if trimmed == "}" && len(open) > 0 {
+			open = open[:len(open)-1]
+			continue
+		}
+		if n := len(open); n > 0 && names[open[n-1]] != nil {
+			word, _, _ := strings.Cut(trimmed, " ")
+			names[open[n-1]][word] = true
+		}
+		if strings.HasSuffix(trimmed, "{") {
+			open = append(open, i)
+			if strings.HasPrefix(trimmed, "sliding_ratelimit") {
+				names[i] = make(map[string]bool)
+			}
+		}
+	}
+	var out []string
+	for i, line := range lines {
+		out = append(out, line)
+		if names[i] == nil {
+			continue
+		}
+		indent := line[:len(line)-len(strings.TrimLeft(line, " \t"))] + "\t"
+		if !names[i]["redis"] {
+			out = append(out, indent+"redis "+sharedRedis.URL())
+		}
+		if !names[i]["key_prefix"] {
+			out = append(out, indent+"key_prefix "+prefix)
+		}
+	}
+	return "\n" + address + " {" + strings.Join(out, "\n") + "\n}"
 }
 
 // sendOption sets a part of a request that send sends.
@@ -254,4 +307,346 @@ func clientAt(t testing.TB, ip string) *http.Client {
 		transport.CloseIdleConnections()
 	})
 	return c
+}
+
+// instance is a Handler provisioned on its own, outside the caddytest Caddy:
+// several of them in one test stand for several Caddy instances. Each gets
+// its own Redis client when its URL differs (add a query such as
+// ?client_name=b to the same server's URL).
+type instance struct {
+	*Handler
+}
+
+// newInstance provisions a handler from its JSON config.
+func newInstance(t *testing.T, config string) *instance {
+	t.Helper()
+	h, err := provisioned(t, config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &instance{h}
+}
+
+// provisionError provisions a handler from its JSON config and returns the
+// error of Provision or Validate, nil if both pass.
+func provisionError(t *testing.T, config string) error {
+	t.Helper()
+	_, err := provisioned(t, config)
+	return err
+}
+
+// provisioned unmarshals, provisions and validates a handler as Caddy
+// would; the test's end cleans it up.
+func provisioned(t *testing.T, config string) (*Handler, error) {
+	t.Helper()
+	h := new(Handler)
+	if err := json.Unmarshal([]byte(config), h); err != nil {
+		t.Fatalf("config %s: %v", config, err)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	t.Cleanup(func() { h.Cleanup() })
+	if err := h.Provision(ctx); err != nil {
+		return h, fmt.Errorf("provision: %w", err)
+	}
+	if err := h.Validate(); err != nil {
+		return h, fmt.Errorf("validate: %w", err)
+	}
+	return h, nil
+}
+
+// okHandler is the next handler: it answers 200.
+var okHandler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	w.WriteHeader(http.StatusOK)
+	return nil
+})
+
+// serve runs one request through the handler and o's next handler, as
+// Caddy's server would, and returns what Caddy would send: for an error, its
+// status (a 429 or 503 that handle_errors would shape).
+func (in *instance) serve(target string, o outgoing) answer {
+	if strings.HasPrefix(target, "/") {
+		target = "http://example.test" + target
+	}
+	r := httptest.NewRequest(o.method, target, o.body)
+	r.Header = o.header
+	if o.host != "" {
+		r.Host = o.host
+	}
+	r.RemoteAddr = net.JoinHostPort(o.from, "40000")
+	w := httptest.NewRecorder()
+	// As Caddy's server does: the replacer with the http.* placeholders,
+	// and the client IP.
+	r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, nil)
+	err := in.ServeHTTP(w, r, o.next)
+	a := answer{status: w.Code, header: w.Header(), body: w.Body.String()}
+	if err != nil {
+		a.status = http.StatusInternalServerError
+		if herr, ok := err.(caddyhttp.HandlerError); ok {
+			a.status = herr.StatusCode
+		}
+	}
+	return a
+}
+
+// usageUpstream starts a real HTTP upstream for reverse_proxy that answers
+// as each request's headers ask, as an LLM API reports token usage:
+//
+//	X-Test-Status        the status (default 200)
+//	X-Test-Usage         a header X-Usage, once per value
+//	X-Test-Trailer       a trailer X-Usage announced in the Trailer header
+//	X-Test-Late-Trailer  a trailer X-Usage not announced
+//	X-Test-Bytes         a body of this many bytes (default "ok")
+//	X-Test-Chunk         the body in chunks of this many bytes, each flushed
+//	X-Test-Chunk-Delay   a pause before each chunk
+//
+// It returns the upstream's host:port.
+func usageUpstream(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		if r.Header.Get("X-Test-Trailer") != "" {
+			h.Set("Trailer", "X-Usage")
+		}
+		for _, v := range r.Header.Values("X-Test-Usage") {
+			h.Add("X-Usage", v)
+		}
+		status := http.StatusOK
+		if s, err := strconv.Atoi(r.Header.Get("X-Test-Status")); err == nil {
+			status = s
+		}
+		w.WriteHeader(status)
+		body := []byte("ok")
+		if n, err := strconv.Atoi(r.Header.Get("X-Test-Bytes")); err == nil {
+			body = []byte(strings.Repeat("x", n))
+		}
+		chunk, _ := strconv.Atoi(r.Header.Get("X-Test-Chunk"))
+		delay, _ := time.ParseDuration(r.Header.Get("X-Test-Chunk-Delay"))
+		if chunk <= 0 {
+			chunk = len(body)
+		}
+		for len(body) > 0 {
+			time.Sleep(delay)
+			n := min(chunk, len(body))
+			if _, err := w.Write(body[:n]); err != nil {
+				return
+			}
+			body = body[n:]
+			w.(http.Flusher).Flush()
+		}
+		if v := r.Header.Get("X-Test-Trailer"); v != "" {
+			h.Set("X-Usage", v)
+		}
+		if v := r.Header.Get("X-Test-Late-Trailer"); v != "" {
+			h.Set(http.TrailerPrefix+"X-Usage", v)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}
+
+// unitsUsed polls the admin API until the client's units in the zone are
+// want, or a second passes, and returns the last count: the settle step runs
+// once the response is done, which a client may see a moment before.
+func unitsUsed(t *testing.T, zone, key string, want int64) int64 {
+	t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for {
+		got := adminState(t, zone, key).Count
+		if got == want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// llmAPI is a stand-in for an LLM API that speaks the wire formats of
+// OpenAI's chat completions (/v1/chat/completions) and Responses API
+// (/v1/responses) and of Anthropic's Messages API (/v1/messages), as JSON
+// documents and as server-sent event streams, with usage where each puts
+// it: the last chunk of a chat stream, when the client asked for it
+// (stream_options.include_usage); response.usage of the response.completed
+// event; input tokens in message_start and output tokens, cumulative, in
+// message_delta. A call uses as input tokens the bytes of its last message
+// and as output tokens its max_tokens less one (20 without), so that it
+// never uses more than `cost json max_tokens <n> +body` reserves. It
+// records what it reported per API key, and the most calls of a key it ran
+// at once. A stream pauses between events for the request's
+// X-Test-Pause, if any, and breaks off after X-Test-Cut events, if any.
+type llmAPI struct {
+	mu       sync.Mutex
+	reported map[string]int64
+	// bodies is the bytes of the request bodies of each key.
+	bodies  map[string]int64
+	calls   map[string]int
+	running map[string]int
+	most    map[string]int
+}
+
+func newLLMAPI(t *testing.T) (*llmAPI, string) {
+	a := &llmAPI{reported: map[string]int64{}, bodies: map[string]int64{}, calls: map[string]int{}, running: map[string]int{}, most: map[string]int{}}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	return a, strings.TrimPrefix(srv.URL, "http://")
+}
+
+// llmRequest is what the stand-in reads of a request, in any of the three
+// APIs.
+type llmRequest struct {
+	Model         string `json:"model"`
+	MaxTokens     int64  `json:"max_tokens"`
+	MaxOutput     int64  `json:"max_output_tokens"`
+	Stream        bool   `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Messages []struct {
+		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+	Input json.RawMessage `json:"input"`
+}
+
+func (a *llmAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Authorization") + r.Header.Get("X-Api-Key")
+	body, err := io.ReadAll(r.Body)
+	var req llmRequest
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		http.Error(w, `{"error": {"message": "bad request"}}`, http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	a.running[key]++
+	a.most[key] = max(a.most[key], a.running[key])
+	a.calls[key]++
+	a.bodies[key] += int64(len(body))
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.running[key]--
+		a.mu.Unlock()
+	}()
+	input := int64(len(req.Input))
+	if n := len(req.Messages); n > 0 {
+		input = int64(len(req.Messages[n-1].Content))
+	}
+	output := int64(20)
+	if m := max(req.MaxTokens, req.MaxOutput); m > 0 {
+		output = m - 1
+	}
+	pause, _ := time.ParseDuration(r.Header.Get("X-Test-Pause"))
+	cut, _ := strconv.Atoi(r.Header.Get("X-Test-Cut"))
+	var events []string
+	var doc string
+	reported := input + output
+	switch r.URL.Path {
+	case "/v1/chat/completions":
+		usage := fmt.Sprintf(`{"prompt_tokens": %d, "completion_tokens": %d, "total_tokens": %d, "prompt_tokens_details": {"cached_tokens": 0}}`, input, output, input+output)
+		doc = `{"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there"}, "finish_reason": "stop"}], "usage": ` + usage + `}`
+		for _, part := range []string{"Hel", "lo ", "there"} {
+			events = append(events, `data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": "`+part+`"}, "finish_reason": null}], "usage": null}`)
+		}
+		if req.Stream && req.StreamOptions.IncludeUsage {
+			events = append(events, `data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": `+usage+`}`)
+		} else if req.Stream {
+			reported = 0
+		}
+		events = append(events, "data: [DONE]")
+	case "/v1/responses":
+		usage := fmt.Sprintf(`{"input_tokens": %d, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": %d, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": %d}`, input, output, input+output)
+		response := func(status, usage string) string {
+			return `{"id": "resp_1", "object": "response", "created_at": 1, "status": "` + status + `", "model": "m", "output": [{"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": "Hello there", "annotations": []}]}], "usage": ` + usage + `}`
+		}
+		doc = response("completed", usage)
+		events = append(events, "event: response.created\ndata: "+`{"type": "response.created", "sequence_number": 0, "response": `+response("in_progress", "null")+`}`)
+		for i, part := range []string{"Hel", "lo ", "there"} {
+			events = append(events, "event: response.output_text.delta\ndata: "+fmt.Sprintf(`{"type": "response.output_text.delta", "sequence_number": %d, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "%s"}`, i+1, part))
+		}
+		events = append(events, "event: response.completed\ndata: "+`{"type": "response.completed", "sequence_number": 4, "response": `+response("completed", usage)+`}`)
+	case "/v1/messages":
+		doc = fmt.Sprintf(`{"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [{"type": "text", "text": "Hello there"}], "stop_reason": "end_turn", "stop_sequence": null, "usage": {"input_tokens": %d, "output_tokens": %d}}`, input, output)
+		events = append(events, "event: message_start\ndata: "+fmt.Sprintf(`{"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": %d, "output_tokens": 1}}}`, input))
+		events = append(events, "event: content_block_start\ndata: "+`{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}`)
+		for _, part := range []string{"Hel", "lo ", "there"} {
+			events = append(events, "event: content_block_delta\ndata: "+`{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "`+part+`"}}`)
+		}
+		events = append(events, "event: content_block_stop\ndata: "+`{"type": "content_block_stop", "index": 0}`)
+		events = append(events, "event: message_delta\ndata: "+fmt.Sprintf(`{"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": %d}}`, output))
+		events = append(events, "event: message_stop\ndata: "+`{"type": "message_stop"}`)
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	if !req.Stream {
+		a.report(key, reported)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(doc))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	for i, e := range events {
+		if cut > 0 && i == cut {
+			// An upstream that breaks off: the connection closes mid-stream.
+			panic(http.ErrAbortHandler)
+		}
+		if i > 0 {
+			time.Sleep(pause)
+		}
+		if _, err := io.WriteString(w, e+"\n\n"); err != nil {
+			return
+		}
+		w.(http.Flusher).Flush()
+	}
+	a.report(key, reported)
+}
+
+func (a *llmAPI) report(key string, tokens int64) {
+	a.mu.Lock()
+	a.reported[key] += tokens
+	a.mu.Unlock()
+}
+
+// usage returns the tokens the API reported to key, and its calls served.
+func (a *llmAPI) usage(key string) (int64, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reported[key], a.calls[key]
+}
+
+// bodyBytes is the bytes of the request bodies of key's calls.
+func (a *llmAPI) bodyBytes(key string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bodies[key]
+}
+
+func (a *llmAPI) mostAtOnce(key string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.most[key]
+}
+
+// admissionsKept returns how many admission times a sliding-log key holds:
+// the count in the header of its ring (limiter/limit.lua: a version byte,
+// then cap, head and count, big-endian uint32s; version 8, a small count
+// ring, holds the count in byte 9 alone); 0 when there is no key.
+func admissionsKept(ctx context.Context, c redis.Cmdable, key string) (int64, error) {
+	v, err := c.GetRange(ctx, key, 0, 12).Result()
+	if err != nil {
+		return 0, err
+	}
+	if v == "" {
+		return 0, nil
+	}
+	if len(v) != 13 {
+		return 0, fmt.Errorf("%s: not a ring", key)
+	}
+	if v[0] == 8 {
+		return int64(v[9]), nil
+	}
+	return int64(binary.BigEndian.Uint32([]byte(v[9:]))), nil
 }

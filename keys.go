@@ -1,374 +1,79 @@
 package slidingratelimit
 
 import (
-	"net"
 	"net/http"
-	"net/netip"
-	"net/textproto"
-	"net/url"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
-// Client keys live in two namespaces that no request value can reach from the
-// other:
-//   - address keys are the client's address (grouped by prefix), as Caddy
-//     resolved it: "192.0.2.1", "2001:db8:1:2::/64";
-//   - value keys are built from what the request sends (headers, query
-//     parameters, cookies, ...) and always start with valueKeyMark: a client
-//     that sends "Authorization: 192.0.2.1" gets the key "=192.0.2.1", never
-//     the address key of the client at 192.0.2.1.
-//
-// A template that is the client address alone makes address keys; any other
-// template makes value keys, and falls back to the address key when every
-// placeholder in it expands to "" (a client cannot escape its limit by leaving
-// a header out, nor crowd every header-less client into one bucket).
-const valueKeyMark = "="
+// A request's client keys: the zones that apply to it, each with the key its
+// template (internal/clientkey) builds from the request, and the checks the
+// store decides on.
 
-// missingPartMark starts the stand-in for an empty placeholder of a composite
-// template (two or more placeholders): the client's address. Values are
-// escaped so that they never hold it (see keyTemplate.escape).
-const missingPartMark = "@"
+// maxInlineZones is how many applicable zones a request can have before its
+// buffers spill to the heap.
+const maxInlineZones = 4
 
-// Placeholders whose template alone makes address keys.
-const (
-	clientIPPlaceholder   = "{http.vars.client_ip}"
-	remoteHostPlaceholder = "{http.request.remote.host}"
-)
+// request is one request's zones, checks and decisions, index by index; its
+// buffers keep the common case off the heap.
+type request struct {
+	zones     []*Zone
+	checks    []limiter.Check
+	decisions []limiter.Decision
+	// fellBack says, index by index, whether the zone's key fell back to
+	// the client address, so that a zone that reuses an earlier zone's key
+	// counts its fallback too (key_fallbacks_total is per zone).
+	fellBack []bool
 
-// keyTemplate is a zone's key, parsed once at provision into literal text and
-// placeholders, so that a request reads each placeholder's first value (the
-// one an application reads) instead of Caddy's comma-joined list.
-type keyTemplate struct {
-	raw string
-	// address is the placeholder of a template that is the client address
-	// alone; "" for a value template.
-	address string
-	parts   []keyPart
-	// placeholders counts the placeholder parts.
-	placeholders int
-	// escape lists the bytes percent-encoded in the values of a composite
-	// template: '%', the missing-part mark, and every byte of the literal
-	// text. Then the literal text splits a key into its values in one way
-	// only, and two different lists of values never make the same key.
-	escape string
+	zonesBuf     [maxInlineZones]*Zone
+	checksBuf    [maxInlineZones]limiter.Check
+	decisionsBuf [maxInlineZones]limiter.Decision
+	fellBackBuf  [maxInlineZones]bool
 }
 
-type partKind uint8
-
-const (
-	partLiteral  partKind = iota
-	partHeader            // {http.request.header.<name>}: the first value
-	partQuery             // {http.request.uri.query.<name>}: the first value
-	partCookie            // {http.request.cookie.<name>}: the first cookie of that name
-	partReplacer          // any other placeholder, expanded by Caddy's replacer
-)
-
-type keyPart struct {
-	kind partKind
-	// text is the literal text, the header (canonical), query parameter or
-	// cookie name, or the whole placeholder "{...}" for the replacer.
-	text string
-}
-
-// parseKeyTemplate splits raw into literal text and placeholders.
-func parseKeyTemplate(raw string) keyTemplate {
-	t := keyTemplate{raw: raw}
-	if raw == clientIPPlaceholder || raw == remoteHostPlaceholder {
-		t.address = raw
-		return t
-	}
-	literal := "%" + missingPartMark
-	rest := raw
-	for rest != "" {
-		open := strings.IndexByte(rest, '{')
-		end := -1
-		if open >= 0 {
-			end = strings.IndexByte(rest[open:], '}')
-		}
-		if open < 0 || end < 0 {
-			t.parts = append(t.parts, keyPart{kind: partLiteral, text: rest})
-			literal += rest
-			break
-		}
-		end += open
-		if open > 0 {
-			t.parts = append(t.parts, keyPart{kind: partLiteral, text: rest[:open]})
-			literal += rest[:open]
-		}
-		t.parts = append(t.parts, placeholderPart(rest[open+1:end]))
-		t.placeholders++
-		rest = rest[end+1:]
-	}
-	t.escape = literal
-	return t
-}
-
-func placeholderPart(name string) keyPart {
-	if field, ok := strings.CutPrefix(name, "http.request.header."); ok {
-		return keyPart{kind: partHeader, text: textproto.CanonicalMIMEHeaderKey(field)}
-	}
-	if param, ok := strings.CutPrefix(name, "http.request.uri.query."); ok {
-		return keyPart{kind: partQuery, text: param}
-	}
-	if cookie, ok := strings.CutPrefix(name, "http.request.cookie."); ok {
-		return keyPart{kind: partCookie, text: cookie}
-	}
-	return keyPart{kind: partReplacer, text: "{" + name + "}"}
-}
-
-// placeholderNames returns the names of the template's placeholders.
-func (t *keyTemplate) placeholderNames() []string {
-	if t.address != "" {
-		return []string{strings.Trim(t.address, "{}")}
-	}
-	var names []string
-	for _, p := range t.parts {
-		switch p.kind {
-		case partHeader:
-			names = append(names, "http.request.header."+p.text)
-		case partQuery:
-			names = append(names, "http.request.uri.query."+p.text)
-		case partCookie:
-			names = append(names, "http.request.cookie."+p.text)
-		case partReplacer:
-			names = append(names, strings.Trim(p.text, "{}"))
-		}
-	}
-	return names
-}
-
-// key builds r's client key and reports whether it fell back to the client
-// address because every placeholder expanded to "". An address is grouped by
-// prefix; the result is bounded in length (limiter.BoundKey).
-func (t *keyTemplate) key(r *http.Request, repl *caddy.Replacer, ipv4Bits, ipv6Bits int) (key string, fellBack bool) {
-	if t.address == remoteHostPlaceholder {
-		return addressKey(peerHost(r), ipv4Bits, ipv6Bits), false
-	}
-	if t.address != "" {
-		return addressKey(clientIP(r), ipv4Bits, ipv6Bits), false
-	}
-	if t.placeholders <= 1 {
-		return t.singleKey(r, repl, ipv4Bits, ipv6Bits)
-	}
-	return t.compositeKey(r, repl, ipv4Bits, ipv6Bits)
-}
-
-// singleKey builds the key of a template with at most one placeholder: its
-// value, with the literal text around it. A template that is the placeholder
-// alone and yields an address (a header set by a proxy, say) groups it by
-// prefix, as address keys are, but keeps it in the value namespace.
-func (t *keyTemplate) singleKey(r *http.Request, repl *caddy.Replacer, ipv4Bits, ipv6Bits int) (string, bool) {
-	if len(t.parts) == 1 && t.parts[0].kind != partLiteral {
-		v := t.parts[0].value(r, repl)
-		if v == "" {
-			return addressKey(clientIP(r), ipv4Bits, ipv6Bits), true
-		}
-		return limiter.BoundKey(valueKeyMark + groupIP(v, ipv4Bits, ipv6Bits)), false
-	}
-	var b strings.Builder
-	b.WriteString(valueKeyMark)
-	for _, p := range t.parts {
-		if p.kind == partLiteral {
-			b.WriteString(p.text)
-			continue
-		}
-		v := p.value(r, repl)
-		if v == "" {
-			return addressKey(clientIP(r), ipv4Bits, ipv6Bits), true
-		}
-		b.WriteString(v)
-	}
-	return limiter.BoundKey(b.String()), false
-}
-
-// compositeKey builds the key of a template with two or more placeholders.
-// Values are escaped, so the key says which value came from which
-// placeholder; an empty one is replaced by the client address, so a client
-// that leaves out one part is limited per address within the others, and
-// cannot reach another client's key by moving text from one part to another.
-func (t *keyTemplate) compositeKey(r *http.Request, repl *caddy.Replacer, ipv4Bits, ipv6Bits int) (string, bool) {
-	var b strings.Builder
-	b.WriteString(valueKeyMark)
-	empty := 0
-	var address string
-	for _, p := range t.parts {
-		if p.kind == partLiteral {
-			b.WriteString(p.text)
-			continue
-		}
-		v := p.value(r, repl)
-		if v == "" {
-			empty++
-			if address == "" {
-				address = addressKey(clientIP(r), ipv4Bits, ipv6Bits)
-			}
-			b.WriteString(missingPartMark)
-			b.WriteString(escapeBytes(address, t.escape))
-			continue
-		}
-		b.WriteString(escapeBytes(v, t.escape))
-	}
-	if empty == t.placeholders {
-		return address, true
-	}
-	return limiter.BoundKey(b.String()), false
-}
-
-// value reads the part's placeholder from r: for headers, query parameters
-// and cookies the first value, which is what an application behind Caddy
-// reads; a client that repeats one must not get a fresh key by it.
-func (p keyPart) value(r *http.Request, repl *caddy.Replacer) string {
-	switch p.kind {
-	case partHeader:
-		if vals := r.Header[p.text]; len(vals) > 0 {
-			return vals[0]
-		}
-		return ""
-	case partQuery:
-		return firstQueryValue(r.URL.RawQuery, p.text)
-	case partCookie:
-		for _, c := range r.Cookies() {
-			// As Caddy's cookie placeholder matches names.
-			if strings.EqualFold(c.Name, p.text) {
-				return c.Value
-			}
-		}
-		return ""
-	case partReplacer:
-		return repl.ReplaceAll(p.text, "")
-	}
-	return p.text
-}
-
-// firstQueryValue returns the first value of the query parameter name, read
-// as net/url's ParseQuery reads it (pairs holding ';' or bad escapes are
-// skipped), or "".
-func firstQueryValue(rawQuery, name string) string {
-	for rawQuery != "" {
-		var pair string
-		pair, rawQuery, _ = strings.Cut(rawQuery, "&")
-		if pair == "" || strings.Contains(pair, ";") {
-			continue
-		}
-		rawKey, rawValue, _ := strings.Cut(pair, "=")
-		key, err := url.QueryUnescape(rawKey)
-		if err != nil || key != name {
-			continue
-		}
-		value, err := url.QueryUnescape(rawValue)
+// collect fills req with the zones that apply to r and their checks, each
+// with the client key that the zone's template builds (addresses grouped by
+// the prefix lengths).
+func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer, ipv4Bits, ipv6Bits int) error {
+	req.zones, req.checks, req.fellBack = req.zonesBuf[:0], req.checksBuf[:0], req.fellBackBuf[:0]
+	for _, z := range zones {
+		applies, err := z.applies(r)
 		if err != nil {
+			return err
+		}
+		if !applies {
 			continue
 		}
-		return value
-	}
-	return ""
-}
-
-// escapeBytes percent-encodes every byte of s that is in set.
-func escapeBytes(s, set string) string {
-	if !strings.ContainsAny(s, set) {
-		return s
-	}
-	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if strings.IndexByte(set, c) >= 0 {
-			b.WriteByte('%')
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&15])
-			continue
+		key, fellBack := req.key(r, repl, z, ipv4Bits, ipv6Bits)
+		if fellBack {
+			z.fallbacks.record(z.Key)
 		}
-		b.WriteByte(c)
-	}
-	return b.String()
-}
-
-// addressKey is the key of a client address in the address namespace.
-func addressKey(addr string, ipv4Bits, ipv6Bits int) string {
-	return limiter.BoundKey(groupIP(addr, ipv4Bits, ipv6Bits))
-}
-
-// groupIP returns key unchanged unless it is an IP address, which becomes
-// its network of the given prefix length ("2001:db8:1:2::/64"), so that one
-// client with many addresses counts once.
-func groupIP(key string, ipv4Bits, ipv6Bits int) string {
-	parsed, err := netip.ParseAddr(key)
-	if err != nil {
-		return key
-	}
-	addr := parsed.Unmap().WithZone("")
-	bits := ipv6Bits
-	if addr.Is4() {
-		bits = ipv4Bits
-	}
-	if bits >= addr.BitLen() {
-		if addr == parsed {
-			return key
+		c := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit}
+		if z.units != nil {
+			z.units.price(r, repl, &c)
 		}
-		return addr.String()
+		req.checks = append(req.checks, c)
+		req.zones = append(req.zones, z)
+		req.fellBack = append(req.fellBack, fellBack)
 	}
-	prefix, err := addr.Prefix(bits)
-	if err != nil {
-		return key
+	if len(req.checks) <= maxInlineZones {
+		req.decisions = req.decisionsBuf[:len(req.checks)]
+	} else {
+		req.decisions = make([]limiter.Decision, len(req.checks))
 	}
-	return prefix.String()
+	return nil
 }
 
-// clientIP is the client address as Caddy resolved it (trusted_proxies
-// applied), or the connection's peer address.
-func clientIP(r *http.Request) string {
-	if ip, ok := caddyhttp.GetVar(r.Context(), caddyhttp.ClientIPVarKey).(string); ok && ip != "" {
-		return ip
-	}
-	return peerHost(r)
-}
-
-// peerHost is the host of the connection's peer address.
-func peerHost(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
-// storedKey turns a client key an operator names (admin API) into the key the
-// zone stores: an address is grouped as address keys are; in a zone keyed by
-// request values, a key that is not an address is a value (the leading
-// valueKeyMark may be given, and must be for a value that looks like an
-// address, as the zone stores it); a hashed key ("#...") is taken as it is.
-func (t *keyTemplate) storedKey(raw string, ipv4Bits, ipv6Bits int) string {
-	if strings.HasPrefix(raw, "#") {
-		// limiter.BoundKey's hashes start with '#', which it never keeps
-		// in a key it leaves as it is.
-		return raw
-	}
-	if t.address == "" {
-		if v, ok := strings.CutPrefix(raw, valueKeyMark); ok {
-			if len(t.parts) == 1 {
-				v = groupIP(v, ipv4Bits, ipv6Bits)
-			}
-			return limiter.BoundKey(valueKeyMark + v)
-		}
-		if !isAddress(raw) {
-			return limiter.BoundKey(valueKeyMark + raw)
+// key returns the client key of zone z, and whether it fell back to the
+// client address, reusing the key already built for an earlier zone with
+// the same template.
+func (req *request) key(r *http.Request, repl *caddy.Replacer, z *Zone, ipv4Bits, ipv6Bits int) (string, bool) {
+	for i, other := range req.zones {
+		if other.Key == z.Key {
+			return req.checks[i].Key, req.fellBack[i]
 		}
 	}
-	return addressKey(raw, ipv4Bits, ipv6Bits)
-}
-
-// isAddress reports whether s is an IP address or prefix.
-func isAddress(s string) bool {
-	if _, err := netip.ParseAddr(s); err == nil {
-		return true
-	}
-	_, err := netip.ParsePrefix(s)
-	return err == nil
+	return z.key.Key(r, repl, ipv4Bits, ipv6Bits)
 }

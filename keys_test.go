@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"math"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -10,31 +11,30 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
-// limitedSite is a site on :9080 limited by key, max_requests 2 a minute.
-func limitedSite(t *testing.T, key string) string {
-	return `
-:9080 {
+// keyedSite is a site on :9080 limited by key, max_requests 2 a minute.
+func keyedSite(t *testing.T, key string) string {
+	return siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
-		key ` + key + `
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + uniquePrefix(t) + `
+		key `+key+`
 	}
-	respond "ok"
-}`
+	respond "ok"`)
 }
 
 // TestForgedKeyCannotSpendAnotherClientsQuota: a header that holds another
 // client's address lands in the value namespace, never on the key that
 // client falls back to.
 func TestForgedKeyCannotSpendAnotherClientsQuota(t *testing.T) {
-	startCaddy(t, limitedSite(t, "{http.request.header.Authorization}"))
+	startCaddy(t, keyedSite(t, "{http.request.header.Authorization}"))
 	attacker, victim := from("127.0.0.2"), from("127.0.0.1")
 	forged := withHeader("Authorization", "127.0.0.1")
 	expect(t, "127.0.0.2 sending Authorization: 127.0.0.1", site, []int{200, 200, 429}, attacker, forged)
@@ -72,7 +72,7 @@ func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
 			}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			startCaddy(t, limitedSite(t, c.key))
+			startCaddy(t, keyedSite(t, c.key))
 			client := from("127.0.0.2")
 			url, headers := c.first()
 			expect(t, "first value alone", url, []int{200, 200}, client, withHeaders(headers))
@@ -89,7 +89,7 @@ func TestRepeatedValuesDoNotDodgeTheLimit(t *testing.T) {
 // client address only when all of them are empty; a missing part is keyed by
 // address within the others; moving text between parts makes another key.
 func TestCompositeKeys(t *testing.T) {
-	startCaddy(t, limitedSite(t, "{http.request.header.X-Org}:{http.request.header.X-User}"))
+	startCaddy(t, keyedSite(t, "{http.request.header.X-Org}:{http.request.header.X-User}"))
 	two, three := from("127.0.0.2"), from("127.0.0.3")
 
 	expect(t, "127.0.0.2, no headers", site, []int{200, 200, 429}, two)
@@ -116,32 +116,22 @@ func TestCompositeKeys(t *testing.T) {
 // ambiguous name by identity.
 func TestSitesWithDifferentLimitsDoNotShare(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit /a* {
 		window 1m
 		max_requests 3
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	sliding_ratelimit /b* {
 		window 1h
 		max_requests 100
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	sliding_ratelimit /s1* {
 		zone shared 1m 2
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
 	sliding_ratelimit /s2* {
 		zone shared 1m 2
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	client := from("127.0.0.2")
 	expect(t, "100/h site", site+"b", []int{200, 200, 200, 200, 200}, client)
 	expect(t, "3/min site after five on the other", site+"a", []int{200, 200, 200, 429}, client)
@@ -164,15 +154,11 @@ func TestSitesWithDifferentLimitsDoNotShare(t *testing.T) {
 // wait Redis reports, rounded up, not one trimmed for clock drift (a day's
 // window: 86 s early before).
 func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone daily 24h 1
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	client := from("127.0.0.2")
 	expect(t, "first", site, []int{200}, client)
 	hits := cacheHits("daily")
@@ -211,8 +197,7 @@ func TestCachedRetryAfterIsTheTrueWait(t *testing.T) {
 // about at provision; keys that fall back to the client address are counted
 // and logged at most once a minute.
 func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
-	logFile := startCaddy(t, `
-:9080 {
+	logFile := startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone typo 1m 100 {
 			key {http.request.heder.X-Api-Key}
@@ -220,11 +205,8 @@ func TestKeyTyposAndFallbacksSpeakUp(t *testing.T) {
 		zone header 1m 100 {
 			key {header.X-Api-Key}
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`, withGlobals(`
+	respond "ok"`), withGlobals(`
 servers {
 	metrics
 }`))
@@ -314,8 +296,117 @@ func TestUnbalancedKeyFailsTheConfig(t *testing.T) {
 		t.Errorf("JSON: error %v, want one containing %q", err, want)
 	}
 
-	startCaddy(t, limitedSite(t, "global"))
+	startCaddy(t, keyedSite(t, "global"))
 	two, three := from("127.0.0.2"), from("127.0.0.3")
 	expect(t, "first client, constant key", site, []int{200, 200}, two)
 	expect(t, "second client, constant key", site, []int{429}, three)
+}
+
+// TestKeyFallbacksCountPerZone: two zones keyed by the same missing header
+// fall back together, and each counts its fallbacks (a zone that reuses an
+// earlier zone's key counted none before).
+func TestKeyFallbacksCountPerZone(t *testing.T) {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		key {header.X-Api-Key}
+		zone kfa 1m 100
+		zone kfb 1h 1000
+	}
+	respond "ok"`), withGlobals(`
+servers {
+	metrics
+}`))
+	series := func(zone string) string {
+		return `caddy_sliding_ratelimit_key_fallbacks_total{zone="` + zone + `"}`
+	}
+	beforeA, beforeB := scrape(t, series("kfa")), scrape(t, series("kfb"))
+	expect(t, "without X-Api-Key", site, []int{200, 200, 200}, from("127.0.0.2"))
+	expect(t, "with X-Api-Key", site, []int{200}, from("127.0.0.2"), withHeader("X-Api-Key", "k1"))
+	for zone, before := range map[string]float64{"kfa": beforeA, "kfb": beforeB} {
+		if got := scrape(t, series(zone)) - before; got != 3 {
+			t.Errorf("key_fallbacks_total of zone %s rose by %v, want 3", zone, got)
+		}
+	}
+}
+
+// TestKeysThatAreNotUTF8RoundTrip: two clients keyed by header values that
+// differ only in bytes that are not UTF-8 are listed as two keys, each of
+// which GET reads and DELETE resets, through the admin API and the command,
+// one at a time: the other stays blocked.
+func TestKeysThatAreNotUTF8RoundTrip(t *testing.T) {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone raw_bytes 1m 1
+	}
+	respond "ok"`))
+	client := from("127.0.0.2")
+	fe := withHeader("X-Client", "\xff\xfe")
+	fd := withHeader("X-Client", "\xff\xfd")
+	expect(t, `\xff\xfe`, site, []int{200, 429}, client, fe)
+	expect(t, `\xff\xfd`, site, []int{200, 429}, client, fd)
+
+	blocked := adminBlocked(t, "")
+	if blocked.Count != 2 || len(blocked.Blocked) != 2 || blocked.Blocked[0].Key == blocked.Blocked[1].Key {
+		t.Fatalf("blocked: %+v, want two entries with different keys", blocked)
+	}
+	for _, b := range blocked.Blocked {
+		if !utf8.ValidString(b.Key) || strings.ContainsRune(b.Key, utf8.RuneError) {
+			t.Errorf("blocked key %q: want text that JSON carries as it is", b.Key)
+		}
+	}
+	// Which listed key is whose: the raw bytes, percent-encoded in the path,
+	// name the same key as the listing.
+	feKey := adminState(t, "raw_bytes", "%FF%FE").Key
+	fdKey := adminState(t, "raw_bytes", "%FF%FD").Key
+	if feKey == fdKey || !listed(blocked, feKey) || !listed(blocked, fdKey) {
+		t.Fatalf("keys of the raw bytes: %q and %q, want two different keys, both listed in %+v", feKey, fdKey, blocked.Blocked)
+	}
+	for _, key := range []string{feKey, fdKey} {
+		if s := adminState(t, "raw_bytes", url.PathEscape(key)); s.Key != key || s.Count != 1 || s.Remaining != 0 {
+			t.Errorf("GET %s: %+v, want that key with count 1, remaining 0", key, s)
+		}
+	}
+
+	// DELETE through the admin API, with the key as listed: only that client
+	// is admitted again.
+	if r := adminReset(t, "raw_bytes", url.PathEscape(feKey)); r.Key != feKey {
+		t.Errorf("DELETE %s: %+v", feKey, r)
+	}
+	expect(t, `\xff\xfe after its reset`, site, []int{200}, client, fe)
+	expect(t, `\xff\xfd after the other's reset`, site, []int{429}, client, fd)
+
+	// The command: the listed key goes back to status and reset as printed,
+	// in its table and in its JSON.
+	b := commandJSON[adminapi.BlockedAnswer](t, "blocked")
+	if len(b.Blocked) != 1 || !listed(b, fdKey) {
+		t.Fatalf("command blocked --json: %+v, want only %s listed", b, fdKey)
+	}
+	out, err := runCommand(t, "blocked", "--address", "localhost:2999")
+	if err != nil || !strings.Contains(out, " "+fdKey+" ") {
+		t.Errorf("command blocked printed %q (%v), want %s in the table as it is", out, err, fdKey)
+	}
+	if s := commandJSON[adminapi.KeyState](t, "status", "--zone", "raw_bytes", "--key", fdKey); s.Key != fdKey || s.Count != 1 {
+		t.Errorf("command status --key %s: %+v, want count 1", fdKey, s)
+	}
+	if s := commandJSON[adminapi.KeyState](t, "status", "--zone", "raw_bytes", "--key", "\xff\xfd"); s.Key != fdKey {
+		t.Errorf(`command status --key \xff\xfd: %+v, want key %s`, s, fdKey)
+	}
+	if r := commandJSON[adminapi.ResetAnswer](t, "reset", "--zone", "raw_bytes", "--key", fdKey); r.Key != fdKey || !r.Reset {
+		t.Errorf("command reset --key %s: %+v", fdKey, r)
+	}
+	expect(t, `\xff\xfd after its reset`, site, []int{200}, client, fd)
+	if got := send(t, site, client, fe).status; got != http.StatusTooManyRequests {
+		t.Errorf(`\xff\xfe, admitted once since its reset: status %d, want 429`, got)
+	}
+}
+
+// listed reports whether key is in the blocked list.
+func listed(b adminapi.BlockedAnswer, key string) bool {
+	for _, c := range b.Blocked {
+		if c.Key == key {
+			return true
+		}
+	}
+	return false
 }

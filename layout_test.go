@@ -7,20 +7,29 @@ import (
 	"go/parser"
 	"go/token"
 	"go/types"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 )
 
-// TestFilesUseEachOtherOneWay: when a file of this package (or of the Redis
-// connection's) uses a name that another file defines (a package-level name,
-// a method or a field), the other file does not use it back, directly or
+// TestFilesUseEachOtherOneWay: when a file of a package of this module uses
+// a name that another file of its package defines (a package-level name, a
+// method or a field), the other file does not use it back, directly or
 // around a loop. The files can then be read in one order, each using only
 // those before it; a use against that order fails here, with the uses that
-// close the loop.
+// close the loop. Every package is checked: the root, limiter/ and each one
+// under internal/.
 func TestFilesUseEachOtherOneWay(t *testing.T) {
-	for _, dir := range []string{".", "internal/redisconn"} {
+	dirs := packageDirs(t)
+	for _, want := range []string{".", "limiter", "internal/redisconn"} {
+		if !slices.Contains(dirs, want) {
+			t.Fatalf("packages found: %v, want %s among them", dirs, want)
+		}
+	}
+	for _, dir := range dirs {
 		t.Run(dir, func(t *testing.T) {
 			uses := crossFileUses(t, dir)
 			for _, loop := range loops(uses) {
@@ -36,6 +45,37 @@ func TestFilesUseEachOtherOneWay(t *testing.T) {
 			}
 		})
 	}
+}
+
+// packageDirs returns the directories of the module's packages, relative to
+// the root: each directory with Go files but for testdata, hidden ones and
+// those of another module (bench/).
+func packageDirs(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != "." && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); path != "." && err == nil {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if dir := filepath.Dir(path); strings.HasSuffix(path, ".go") && !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
 }
 
 // crossFileUses type-checks the non-test files of the package in dir and

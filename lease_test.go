@@ -94,17 +94,13 @@ func TestConcurrencyAcrossInstances(t *testing.T) {
 	srv := httptest.NewServer(upstream)
 	defer srv.Close()
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone reports {
 			concurrent 2
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
 	other := newInstance(t, `{"zones": [{"name": "reports", "concurrent": 2}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
 	inUse := `caddy_sliding_ratelimit_leases_in_use{zone="reports"}`
@@ -288,18 +284,14 @@ func TestLeaseKeptForWebSocket(t *testing.T) {
 	srv := httptest.NewServer(upgrader)
 	defer srv.Close()
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone ws {
 			concurrent 1
 			lease 2s
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+`
-}`)
+	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
 	key := prefix + "{127.0.0.2}:ws:concurrent:1"
 	lost := `caddy_sliding_ratelimit_leases_lost_total{zone="ws"}`
 	lostBefore := scrape(t, lost)
@@ -417,11 +409,9 @@ func TestLeasesOfAKilledInstanceExpire(t *testing.T) {
 			concurrent 2
 			lease 3s
 		}
-		redis ` + sharedRedis.URL() + `
-		key_prefix ` + prefix + `
 	}`
-	startCaddy(t, ":9080 {"+limiter+"\n\trespond \"ok\"\n}")
-	doomed := startCaddyProcess(t, ":9180 {"+limiter+"\n\treverse_proxy /jobs* "+strings.TrimPrefix(srv.URL, "http://")+"\n\trespond /ready \"ok\"\n}\n",
+	startCaddy(t, siteBlock(":9080", prefix, limiter+"\n\trespond \"ok\""))
+	doomed := startCaddyProcess(t, siteBlock(":9180", prefix, limiter+"\n\treverse_proxy /jobs* "+strings.TrimPrefix(srv.URL, "http://")+"\n\trespond /ready \"ok\"")+"\n",
 		"http://127.0.0.1:9180/ready")
 
 	client := clientAt(t, "127.0.0.2")
@@ -641,20 +631,16 @@ func TestLeaseKeptAcrossReload(t *testing.T) {
 func TestLeaseReleasedWhenTheClientHangsUp(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("hangup")
-	startCaddy(t, `
-:9080 {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		zone `+zone+` {
 			concurrent 1
 			lease 1m
 		}
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
 	reverse_proxy `+upstream+` {
 		flush_interval -1
-	}
-}`)
+	}`))
 	req, err := http.NewRequest(http.MethodGet, site, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -682,5 +668,54 @@ func TestLeaseReleasedWhenTheClientHangsUp(t *testing.T) {
 	}
 	if status != http.StatusOK {
 		t.Errorf("after the client hung up: status %d, want 200 within seconds (the lease given back, not left to expire)", status)
+	}
+}
+
+// TestLeaseLostWithRedisData: Redis restarts (without persistence) while a
+// request runs under a lease: the lease is gone long before its lease time
+// could run out. The keeper's next extension finds it gone, and the log
+// says what happened (the store lost its data), not that the store was away
+// too long; store_errors_total{reason="data_lost"} counts it.
+func TestLeaseLostWithRedisData(t *testing.T) {
+	srv := redistest.Start(t)
+	upstream := newGate()
+	backend := httptest.NewServer(upstream)
+	defer backend.Close()
+	logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		zone flight {
+			concurrent 1
+			lease 3s
+		}
+		redis `+srv.URL()+`
+	}
+	reverse_proxy `+strings.TrimPrefix(backend.URL, "http://")+`
+}`)
+	dataLost := `caddy_sliding_ratelimit_store_errors_total{reason="data_lost"}`
+	before := scrape(t, dataLost)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		send(t, site, from("127.0.0.2"))
+	}()
+	defer wg.Wait()
+	upstream.waitInside(t, "127.0.0.2", 1)
+	srv.Restart(t)
+	// The lease is extended a third of its lease time after it was taken:
+	// within a second of the restart.
+	counted := pollUntil(5*time.Second, func() bool { return scrape(t, dataLost) > before })
+	upstream.release <- struct{}{}
+	lines := logLines(t, logFile, "lease")
+	t.Logf("the log about the lease: %q", lines)
+	if !counted {
+		t.Errorf("%s did not grow after a restart took the lease", dataLost)
+	}
+	if got := logLines(t, logFile, "lease was gone from the store before its lease time ran out: the store lost its data"); len(got) != 1 {
+		t.Errorf("%d lines saying the store lost its data, want 1", len(got))
+	}
+	if got := logLines(t, logFile, "away for more than half the lease time"); len(got) != 0 {
+		t.Errorf("the log blames the store's absence for a lease it lost with its data: %q", got)
 	}
 }

@@ -1,13 +1,25 @@
 package slidingratelimit
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
 	"net/http"
+	"net/textproto"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/jsonusage"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -90,7 +102,7 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string,
 		// A name without a dot is a map's output or another handler's
 		// placeholder, which a price or a quota often is: only names in
 		// Caddy's namespaces can be checked.
-		if strings.Contains(p.name(), ".") && !knownPlaceholder(p.name()) {
+		if strings.Contains(p.name(), ".") && !clientkey.KnownPlaceholder(p.name()) {
 			logger.Warn("placeholder is not one Caddy provides to a request handler: it will expand to \"\" and the fallback apply (a typo?)",
 				zap.String("zone", zone), zap.String("placeholder", p.raw))
 		}
@@ -124,4 +136,707 @@ func (u *zoneUnits) name() string {
 		return unitRequests
 	}
 	return u.unit
+}
+
+// numberPlaceholder is a config value that is one placeholder alone, such as
+// "{http.request.header.X-Cost}" or "{http.vars.cost}", read per request as
+// keys read theirs (internal/clientkey): a header, query parameter or cookie
+// by its first value, anything else through Caddy's replacer.
+type numberPlaceholder struct {
+	raw  string
+	part clientkey.Part
+}
+
+// isPlaceholder reports whether s is one placeholder alone: "{...}" with no
+// other brace inside.
+func isPlaceholder(s string) bool {
+	return len(s) > 2 && s[0] == '{' && s[len(s)-1] == '}' && !strings.ContainsAny(s[1:len(s)-1], "{}")
+}
+
+// parseNumberPlaceholder returns the placeholder of s, which the config's
+// rules have checked to be one (isPlaceholder).
+func parseNumberPlaceholder(s string) *numberPlaceholder {
+	return &numberPlaceholder{raw: s, part: clientkey.PlaceholderPart(s[1 : len(s)-1])}
+}
+
+// value returns the placeholder's value for r.
+func (p *numberPlaceholder) value(r *http.Request, repl *caddy.Replacer) string {
+	return p.part.Value(r, repl)
+}
+
+// name is the placeholder's name, without braces, for the check that Caddy
+// provides it.
+func (p *numberPlaceholder) name() string { return strings.Trim(p.raw, "{}") }
+
+// valueFallbacks counts, in a metric, and logs at most once an interval, the
+// requests of a zone whose value (a cost, a quota, a reported usage) was
+// missing or not a number the zone takes, so that a fallback applied: a header
+// that never comes, or a placeholder with a typo, shows up without a line per
+// request.
+type valueFallbacks struct {
+	logger  *zap.Logger
+	zone    string
+	msg     string
+	counter prometheus.Counter
+	throttle
+}
+
+func newValueFallbacks(logger *zap.Logger, zone, msg string, counter prometheus.Counter) *valueFallbacks {
+	return &valueFallbacks{logger: logger, zone: zone, msg: msg, counter: counter, throttle: throttle{interval: time.Minute}}
+}
+
+// record counts one fallback of the value of source (its placeholder, or
+// its header) and logs when due, saying why, not what the value was: a
+// request's value may hold anything, a credential included.
+func (f *valueFallbacks) record(source, why string) {
+	f.counter.Inc()
+	if count, due := f.event(); due {
+		f.logger.Warn(f.msg,
+			zap.String("zone", f.zone),
+			zap.String("from", source),
+			zap.String("value", why),
+			zap.Int64("requests", count))
+	}
+}
+
+// zoneCost is what one request of a zone reserves before it goes on: a
+// number of the config, or a placeholder read per request. A request value
+// can never make a request free or negative: what is not a whole number of
+// at least 1 (missing, "0", "-5", "1e9", "NaN", "5,7") reserves 1, and is
+// counted and logged (valueFallbacks); a repeated header counts by its first
+// value, as keys read it; a number above the zone's max_requests, however
+// large ("99999999999999999999"), is a request that no wait admits: the
+// engine denies it as never admitted.
+type zoneCost struct {
+	// fixed is the cost of every request when from and json are nil.
+	fixed int64
+	from  *numberPlaceholder
+	// json reads the cost from the request's body (cost json).
+	json *CostJSON
+	// fallbacks counts requests whose value reserved 1 instead.
+	fallbacks *valueFallbacks
+}
+
+// newZoneCost returns the cost of the config value cost, which the rules
+// have checked: "" (1), a whole number, or a placeholder alone; or, when
+// costJSON is set, the cost that it reads.
+func newZoneCost(cost string, costJSON *CostJSON, fallbacks *valueFallbacks) zoneCost {
+	if costJSON != nil {
+		costJSON.provision()
+		return zoneCost{json: costJSON, fallbacks: fallbacks}
+	}
+	if isPlaceholder(cost) {
+		return zoneCost{from: parseNumberPlaceholder(cost), fallbacks: fallbacks}
+	}
+	n, err := strconv.ParseInt(cost, 10, 64)
+	if err != nil || n < 1 {
+		n = 1
+	}
+	return zoneCost{fixed: n}
+}
+
+// of returns what r reserves, from 1 to strictnum.Max.
+func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer) int64 {
+	if c.json != nil {
+		n, why := c.json.of(r)
+		if why != "" {
+			c.fallbacks.record(c.json.source(), why)
+		}
+		return n
+	}
+	if c.from == nil {
+		return c.fixed
+	}
+	v := c.from.value(r, repl)
+	if n, ok := strictnum.Parse(v); ok && n >= 1 {
+		return n
+	}
+	c.fallbacks.record(c.from.raw, strictnum.WhyNot(v))
+	return 1
+}
+
+// largest is the most a request of the zone can reserve under max: the
+// fixed cost, or max itself when requests say their own.
+func (c *zoneCost) largest(max int64) int64 {
+	if c.from == nil && c.json == nil {
+		return c.fixed
+	}
+	return max
+}
+
+// CostJSON reserves, per request, a cost read from the request's JSON body:
+// what an LLM call may use at most, from its max_tokens and its size.
+type CostJSON struct {
+	// Paths are dotted paths from the body's root (max_tokens,
+	// generation_config.max_output_tokens): only the client's own top
+	// level, never a field nested deeper, so that no nested field can
+	// lower what a request reserves. The cost is the sum of their
+	// values; a key that the body repeats counts by its largest value,
+	// since servers differ on which one they take (most the last, some
+	// the first) and the largest bounds them all. A value counts when it
+	// is a number of at least 0, however written (a fraction rounded up:
+	// 1e3, 1000.0 and "1000" are 1000, as lenient servers read them);
+	// null counts as missing.
+	Paths []string `json:"paths,omitempty"`
+
+	// Default is the cost of a request whose body has none of the paths,
+	// or cannot be read: not JSON, larger than 1 MiB, not sent within 10
+	// seconds, or a value at a path that is no number of at least 0
+	// (negative, a word, an object); all but the missing value are
+	// counted in cost_fallbacks_total and logged at most once a minute
+	// per zone. It should be the most the upstream gives a request that
+	// names none. At least 1.
+	Default int64 `json:"default,omitempty"`
+
+	// Body adds the size of the request body in bytes (+body): a text
+	// prompt has no more tokens than bytes, so the sum bounds a call's
+	// input and output tokens. A body that is not read whole adds its
+	// Content-Length (the most its next handler can read), or, when it
+	// has none, what was read of it, at least 1 MiB.
+	Body bool `json:"body,omitempty"`
+
+	paths [][]string
+}
+
+const (
+	// costJSONMaxBody is the most of a request body that cost json
+	// reads: a chat request with a long conversation fits; a larger one
+	// reserves the default.
+	costJSONMaxBody = 1 << 20
+)
+
+// costJSONReadTime is how long a body may take to arrive before the request
+// reserves the default and goes on (its body follows as it comes): a slow
+// client holds a reader, not the request. Tests shorten it.
+var costJSONReadTime = 10 * time.Second
+
+// Why cost json took the default.
+const (
+	costNotJSON  = "not JSON"
+	costTooLarge = "body above 1 MiB"
+	costSlow     = "body not read in time"
+	costUnread   = "body not readable"
+)
+
+func (c *CostJSON) provision() {
+	c.paths = make([][]string, len(c.Paths))
+	for i, p := range c.Paths {
+		c.paths[i] = strings.Split(p, ".")
+	}
+}
+
+// source names the cost in logs.
+func (c *CostJSON) source() string { return "json " + strings.Join(c.Paths, " ") }
+
+// checkCostJSON accepts paths and a default of at least 1.
+func checkCostJSON(c *CostJSON, cost string) error {
+	switch {
+	case c == nil:
+		return nil
+	case cost != "":
+		return fmt.Errorf("cost and cost json are one setting: set one (cost %q)", cost)
+	case len(c.Paths) == 0:
+		return errors.New("cost json needs at least one path and a default (cost json max_tokens 4096)")
+	case c.Default < 1 || c.Default > strictnum.Max:
+		return fmt.Errorf("cost json: the default must be a whole number of at least 1, got %d", c.Default)
+	}
+	for _, p := range c.Paths {
+		if err := checkJSONPath(p); err != nil {
+			return fmt.Errorf("cost json: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkCostJSONFits rejects a default above a fixed max_requests: no
+// request without the paths would ever be admitted.
+func checkCostJSONFits(c *CostJSON, maxRequests int64, maxRequestsFrom string) error {
+	if c != nil && maxRequestsFrom == "" && c.Default > maxRequests {
+		return fmt.Errorf("cost json: the default %d is above max_requests %d: no request without the paths would ever be admitted", c.Default, maxRequests)
+	}
+	return nil
+}
+
+// of returns what r reserves, at least 1, and why it took the default
+// ("" when it did not, or the body has none of the paths).
+func (c *CostJSON) of(r *http.Request) (int64, string) {
+	body := peekBody(r)
+	cost, why := c.Default, body.why
+	size := body.size
+	if why == "" {
+		var found bool
+		var n int64
+		n, found, why = c.read(body.data)
+		if found && why == "" {
+			cost = n
+		}
+	}
+	if why != "" {
+		cost = c.Default
+	}
+	if c.Body {
+		cost = min(cost+size, strictnum.Max)
+	}
+	return max(cost, 1), why
+}
+
+// read sums the values at the paths in the JSON document doc; found is
+// false when it has none of them.
+func (c *CostJSON) read(doc []byte) (sum int64, found bool, why string) {
+	if len(bytes.TrimSpace(doc)) == 0 {
+		return 0, false, ""
+	}
+	largest := make([]int64, len(c.paths))
+	seen := make([]bool, len(c.paths))
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.UseNumber()
+	var keys []string
+	depth := 0
+	var walk func() error
+	walk = func() error {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch t := t.(type) {
+		case json.Delim:
+			if depth++; depth > jsonusage.MaxDepth {
+				return errors.New("too deep")
+			}
+			defer func() { depth-- }()
+			switch t {
+			case '{':
+				for dec.More() {
+					k, err := dec.Token()
+					if err != nil {
+						return err
+					}
+					keys = append(keys, k.(string))
+					if err := walk(); err != nil {
+						return err
+					}
+					keys = keys[:len(keys)-1]
+				}
+			case '[':
+				// A path does not go through arrays: what is inside
+				// counts for none of them.
+				saved := keys
+				keys = append(keys[:len(keys):len(keys)], "[")
+				for dec.More() {
+					if err := walk(); err != nil {
+						return err
+					}
+				}
+				keys = saved
+			}
+			_, err := dec.Token()
+			return err
+		default:
+			for i, p := range c.paths {
+				if !equalPath(p, keys) || t == nil {
+					continue
+				}
+				n, ok := wholeAtLeast(t)
+				if !ok {
+					return errNotWhole
+				}
+				largest[i], seen[i] = max(largest[i], n), true
+			}
+		}
+		return nil
+	}
+	err := walk()
+	if err == nil {
+		if _, err = dec.Token(); err == io.EOF {
+			err = nil
+		} else if err == nil {
+			err = errors.New("more than one document")
+		}
+	}
+	switch {
+	case errors.Is(err, errNotWhole):
+		return 0, false, strictnum.NotWhole
+	case err != nil:
+		return 0, false, costNotJSON
+	}
+	for i := range c.paths {
+		if seen[i] {
+			found = true
+			sum = min(sum+largest[i], strictnum.Max)
+		}
+	}
+	return sum, found, ""
+}
+
+var errNotWhole = errors.New("not a whole number")
+
+func equalPath(p, keys []string) bool {
+	if len(p) != len(keys) {
+		return false
+	}
+	for i := range p {
+		if p[i] != keys[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// wholeAtLeast reads a value at a path: a number, or a string that holds
+// one, of at least 0, rounded up, at most strictnum.Max.
+func wholeAtLeast(v json.Token) (int64, bool) {
+	var s string
+	switch v := v.(type) {
+	case json.Number:
+		s = string(v)
+	case string:
+		s = strings.TrimSpace(v)
+	default:
+		return 0, false
+	}
+	if n, ok := strictnum.Parse(s); ok {
+		return n, true
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) || math.IsNaN(f) || f < 0 {
+		return 0, false
+	}
+	if f >= strictnum.Max {
+		return strictnum.Max, true
+	}
+	return int64(math.Ceil(f)), true
+}
+
+// peekedBody is what cost json read of a request body: its bytes, its
+// size (a bound, when it was not read whole), and why it is not usable.
+type peekedBody struct {
+	data []byte
+	size int64
+	why  string
+}
+
+// bodyPeek is a request body that was read ahead (by a goroutine, so that
+// a slow client costs a wait of costJSONReadTime at most), then handed on:
+// what was read, then the rest.
+type bodyPeek struct {
+	rest io.ReadCloser
+	done chan struct{}
+	buf  []byte
+	err  error
+	off  int
+	// peeked is what the reading gave, for the zones after the first.
+	peeked peekedBody
+}
+
+// peekBody reads r's body, up to costJSONMaxBody bytes and for
+// costJSONReadTime at most, and puts it back, whole, for the handlers
+// after; a second zone gets what the first read.
+func peekBody(r *http.Request) peekedBody {
+	if p, ok := r.Body.(*bodyPeek); ok {
+		return p.peeked
+	}
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+		return peekedBody{}
+	}
+	p := &bodyPeek{rest: r.Body, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		var b bytes.Buffer
+		if r.ContentLength > 0 {
+			b.Grow(int(min(r.ContentLength, costJSONMaxBody+1)))
+		}
+		_, p.err = b.ReadFrom(io.LimitReader(p.rest, costJSONMaxBody+1))
+		p.buf = b.Bytes()
+	}()
+	r.Body = p
+	unread := func(why string) peekedBody {
+		size := r.ContentLength
+		if size < 0 {
+			size = costJSONMaxBody
+		}
+		return peekedBody{size: size, why: why}
+	}
+	timer := time.NewTimer(costJSONReadTime)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		switch {
+		case p.err != nil:
+			p.peeked = unread(costUnread)
+		case len(p.buf) > costJSONMaxBody:
+			p.peeked = unread(costTooLarge)
+			p.peeked.size = max(p.peeked.size, int64(len(p.buf)))
+		default:
+			p.peeked = peekedBody{data: p.buf, size: int64(len(p.buf))}
+		}
+	case <-timer.C:
+		p.peeked = unread(costSlow)
+	case <-r.Context().Done():
+		p.peeked = unread(costUnread)
+	}
+	return p.peeked
+}
+
+// Read reads what was read ahead, then the rest of the body.
+func (p *bodyPeek) Read(b []byte) (int, error) {
+	<-p.done
+	if p.off < len(p.buf) {
+		n := copy(b, p.buf[p.off:])
+		p.off += n
+		return n, nil
+	}
+	if p.err != nil {
+		return 0, p.err
+	}
+	return p.rest.Read(b)
+}
+
+// Close closes the body, once its reading ahead is over.
+func (p *bodyPeek) Close() error {
+	return p.rest.Close()
+}
+
+// zoneQuota is a zone's max_requests taken per request from a placeholder (a
+// tenant's quota, from a header that forward_auth copies, a map output, or
+// {http.vars.*}), with the zone's max_requests as the fallback when the value
+// is missing or not a whole number from 1 to maxMaxRequests. The fallback
+// is never "unlimited": a tenant without a quota gets the zone's static limit.
+// The zone's identity says "per tenant", not the value, so a tenant whose
+// quota changes keeps its window; the engine decides each call exactly for
+// its own max.
+type zoneQuota struct {
+	from      *numberPlaceholder
+	fallback  int64
+	fallbacks *valueFallbacks
+}
+
+// of returns the max of r's call.
+func (q *zoneQuota) of(r *http.Request, repl *caddy.Replacer) int64 {
+	v := q.from.value(r, repl)
+	n, ok := strictnum.Parse(v)
+	switch {
+	case ok && n >= 1 && n <= maxMaxRequests:
+		return n
+	case ok && n > maxMaxRequests:
+		q.fallbacks.record(q.from.raw, strictnum.TooLarge)
+	default:
+		q.fallbacks.record(q.from.raw, strictnum.WhyNot(v))
+	}
+	return q.fallback
+}
+
+// A quota (max_requests from a placeholder) or a cost read from what the
+// client sends (a header, a query parameter, a cookie, the body) is the
+// client's to choose unless a handler that runs before the limiter replaces
+// it, and the limiter is ordered before forward_auth: without a route that
+// orders them, `max_requests {http.request.header.X-Quota} 10` lets a client
+// send X-Quota: 281474976710655 and have it. The module cannot see the
+// handlers around it, so it warns at load and names the form that is safe in
+// any order: the auth answer's own placeholder,
+// {http.reverse_proxy.header.<name>}, which only forward_auth sets, and which
+// is empty (the fallback applies) when the limiter runs first.
+
+// authAnswerPlaceholder is the safe form's namespace: the headers of the
+// answer of forward_auth's (or reverse_proxy's) upstream, set by it on the
+// request's replacer for the handlers after it.
+const authAnswerPlaceholder = "http.reverse_proxy.header."
+
+// clientChosen reports whether a placeholder (without braces) reads what the
+// client sent: anything of the request but its addresses and its verified
+// certificate.
+func clientChosen(name string) bool {
+	rest, ok := strings.CutPrefix(name, "http.request.")
+	if !ok {
+		return false
+	}
+	for _, server := range []string{"remote", "local", "tls."} {
+		if strings.HasPrefix(rest, server) {
+			return false
+		}
+	}
+	return true
+}
+
+// warnClientChosenUnits warns of a zone whose quota, or whose cost without a
+// settle that corrects it after the response, the client chooses.
+func warnClientChosenUnits(logger *zap.Logger, zone, maxRequestsFrom, cost string, settled bool) {
+	warn := func(field, raw string) {
+		name := strings.TrimSuffix(strings.TrimPrefix(raw, "{"), "}")
+		if !clientChosen(name) {
+			return
+		}
+		safe := raw
+		if header, ok := strings.CutPrefix(name, "http.request.header."); ok {
+			safe = "{" + authAnswerPlaceholder + header + "}"
+		}
+		logger.Warn(field+" is read from the request, which the client sends: a client can choose its own unless a handler that runs before sliding_ratelimit replaces it, and sliding_ratelimit runs before forward_auth unless a route orders them; take it from the auth service's answer, "+safe+", which only forward_auth sets and which gives the fallback in any order (docs/tenants.md)",
+			zap.String("zone", zone), zap.String("placeholder", raw))
+	}
+	if maxRequestsFrom != "" {
+		warn("max_requests", maxRequestsFrom)
+	}
+	if strings.HasPrefix(cost, "{") && !settled {
+		warn("cost", cost)
+	}
+}
+
+// The settle config is here with the zone's other units; what a response
+// says it cost is read in settle.go.
+
+// Settle says how a zone learns what a request really cost, which is known
+// only once its response is: the request reserves its cost (see the zone's
+// cost, default 1) before it goes on, and is admitted while the window has
+// room for that reservation; after the response, the reservation is replaced
+// by the real cost, so the client pays in full for what it used, even past
+// max_requests (it then waits until enough ages out). Set one of its fields.
+type Settle struct {
+	// Header names a response header, or trailer, whose value is the real
+	// cost, such as the token usage an LLM upstream reports. reverse_proxy
+	// copies an upstream's trailers into the response's header map at the
+	// end of the body, where the value is read once the response is done;
+	// a trailer wins over a header of the same name; a header that a handler
+	// before this one deletes as the status goes out (header -X-Usage, to
+	// keep it from clients) is read as it was then. The value is a whole
+	// number of units, 0 included; a value above the call's max_requests
+	// counts as max_requests (a charge above it blocks for one window,
+	// whatever its size). No value, or one that is not a whole number
+	// ("-5", "1.5", "abc"): the reservation stands, and the request is
+	// counted and logged at most once a minute per zone.
+	Header string `json:"header,omitempty"`
+
+	// Bytes settles a request to the bytes of its response body as they
+	// leave this handler (compressed, when encode runs after it, as it does
+	// in Caddy's directive order), at most the call's max_requests. A
+	// response with no body (HEAD, 304) costs 0; bytes after a protocol
+	// switch (a WebSocket) are not counted.
+	Bytes bool `json:"bytes,omitempty"`
+
+	// JSON names the numbers of the response body that make its real
+	// cost, as LLM APIs report usage: the cost is the sum, over these
+	// dotted paths ("usage.total_tokens"), of the last number found at
+	// each, in the body's JSON document (or each of a sequence, as
+	// newline-delimited JSON), or in the data of each event of a
+	// text/event-stream. A path matches at any depth: its names are the
+	// keys of consecutive objects, the last one the number's own, so
+	// "usage.total_tokens" finds response.usage.total_tokens too. The
+	// body passes through as it comes, read as it goes without being
+	// kept; a document or event counts once it is whole. No number at
+	// any path, a last number that is not a whole number ("-5", "1.5",
+	// "1e3"), a compressed body (a Content-Encoding), or a response cut
+	// short (the client left, the upstream broke off, the handler
+	// failed): the reservation stands, counted and logged as for header.
+	// A sum above the call's max_requests counts as max_requests.
+	JSON []string `json:"json,omitempty"`
+
+	// header is Header in canonical form.
+	header string
+	// paths are the JSON paths, split at their dots.
+	paths [][]string
+}
+
+// provision precomputes what each response needs.
+func (s *Settle) provision() {
+	s.header = textproto.CanonicalMIMEHeaderKey(s.Header)
+	s.paths = make([][]string, len(s.JSON))
+	for i, p := range s.JSON {
+		s.paths[i] = strings.Split(p, ".")
+	}
+}
+
+// The rules of units, as those of zones.go: each once, for JSON and the
+// Caddyfile alike.
+
+// maxMaxRequests is the largest max_requests: the engine keeps a zone's
+// running sums of units modulo 2^48.
+const maxMaxRequests = 1<<48 - 1
+
+func checkMaxRequests(n int64) error {
+	if n < 1 {
+		return fmt.Errorf("max_requests must be at least 1, got %d", n)
+	}
+	if n > maxMaxRequests {
+		return fmt.Errorf("max_requests must be at most 2^48-1 (%d), got %d", int64(maxMaxRequests), n)
+	}
+	return nil
+}
+
+// checkMaxRequestsFrom accepts a placeholder alone, whose value is each
+// request's max_requests.
+func checkMaxRequestsFrom(placeholder string) error {
+	if placeholder != "" && !isPlaceholder(placeholder) {
+		return fmt.Errorf("max_requests_from must be a placeholder alone, such as {http.request.header.X-Quota}, got %q", placeholder)
+	}
+	return nil
+}
+
+// checkCost accepts a whole number of at least 1, or a placeholder alone.
+func checkCost(cost string) error {
+	if cost == "" || isPlaceholder(cost) {
+		return nil
+	}
+	if n, ok := strictnum.Parse(cost); !ok || n < 1 {
+		return fmt.Errorf("cost must be a whole number of at least 1, or a placeholder alone such as {http.request.header.X-Cost}, got %q", cost)
+	}
+	return nil
+}
+
+// checkCostFits rejects a fixed cost above a fixed max_requests: no request
+// would ever be admitted.
+func checkCostFits(cost string, maxRequests int64, maxRequestsFrom string) error {
+	if n, ok := strictnum.Parse(cost); ok && maxRequestsFrom == "" && n > maxRequests {
+		return fmt.Errorf("cost %d is above max_requests %d: no request would ever be admitted", n, maxRequests)
+	}
+	return nil
+}
+
+// checkSettle accepts a header name, bytes, or JSON paths, one of them.
+func checkSettle(s *Settle) error {
+	if s == nil {
+		return nil
+	}
+	set := 0
+	for _, on := range []bool{s.Bytes, s.Header != "", len(s.JSON) > 0} {
+		if on {
+			set++
+		}
+	}
+	switch {
+	case set > 1:
+		return errors.New("settle takes a header, bytes or json paths, not more than one")
+	case set == 0:
+		return errors.New("settle needs a header (settle header X-Usage) or bytes (settle bytes) or json paths (settle json usage.total_tokens)")
+	case s.Header != "" && !isToken(s.Header):
+		return fmt.Errorf("settle header: %q is not a header name", s.Header)
+	}
+	for _, p := range s.JSON {
+		if err := checkJSONPath(p); err != nil {
+			return fmt.Errorf("settle json: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkJSONPath accepts a dotted path of object keys (usage.total_tokens),
+// each a plain name: no empty one, no quote, backslash, bracket or brace,
+// no ':' or ',' (settle's paths name the zone's state: zoneIdentity), at
+// most jsonusage.MaxKey bytes.
+func checkJSONPath(p string) error {
+	for _, name := range strings.Split(p, ".") {
+		if name == "" || len(name) > jsonusage.MaxKey || strings.ContainsAny(name, "\\\"{}[]:, \t") {
+			return fmt.Errorf("%q is not a dotted path of names such as usage.total_tokens", p)
+		}
+	}
+	return nil
+}
+
+// isToken reports whether s is an HTTP token, as header names are
+// (RFC 9110, section 5.6.2).
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return s != ""
 }

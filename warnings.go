@@ -1,8 +1,11 @@
 package slidingratelimit
 
 import (
+	"sync"
 	"sync/atomic"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -48,15 +51,77 @@ func (w *startupWarnings) release() {
 	}
 }
 
-// redisSilentAtStart is the warning of a Redis that does not answer at load:
-// what each fail mode does meanwhile, since with open it is every limit off.
-func redisSilentAtStart(failMode string) string {
-	const msg = "redis not reachable at provision: "
-	switch failMode {
-	case failClosed:
-		return msg + "requests are refused with 503 (fail_mode closed) until it answers"
-	case failLocal:
-		return msg + "each instance counts alone in process (fail_mode local) until it answers"
+// throttle counts events and says when one is due to be logged: at most once
+// per interval, with the count of events since the last line. A Redis outage
+// or a misconfigured key under load must not write one line per request.
+type throttle struct {
+	interval time.Duration
+
+	mu      sync.Mutex
+	last    time.Time
+	pending int64
+}
+
+// event counts one event and, when a line is due, returns the count since the
+// last one and true.
+func (t *throttle) event() (int64, bool) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pending++
+	if !t.last.IsZero() && now.Sub(t.last) < t.interval {
+		return 0, false
 	}
-	return msg + "requests pass unlimited (fail_mode open) until it answers; decisions_total counts them as failed_open"
+	count := t.pending
+	t.pending = 0
+	t.last = now
+	return count, true
+}
+
+// failureLog logs store failures, throttled.
+type failureLog struct {
+	logger *zap.Logger
+	msg    string
+	throttle
+}
+
+func newFailureLog(logger *zap.Logger, msg string, interval time.Duration) *failureLog {
+	return &failureLog{logger: logger, msg: msg, throttle: throttle{interval: interval}}
+}
+
+// record counts one failure under failMode and logs when due.
+func (f *failureLog) record(failMode string, err error) {
+	if count, due := f.event(); due {
+		f.logger.Error(f.msg,
+			zap.String("fail_mode", failMode),
+			zap.Int64("failures", count),
+			zap.Error(err))
+	}
+}
+
+// fallbackLog counts and logs, throttled, the requests of a zone whose key
+// template expanded to nothing, so that they were keyed by client address: a
+// header that never comes, or a placeholder with a typo, shows up.
+type fallbackLog struct {
+	logger  *zap.Logger
+	zone    string
+	counter prometheus.Counter
+	throttle
+}
+
+func newFallbackLog(logger *zap.Logger, zone string, interval time.Duration) *fallbackLog {
+	return &fallbackLog{logger: logger, zone: zone, throttle: throttle{interval: interval}}
+}
+
+// record counts one fallback and logs when due.
+func (f *fallbackLog) record(template string) {
+	if f.counter != nil {
+		f.counter.Inc()
+	}
+	if count, due := f.event(); due {
+		f.logger.Info("rate limit key expanded to nothing: keyed by client address",
+			zap.String("zone", f.zone),
+			zap.String("key", template),
+			zap.Int64("requests", count))
+	}
 }

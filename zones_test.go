@@ -10,19 +10,15 @@ import (
 
 func TestZonesAllOrNothing(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 		key {http.request.header.X-Client}
 		zone burst 1m 3
 		zone hourly 1h 5 {
 			key {http.request.header.Authorization}
 		}
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	request := func(client, token string) answer {
 		return send(t, "http://localhost:9080/", withHeader("X-Client", client), withHeader("Authorization", token))
 	}
@@ -69,11 +65,8 @@ http://localhost:9080 {
 }
 
 func TestZoneMatchers(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 		key {http.request.header.X-Client}
 		zone all 1m 10
 		zone login 1m 1 {
@@ -83,8 +76,7 @@ http://localhost:9080 {
 			}
 		}
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	post := func() int {
 		return send(t, "http://localhost:9080/login", withMethod(http.MethodPost), withHeader("X-Client", "m1")).status
 	}
@@ -106,18 +98,14 @@ http://localhost:9080 {
 
 func TestReportModePassesAndReports(t *testing.T) {
 	prefix := uniquePrefix(t)
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", prefix, `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {http.request.header.X-Client}
 		mode report
-		redis `+sharedRedis.URL()+`
-		key_prefix `+prefix+`
 	}
-	respond "{http.sliding_ratelimit.retry_after}"
-}`)
+	respond "{http.sliding_ratelimit.retry_after}"`))
 	for i := 1; i <= 5; i++ {
 		res := send(t, "http://localhost:9080/", withHeader("X-Client", "r1"))
 		retryAfter := res.body
@@ -145,18 +133,14 @@ http://localhost:9080 {
 }
 
 func TestIPPrefixGrouping(t *testing.T) {
-	startCaddy(t, `
-http://localhost:9080 {
+	startCaddy(t, siteBlock("http://localhost:9080", uniquePrefix(t), `
 	sliding_ratelimit {
 		window 1m
 		max_requests 2
 		key {http.request.header.X-IP}
 		ipv4_prefix 24
-		redis `+sharedRedis.URL()+`
-		key_prefix `+uniquePrefix(t)+`
 	}
-	respond "ok"
-}`)
+	respond "ok"`))
 	for _, c := range []struct {
 		ip   string
 		want int
@@ -203,5 +187,165 @@ func TestManyZones(t *testing.T) {
 	}
 	if res := send(t, "/", to(in), from("192.0.2.50")); res.status != http.StatusTooManyRequests || res.header.Get("Retry-After") == "" {
 		t.Errorf("12th request: %d, Retry-After %q; want 429 from z1", res.status, res.header.Get("Retry-After"))
+	}
+}
+
+// TestSitesShareTheImplicitZoneWithAWarning: two sites of one config with the
+// same three-line form share one limit, as before, and the log says so once,
+// naming both sites and how to share on purpose or count apart. Zones named
+// the same on purpose, and three-line forms with different limits, are not
+// warned about.
+func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
+	prefix := uniquePrefix(t)
+	threeLines := func(max string) string {
+		return `
+	sliding_ratelimit {
+		window 1m
+		max_requests ` + max + `
+	}
+	respond "ok"`
+	}
+	named := `
+	sliding_ratelimit {
+		zone api 1m 1
+	}
+	respond "ok"`
+	logFile := startCaddy(t, siteBlock("http://a.localhost:9080", prefix, threeLines("1"))+
+		siteBlock("http://b.localhost:9080", prefix, threeLines("1"))+
+		siteBlock("http://c.localhost:9080", prefix, named)+
+		siteBlock("http://d.localhost:9080", prefix, named)+
+		siteBlock("http://e.localhost:9080", prefix, threeLines("2")))
+	client := newFaultClient(t, 2)
+	for _, c := range []struct {
+		host string
+		want int
+	}{
+		{"a.localhost", http.StatusOK}, {"b.localhost", http.StatusTooManyRequests},
+		{"c.localhost", http.StatusOK}, {"d.localhost", http.StatusTooManyRequests},
+		{"e.localhost", http.StatusOK},
+	} {
+		if a := client.get(c.host); a.err != nil || a.status != c.want {
+			t.Errorf("%s: %d %v, want %d", c.host, a.status, a.err, c.want)
+		}
+	}
+
+	warnings := logLines(t, logFile, `"level":"warn"`, "share one limit")
+	if len(warnings) != 1 {
+		t.Fatalf("%d warnings about a shared implicit zone, want 1: %q", len(warnings), warnings)
+	}
+	w := warnings[0]
+	for _, want := range []string{
+		`"handlers":["server srv0, host a.localhost","server srv0, host b.localhost"]`,
+		`"zone":"default:1m:1"`,
+		"give the zone the same name in each", "give each zone a name of its own",
+	} {
+		if !strings.Contains(w, want) {
+			t.Errorf("warning without %s: %s", want, w)
+		}
+	}
+}
+
+// TestJSONRulesNameTheField: a JSON config breaks the same rules as a
+// Caddyfile, in the same words, naming the field (and the zone).
+func TestJSONRulesNameTheField(t *testing.T) {
+	for _, c := range []struct{ config, want string }{
+		{`{}`, "no limit: set window and max_requests, or at least one zone"},
+		{`{"window": "1m"}`, "max_requests must be at least 1, got 0"},
+		{`{"max_requests": 5}`, "window must be greater than zero"},
+		{`{"window": "-1s", "max_requests": 5}`, "window must be greater than zero, got -1s"},
+		{`{"window": "1m", "max_requests": 5, "timeout": "-1s"}`, "timeout must be greater than zero"},
+		{`{"window": "1m", "max_requests": 5, "ipv4_prefix": 33}`, "ipv4_prefix must be from 1 to 32, got 33"},
+		{`{"window": "1m", "max_requests": 5, "ipv6_prefix": 129}`, "ipv6_prefix must be from 1 to 128, got 129"},
+		{`{"window": "1m", "max_requests": 5, "key_prefix": "a{b"}`, "key_prefix must not contain '{' or '}'"},
+		{`{"window": "1m", "max_requests": 5, "fail_mode": "shut"}`, `fail_mode must be open, closed or local, got "shut"`},
+		{`{"window": "1m", "max_requests": 5, "headers": "x"}`, `headers must be draft, legacy or off, got "x"`},
+		{`{"window": "1m", "max_requests": 5, "mode": "x"}`, `mode must be enforce or report, got "x"`},
+		{`{"window": "1m", "max_requests": 5, "algorithm": "x"}`, `algorithm must be log or counter, got "x"`},
+		{`{"window": "1m", "max_requests": 5, "redis_topology": "ring"}`, `redis_topology must be standalone, cluster or sentinel, got "ring"`},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 0}]}`, "zone a: max_requests must be at least 1, got 0"},
+		{`{"zones": [{"name": "a", "max_requests": 1}]}`, "zone a: window must be greater than zero"},
+		{`{"zones": [{"name": "a b", "window": "1m", "max_requests": 1}]}`, `zone name "a b": only letters`},
+		{`{"zones": [{"window": "1m", "max_requests": 1}]}`, "zone name is required"},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "algorithm": "gcra"}]}`, `zone a: algorithm must be log or counter, got "gcra"`},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1}, {"name": "a", "window": "1h", "max_requests": 9}]}`, "zone a is defined twice"},
+		{`{"window": "1m", "max_requests": 5, "zones": [{"name": "default", "window": "1h", "max_requests": 9}]}`, "zone default clashes with the zone that window and max_requests define"},
+		{`{"window": "1m", "max_requests": 5, "count_status": [600]}`, "count_status must be status codes from 100 to 599 or classes 1 to 5 (1xx to 5xx), got 600"},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "count_status": [0]}]}`, "zone a: count_status must be"},
+		{`{"window": "1m", "max_requests": 5, "key": "{http.request.header.X-Api-Key"}`, `key "{http.request.header.X-Api-Key": the placeholder "{http.request.header.X-Api-Key" has no closing '}'`},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "key": "}{http.vars.client_ip}"}]}`, `zone a: key "}{http.vars.client_ip}": '}' at the start closes no '{'`},
+		{`{"zones": [{"name": "a", "window": "1m", "max_requests": 1, "key": "{a{b}}"}]}`, `zone a: key "{a{b}}": '{' inside the placeholder "{a", which is not closed: placeholders do not nest`},
+		{`{"window": "1m", "max_requests": 5, "key": "t:{}"}`, `key "t:{}": empty placeholder '{}' after "t:"`},
+	} {
+		err := provisionError(t, c.config)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.config, err, c.want)
+		}
+	}
+}
+
+func TestZoneIdentity(t *testing.T) {
+	for _, c := range []struct{ config, want string }{
+		{`{"window": "1m", "max_requests": 60}`, "default:1m:60"},
+		{`{"window": "90s", "max_requests": 1}`, "default:90s:1"},
+		{`{"window": "1500ms", "max_requests": 2, "algorithm": "counter"}`, "default:1500ms:2:counter"},
+		{`{"window": "24h", "max_requests": 7}`, "default:24h:7"},
+		{`{"zones": [{"name": "api", "window": 1000, "max_requests": 3}]}`, "api:1us:3"},
+		{`{"zones": [{"name": "login", "window": "10m", "max_requests": 3, "count_status": [401, 4]}]}`, "login:10m:3:401,4xx"},
+		{`{"window": "1m", "max_requests": 3, "count_status": [5]}`, "default:1m:3:5xx"},
+	} {
+		in := newInstance(t, c.config)
+		if got := in.zones[0].identity; got != c.want {
+			t.Errorf("%s: identity %q, want %q", c.config, got, c.want)
+		}
+	}
+}
+
+// TestPlansPerAPIKey is the recipe of README.md and docs/zones.md, with
+// smaller limits: a map names each key's plan, and zone matchers give each
+// plan its limit.
+func TestPlansPerAPIKey(t *testing.T) {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+	map {http.request.header.X-Api-Key} {plan} {
+		gold-key-1 gold
+		gold-key-2 gold
+		default    free
+	}
+	sliding_ratelimit {
+		key {http.request.header.X-Api-Key}
+		zone gold 1m 5 {
+			match {
+				vars {plan} gold
+			}
+		}
+		zone free 1m 2 {
+			match {
+				not vars {plan} gold
+			}
+		}
+	}
+	respond "{plan}"`))
+	client := from("127.0.0.2")
+	for _, c := range []struct {
+		key, zone string
+		admitted  int
+	}{
+		{"gold-key-1", "gold", 5},
+		{"gold-key-2", "gold", 5},
+		{"free-key", "free", 2},
+	} {
+		for i := 1; i <= c.admitted+1; i++ {
+			res := send(t, site, client, withHeader("X-Api-Key", c.key))
+			status, h := res.status, res.header
+			want := http.StatusOK
+			if i > c.admitted {
+				want = http.StatusTooManyRequests
+			}
+			if status != want {
+				t.Errorf("%s, request %d: status %d, want %d", c.key, i, status, want)
+			}
+			if policy := h.Get("RateLimit-Policy"); !strings.HasPrefix(policy, `"`+c.zone+`"`) || strings.Contains(policy, ",") {
+				t.Errorf("%s: RateLimit-Policy %q, want the %s zone alone", c.key, policy, c.zone)
+			}
+		}
 	}
 }

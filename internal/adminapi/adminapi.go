@@ -1,0 +1,124 @@
+// Package adminapi holds what the admin API of the sliding_ratelimit handler
+// and the caddy sliding-ratelimit command share: the paths, the answers'
+// wire types, and the command's client.
+package adminapi
+
+// Paths of the admin API.
+const (
+	KeyPath     = "/sliding_ratelimit/zones/{zone}/keys/{key}"
+	BlockedPath = "/sliding_ratelimit/blocked"
+)
+
+// BlockedDefaultLimit is how many entries the blocked list has without
+// ?limit: enough to see an attack, small enough to read.
+const BlockedDefaultLimit = 100
+
+// KeyState is the answer to GET: a client's state in a zone now.
+type KeyState struct {
+	Zone string `json:"zone"`
+	// Identity names the zone's state: name, window, limit (the handler's zoneIdentity).
+	Identity string `json:"identity"`
+	// Key is the client key after normalisation, as stored.
+	Key string `json:"key"`
+	// Limit is the zone's max_requests; where each request's comes from a
+	// placeholder (LimitFrom), the client's own: the max its last
+	// admission was decided with, which the store keeps, or else the
+	// fallback (LimitSource says which).
+	Limit int64 `json:"limit"`
+	// LimitFrom is the placeholder of a zone whose max_requests is each
+	// tenant's own: Remaining and the times are then counted against Limit.
+	LimitFrom string `json:"limit_from,omitempty"`
+	// LimitSource is, with LimitFrom, "last_decision" when Limit is the max
+	// of the client's last admission in the zone, or "fallback" when the
+	// store does not know it (no admission kept; a counter or concurrency
+	// zone; state written by a version that did not keep it).
+	LimitSource   string  `json:"limit_source,omitempty"`
+	WindowSeconds float64 `json:"window_seconds"`
+	Algorithm     string  `json:"algorithm"`
+	// Unit is what Limit, Count and Remaining count: "requests",
+	// "content-bytes" (settle bytes), "units" (a cost, settle header) or
+	// "concurrent-requests" (a concurrency zone).
+	Unit string `json:"unit"`
+	// Count is the units used in the window now, past Limit included (a
+	// charge above a reservation); for the counter algorithm its estimate,
+	// rounded up.
+	Count int64 `json:"count"`
+	// Remaining is the units left now.
+	Remaining int64 `json:"remaining"`
+	// ResetSeconds is the time until units next free; 0 with no admission
+	// in the window.
+	ResetSeconds float64 `json:"reset_seconds"`
+	// RetryAfterSeconds is the time until a request would be admitted (of
+	// the zone's fixed cost, or of 1 where requests say their own); 0 if one
+	// would be admitted now (after waiting WaitSeconds, in a zone with a
+	// wait).
+	RetryAfterSeconds float64 `json:"retry_after_seconds"`
+	// WaitSeconds is, in a zone with a wait, how long a request now would be
+	// held for its slot (0: it would go on at once); absent in other zones.
+	WaitSeconds *float64 `json:"wait_seconds,omitempty"`
+	// LeasesHeld is, in a concurrency zone, the leases the client holds on
+	// every instance (its requests in flight, as Count), and LeasesHeldHere
+	// those that its requests running through this handler hold; absent in
+	// other zones.
+	LeasesHeld     *int64 `json:"leases_held,omitempty"`
+	LeasesHeldHere *int64 `json:"leases_held_here,omitempty"`
+}
+
+// ResetAnswer is the answer to DELETE.
+type ResetAnswer struct {
+	Reset bool   `json:"reset"`
+	Zone  string `json:"zone"`
+	Key   string `json:"key"`
+}
+
+// BlockedAnswer is the answer to GET /sliding_ratelimit/blocked.
+type BlockedAnswer struct {
+	// Count is how many clients are held as blocked, listed or not.
+	Count int `json:"count"`
+	// Blocked lists them, the longest wait first, at most limit.
+	Blocked []BlockedClient `json:"blocked"`
+}
+
+// BlockedClient is one client held as blocked in one zone.
+type BlockedClient struct {
+	Zone string `json:"zone"`
+	// Identity names the zone's state: name, window, limit (the handler's zoneIdentity).
+	Identity string `json:"identity"`
+	// Key is the client key as stored: normalised, hashed if long.
+	Key string `json:"key"`
+	// RetryAfterSeconds is the time left until the client may retry: what
+	// its next request is told.
+	RetryAfterSeconds float64 `json:"retry_after_seconds"`
+}
+
+// ZonesPath lists the zones of the running handlers: what a path of
+// KeyPath may name.
+const ZonesPath = "/sliding_ratelimit/zones"
+
+// ZoneInfo is one zone in the answer to GET ZonesPath.
+type ZoneInfo struct {
+	Name string `json:"name"`
+	// Identity names the zone's state; the admin paths take it where two
+	// zones share a name with different limits.
+	Identity string `json:"identity"`
+	// Limit is max_requests (or concurrent); where each tenant's comes from
+	// a placeholder (LimitFrom), its fallback.
+	Limit     int64  `json:"limit"`
+	LimitFrom string `json:"limit_from,omitempty"`
+	// WindowSeconds is 0 in a concurrency zone.
+	WindowSeconds float64 `json:"window_seconds"`
+	Algorithm     string  `json:"algorithm"`
+	Unit          string  `json:"unit"`
+	// Key is the zone's key template (not a client's key).
+	Key string `json:"key"`
+	// WaitSeconds is the zone's wait, when it has one.
+	WaitSeconds float64 `json:"wait_seconds,omitempty"`
+	// Handlers is how many handlers have the zone: sites that share it, or
+	// the old and the new config during a reload.
+	Handlers int `json:"handlers"`
+}
+
+// ZonesAnswer is the answer to GET ZonesPath.
+type ZonesAnswer struct {
+	Zones []ZoneInfo `json:"zones"`
+}

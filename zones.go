@@ -1,0 +1,749 @@
+package slidingratelimit
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
+)
+
+// defaultZone is the name of the zone that the handler's own window and
+// max_requests define (the three-line form).
+const defaultZone = "default"
+
+// counterMinMax is the smallest max_requests for which the counter algorithm
+// is not warned about: below it, its estimate can block for up to two windows.
+const counterMinMax = 10
+
+// Zone is one named limit. A request is admitted only if every zone that
+// applies to it admits it.
+type Zone struct {
+	// Name identifies the zone in headers, placeholders, metrics, the admin
+	// API and Redis keys: letters, digits, '_', '-' and '.'. Required, unique
+	// within the handler.
+	Name string `json:"name,omitempty"`
+
+	// Window is the span in which at most MaxRequests requests of one client
+	// are admitted, counted back from each request. Required; greater than
+	// zero.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// MaxRequests is how many requests one client may make in any Window,
+	// or with a Cost or Settle how many units (tokens, bytes). Denied
+	// requests do not count. Required; from 1 to 2^48-1. With
+	// MaxRequestsFrom, the fallback.
+	MaxRequests int64 `json:"max_requests,omitempty"`
+
+	// MaxRequestsFrom is a placeholder alone whose value is each request's
+	// max_requests: a tenant's own quota, such as
+	// "{http.request.header.X-Quota}" that forward_auth copies from the auth
+	// service's answer (deleting the client's own first), a map output or
+	// "{http.vars.quota}". A header, query parameter or cookie counts by its
+	// first value. When the value is missing or not a whole number from 1 to
+	// 2^48-1, MaxRequests applies (never "unlimited"), and the request is
+	// counted (max_requests_fallbacks_total) and logged at most once a
+	// minute. The zone's identity says "per-tenant" instead of a number, so a
+	// tenant whose quota changes keeps its window. Default: none.
+	MaxRequestsFrom string `json:"max_requests_from,omitempty"`
+
+	// Cost is what one request spends of MaxRequests, which is then a
+	// budget in units: a whole number of at least 1, or a placeholder alone
+	// read per request, such as "{http.request.header.X-Cost}" (its first
+	// value) or "{http.vars.cost}" set by an earlier handler. A request value
+	// never makes a request free or negative: a value that is missing or
+	// not a whole number of at least 1 ("0", "-5", "1e9", "NaN") reserves 1,
+	// counted (cost_fallbacks_total) and logged at most once a minute; a
+	// value above the call's max_requests, however large, is denied with 429
+	// and no Retry-After, since no wait admits it. Default: the handler's
+	// cost, else 1.
+	Cost string `json:"cost,omitempty"`
+
+	// Settle replaces, after the response, what a request reserved (Cost)
+	// with what it really cost: a response header or trailer, or the
+	// response body's bytes (see Settle). Default: the handler's settle,
+	// else none: the reservation stands.
+	Settle *Settle `json:"settle,omitempty"`
+
+	// CostJSON reads what a request reserves from its JSON body, instead
+	// of Cost (see CostJSON). Default: the handler's cost_json, when the
+	// zone sets no cost.
+	CostJSON *CostJSON `json:"cost_json,omitempty"`
+
+	// Key identifies the client in this zone, with placeholders expanded per
+	// request (see the handler's key). Default: the handler's key.
+	Key string `json:"key,omitempty"`
+
+	// Algorithm is "log" (exact sliding-window log; memory grows with
+	// max_requests) or "counter" (sliding-window counter; O(1) memory per
+	// key, approximate). Default: the handler's algorithm.
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// CountStatus lists the response statuses that count against this
+	// zone's limit (see the handler's count_status). Default: the handler's.
+	CountStatus []int `json:"count_status,omitempty"`
+
+	// Wait is how long a request that this zone cannot admit now may be
+	// held for its slot instead of denied (see the handler's wait); only a
+	// zone of algorithm log waits. Default: the handler's wait.
+	Wait caddy.Duration `json:"wait,omitempty"`
+
+	// Concurrent makes this a concurrency zone: at most Concurrent requests
+	// of one client in flight at once, on every instance that shares the
+	// store. Each admitted request takes a slot (a lease) that it gives
+	// back when its response ends. A concurrency zone has no window,
+	// max_requests, algorithm, count_status or wait; a denied request gets
+	// 429 with Retry-After: 1. Default 0: a zone of window and max_requests.
+	Concurrent int64 `json:"concurrent,omitempty"`
+
+	// Lease is how long a concurrency zone's slot outlives news of its
+	// request: the instance that runs the request extends it every third of
+	// Lease while the response runs (a long download, a WebSocket), so the
+	// slots of an instance that died come back Lease after its last
+	// extension. Default 1m; greater than zero when set; only with
+	// Concurrent.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// MatchersRaw limits the zone to requests that match; default: all
+	// requests the handler sees.
+	MatchersRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
+
+	matchers caddyhttp.MatcherSets
+	limit    limiter.Limit
+	key      clientkey.Template
+	// identity names the zone's state in stores and deny caches: the name
+	// and what makes it a different limit (see zoneIdentity).
+	identity string
+	// fallbacks logs keys that fell back to the client address.
+	fallbacks *fallbackLog
+	// policy is the RateLimit-Policy item, and quotedName and maxText are
+	// precomputed for headers and placeholders (see prepareHeaders).
+	policy     string
+	quotedName string
+	maxText    string
+	// decisions counts this zone's decisions by result; cacheHits its deny
+	// cache hits (see bindMetrics).
+	decisions map[string]prometheus.Counter
+	cacheHits prometheus.Counter
+	// units is what a request costs and settles to when that is not one
+	// request of MaxRequests; nil otherwise (see newZoneUnits).
+	units *zoneUnits
+
+	// wait is how long this zone lets a request wait for its slot: its
+	// Wait, or the handler's; zero but in a zone of algorithm log.
+	wait time.Duration
+}
+
+// provision loads the zone's matchers and precomputes what requests need.
+// The key, algorithm, count_status, cost and settle of defaults (the
+// handler's) stand for those the zone leaves empty.
+func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) error {
+	if z.Key == "" {
+		z.Key = defaults.Key
+	}
+	// A concurrency zone has none of these: the handler's do not apply.
+	if z.Algorithm == "" && !z.concurrency() {
+		z.Algorithm = defaults.Algorithm
+	}
+	if z.CountStatus == nil && !z.concurrency() {
+		z.CountStatus = defaults.CountStatus
+	}
+	if z.Cost == "" && z.CostJSON == nil && !z.concurrency() {
+		z.Cost, z.CostJSON = defaults.Cost, defaults.CostJSON
+	}
+	if z.Settle == nil && !z.concurrency() {
+		z.Settle = defaults.Settle
+	}
+	if z.MatchersRaw != nil {
+		mods, err := ctx.LoadModule(z, "MatchersRaw")
+		if err != nil {
+			return fmt.Errorf("zone %s: loading matchers: %w", z.Name, err)
+		}
+		if err := z.matchers.FromInterface(mods); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
+	switch {
+	case z.concurrency():
+		z.limit = limiter.Limit{Window: cmp.Or(time.Duration(z.Lease), defaultLease), Max: z.Concurrent, Algorithm: limiter.Concurrency}
+	case z.Algorithm == algorithmLog:
+		z.wait = time.Duration(cmp.Or(z.Wait, defaults.Wait))
+		// The handler's wait is checked here against each zone's window.
+		if err := checkWait(z.wait, time.Duration(z.Window), z.Algorithm); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	if z.Algorithm == algorithmCounter {
+		z.limit.Algorithm = limiter.SlidingCounter
+		if z.MaxRequests < counterMinMax {
+			logger.Warn("algorithm counter with a small max_requests can block a client for up to two windows; use algorithm log for small limits",
+				zap.String("zone", z.Name), zap.Int64("max_requests", z.MaxRequests))
+		}
+	}
+	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
+	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
+	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
+	z.key = clientkey.Parse(z.Key)
+	for _, name := range z.key.PlaceholderNames() {
+		if !clientkey.KnownPlaceholder(name) {
+			logger.Warn("key placeholder is not one Caddy provides to a request handler: it will expand to \"\" and the key fall back to the client address (a typo?)",
+				zap.String("zone", z.Name), zap.String("placeholder", "{"+name+"}"), zap.String("key", z.Key))
+		}
+	}
+	z.fallbacks = newFallbackLog(logger, z.Name, time.Minute)
+	return nil
+}
+
+// defaultLease is a concurrency zone's lease time when it sets none. It is
+// how long the slots of an instance that dies stay taken, and a running
+// request's instance extends its lease every third of it: a minute frees a
+// dead instance's slots soon enough to be an outage, not a lockout, and
+// costs one extension per long request every 20 s (batched with the
+// others), while an extension may fail for 40 s (Redis away, a stalled
+// process) before a running request loses its slot.
+const defaultLease = time.Minute
+
+// concurrency reports whether the zone limits requests in flight.
+func (z *Zone) concurrency() bool { return z.Concurrent != 0 || z.Lease != 0 }
+
+// applies reports whether the zone limits r.
+func (z *Zone) applies(r *http.Request) (bool, error) {
+	if len(z.matchers) == 0 {
+		return true, nil
+	}
+	return z.matchers.AnyMatchWithError(r)
+}
+
+// counts reports whether a response with status keeps the zone's admission
+// counted under its count_status: an entry is a status code, or a single
+// digit n for the class nxx, as Caddy's response matchers read status codes.
+// An empty list counts every response.
+func (z *Zone) counts(status int) bool {
+	if z.limit.Algorithm == limiter.Concurrency {
+		// Its lease is given back when the response ends, whatever it is.
+		return false
+	}
+	if len(z.CountStatus) == 0 {
+		return true
+	}
+	for _, s := range z.CountStatus {
+		if s == status || s < 10 && status/100 == s {
+			return true
+		}
+	}
+	return false
+}
+
+// validate checks the zone's own fields.
+func (z *Zone) validate() error {
+	rules := []error{
+		checkZoneName(z.Name),
+		checkPositive("window", time.Duration(z.Window)),
+		checkMaxRequests(z.MaxRequests),
+		checkKeyTemplate(z.Key),
+		algorithmEnum.check(z.Algorithm),
+		checkCountStatus(z.CountStatus),
+		checkCost(z.Cost),
+		checkSettle(z.Settle),
+		checkMaxRequestsFrom(z.MaxRequestsFrom),
+		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
+		checkCostJSON(z.CostJSON, z.Cost),
+		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
+		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
+	}
+	if z.concurrency() {
+		rules = []error{
+			checkZoneName(z.Name),
+			checkConcurrencyZone(z.Concurrent, time.Duration(z.Lease), z.countingFields(), z.Algorithm, time.Duration(z.Wait)),
+			checkKeyTemplate(z.Key),
+		}
+	}
+	for _, err := range rules {
+		if err != nil {
+			if z.Name == "" {
+				return err
+			}
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+	}
+	return nil
+}
+
+// countingFields names the fields set that count admissions in a window,
+// which a concurrency zone does not.
+func (z *Zone) countingFields() string {
+	var set []string
+	if z.Window != 0 {
+		set = append(set, "window")
+	}
+	if z.MaxRequests != 0 {
+		set = append(set, "max_requests")
+	}
+	if z.CountStatus != nil {
+		set = append(set, "count_status")
+	}
+	if z.MaxRequestsFrom != "" {
+		set = append(set, "max_requests_from")
+	}
+	if z.Cost != "" {
+		set = append(set, "cost")
+	}
+	if z.Settle != nil {
+		set = append(set, "settle")
+	}
+	if z.CostJSON != nil {
+		set = append(set, "cost_json")
+	}
+	return strings.Join(set, ", ")
+}
+
+// checkZoneNames rejects a name given twice, counting the zone that the
+// top-level window and max_requests define.
+func checkZoneNames(hasDefault bool, zones []*Zone) error {
+	seen := map[string]bool{defaultZone: hasDefault}
+	for _, z := range zones {
+		if seen[z.Name] {
+			if z.Name == defaultZone && hasDefault {
+				return fmt.Errorf("zone %s clashes with the zone that window and max_requests define", defaultZone)
+			}
+			return fmt.Errorf("zone %s is defined twice", z.Name)
+		}
+		seen[z.Name] = true
+	}
+	return nil
+}
+
+// unit is what the zone counts in.
+func (z *Zone) unit() string {
+	if z.limit.Algorithm == limiter.Concurrency {
+		return unitConcurrentRequests
+	}
+	return z.units.name()
+}
+
+// bindMetrics binds the zone's counters once, so requests do not look up
+// label values.
+func (z *Zone) bindMetrics() {
+	z.decisions = make(map[string]prometheus.Counter)
+	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied} {
+		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
+	}
+	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
+	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
+}
+
+// zoneIdentity names a zone's state in Redis keys and deny caches: its name,
+// window, max_requests (or "per-tenant" when each request's max comes from
+// a placeholder), then for the counter its algorithm, what its count_status
+// counts, and what it settles to, as in "default:1m:100",
+// "api:1h:1000:counter", "login:10m:3:401,4xx", "tenants:1m:per-tenant" or
+// "downloads:1h:1000000000:bytes"; a concurrency zone's is its name and how
+// many requests may run at once, as in "reports:concurrent:2". Two handlers
+// share a zone's state exactly when their zones agree on all of these (and
+// on the Redis and the key prefix), so two sites that both use the
+// three-line form with different limits never count each other's requests,
+// while handlers that are meant to share one limit say so by giving their
+// zones the same name and limit. Changing a zone's limit, algorithm or unit
+// on a reload starts its clients over; a tenant's quota that changes does
+// not, nor does a cost (requests priced differently still spend one budget).
+func zoneIdentity(name string, limit limiter.Limit, perTenant bool, countStatus []int, settle *Settle) string {
+	if limit.Algorithm == limiter.Concurrency {
+		// The lease time is not part of the limit, so instances with
+		// different lease times share its slots.
+		return name + ":concurrent:" + strconv.FormatInt(limit.Max, 10)
+	}
+	var b strings.Builder
+	b.WriteString(name)
+	b.WriteByte(':')
+	b.WriteString(formatWindow(limit.Window))
+	b.WriteByte(':')
+	if perTenant {
+		b.WriteString("per-tenant")
+	} else {
+		b.WriteString(strconv.FormatInt(limit.Max, 10))
+	}
+	if limit.Algorithm == limiter.SlidingCounter {
+		b.WriteString(":counter")
+	}
+	for i, status := range countStatus {
+		if i == 0 {
+			b.WriteByte(':')
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(status))
+		if status < 10 {
+			b.WriteString("xx")
+		}
+	}
+	switch {
+	case settle == nil:
+	case settle.Bytes:
+		b.WriteString(":bytes")
+	case len(settle.JSON) > 0:
+		b.WriteString(":json-" + strings.Join(settle.JSON, ","))
+	default:
+		b.WriteString(":header-" + strings.ToLower(settle.Header))
+	}
+	return b.String()
+}
+
+// formatWindow writes a window in its largest whole unit: 1h, 90s, 1500ms,
+// 250us.
+func formatWindow(w time.Duration) string {
+	for _, u := range []struct {
+		unit   time.Duration
+		suffix string
+	}{
+		{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}, {time.Microsecond, "us"},
+	} {
+		if w%u.unit == 0 {
+			return strconv.FormatInt(int64(w/u.unit), 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(w), 10) + "ns"
+}
+
+// Two handlers whose zones have the same identity share their clients'
+// counts: that is how the instances of one site share a limit, and how sites
+// share one on purpose (a zone of the same name and limit in each). But the
+// zone of the three-line form (window and max_requests at the top) is named
+// "default" without the user writing a name, so two sites of one config
+// with the same three lines share a budget by surprise: a client's first
+// request to the second site can be answered 429. Provision warns, once a
+// second handler of a config joins the first one's state, naming them.
+
+// implicitZones holds, per config being loaded or running, the handlers
+// with an implicit zone, by the state that zone lives in.
+var implicitZones = struct {
+	mu       sync.Mutex
+	byConfig map[any]map[implicitZoneState][]string
+}{byConfig: make(map[any]map[implicitZoneState][]string)}
+
+// implicitZoneState is where an implicit zone's counts live: the store's
+// state (backend.state), the zone identity, and the namespace of its keys
+// (address keys never meet value keys, so those zones share nothing).
+type implicitZoneState struct {
+	store    any
+	identity string
+	address  bool
+}
+
+// warnImplicitSharing records the implicit zone z of the handler being
+// provisioned, whose counts live in store (backend.state), and warns when a
+// handler of the same config already keeps its counts in the same state.
+// Handlers provisioned outside a config with an http app (no config to
+// share in) are not recorded.
+func warnImplicitSharing(ctx caddy.Context, logger *zap.Logger, z *Zone, store any) {
+	config, err := ctx.AppIfConfigured("http")
+	if err != nil {
+		return
+	}
+	state := implicitZoneState{store: store, identity: z.identity, address: z.key.Address != ""}
+	name := handlerPlace(ctx)
+
+	implicitZones.mu.Lock()
+	configZones, ok := implicitZones.byConfig[config]
+	if !ok {
+		configZones = make(map[implicitZoneState][]string)
+		implicitZones.byConfig[config] = configZones
+		// Provisioning is over when the config is, or failed.
+		context.AfterFunc(ctx, func() {
+			implicitZones.mu.Lock()
+			delete(implicitZones.byConfig, config)
+			implicitZones.mu.Unlock()
+		})
+	}
+	names := configZones[state]
+	if placeTaken(names, name) {
+		name += " #" + strconv.Itoa(len(names)+1)
+	}
+	names = append(names, name)
+	configZones[state] = names
+	names = append([]string(nil), names...)
+	implicitZones.mu.Unlock()
+
+	if len(names) > 1 {
+		logger.Warn("these handlers share one limit that none of them names: each has window and max_requests at the top, "+
+			"which make a zone named \"default\" with the same limit, so a client's requests to any of them count together. "+
+			"To share it on purpose, give the zone the same name in each (zone <name> <window> <max_requests>); "+
+			"to count apart, give each zone a name of its own",
+			zap.Strings("handlers", names), zap.String("zone", z.identity))
+	}
+}
+
+// placeTaken reports whether a place is among names, numbered or not: two
+// handlers in one route get the same place.
+func placeTaken(names []string, place string) bool {
+	for _, n := range names {
+		if n == place || strings.HasPrefix(n, place+" #") {
+			return true
+		}
+	}
+	return false
+}
+
+// handlerPlace names the handler being provisioned by where it sits, as far
+// as a handler can see it: its server, and the hosts and paths that the
+// server's top-level route around it matches (a Caddyfile site's addresses).
+// Caddy provisions a server's top-level routes in order, each with all the
+// handlers and subroutes inside it before the next, and drops a route's
+// handler JSON once they are done: the route being provisioned is the first
+// that still holds it.
+func handlerPlace(ctx caddy.Context) string {
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv == nil {
+		return "a sliding_ratelimit handler"
+	}
+	place := "server " + srv.Name()
+	for _, route := range srv.Routes {
+		if route.HandlersRaw == nil {
+			continue
+		}
+		if m := describeMatchers(route.MatcherSets); m != "" {
+			place += ", " + m
+		}
+		break
+	}
+	return place
+}
+
+// describeMatchers lists the host and path matchers of a route, as in
+// "host a.example b.example, path /api/*".
+func describeMatchers(sets caddyhttp.MatcherSets) string {
+	var hosts, paths []string
+	for _, set := range sets {
+		for _, m := range set {
+			switch m := m.(type) {
+			case *caddyhttp.MatchHost:
+				hosts = append(hosts, *m...)
+			case caddyhttp.MatchHost:
+				hosts = append(hosts, m...)
+			case *caddyhttp.MatchPath:
+				paths = append(paths, *m...)
+			case caddyhttp.MatchPath:
+				paths = append(paths, m...)
+			}
+		}
+	}
+	var parts []string
+	if len(hosts) > 0 {
+		parts = append(parts, "host "+strings.Join(hosts, " "))
+	}
+	if len(paths) > 0 {
+		parts = append(parts, "path "+strings.Join(paths, " "))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// The rules: every rule a configuration must follow, once (those of units
+// are in units.go): Validate (module.go) and Zone.validate apply them to
+// JSON, and the Caddyfile parser to each subdirective as it reads it, so
+// that the same mistake gets the same words either way (plus the Caddyfile
+// line). Each field that takes one of a few words has its words here, in its
+// enum.
+
+// Modes.
+const (
+	modeEnforce = "enforce"
+	modeReport  = "report"
+)
+
+// Fail modes: what a request gets when Redis cannot decide in time.
+const (
+	failOpen   = "open"
+	failClosed = "closed"
+	failLocal  = "local"
+)
+
+// Header modes.
+const (
+	headersDraft  = "draft"
+	headersLegacy = "legacy"
+	headersOff    = "off"
+)
+
+// Algorithms.
+const (
+	algorithmLog     = "log"
+	algorithmCounter = "counter"
+)
+
+// enum is a field that takes one of a few words.
+type enum struct {
+	field  string
+	values []string
+}
+
+var (
+	modeEnum      = enum{"mode", []string{modeEnforce, modeReport}}
+	failModeEnum  = enum{"fail_mode", []string{failOpen, failClosed, failLocal}}
+	headersEnum   = enum{"headers", []string{headersDraft, headersLegacy, headersOff}}
+	algorithmEnum = enum{"algorithm", []string{algorithmLog, algorithmCounter}}
+	topologyEnum  = enum{"redis_topology", redisconn.Topologies}
+)
+
+// check accepts one of the values, or "" (the default).
+func (e enum) check(value string) error {
+	if value == "" || slices.Contains(e.values, value) {
+		return nil
+	}
+	last := len(e.values) - 1
+	return fmt.Errorf("%s must be %s or %s, got %q", e.field, strings.Join(e.values[:last], ", "), e.values[last], value)
+}
+
+// syntax is the values as the Caddyfile syntax writes them: a|b|c.
+func (e enum) syntax() string { return strings.Join(e.values, "|") }
+
+// Ranges of the prefix lengths.
+const (
+	maxIPv4Prefix = 32
+	maxIPv6Prefix = 128
+)
+
+// checkPositive is the rule of window and timeout.
+func checkPositive(field string, d time.Duration) error {
+	if d <= 0 {
+		return fmt.Errorf("%s must be greater than zero, got %v", field, d)
+	}
+	return nil
+}
+
+func checkPrefixBits(field string, n, most int) error {
+	if n < 1 || n > most {
+		return fmt.Errorf("%s must be from 1 to %d, got %d", field, most, n)
+	}
+	return nil
+}
+
+// checkKeyPrefix keeps the Redis Cluster hash tag the client key's alone.
+func checkKeyPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("key_prefix must not contain '{' or '}', got %q", prefix)
+	}
+	return nil
+}
+
+// checkKeyTemplate rejects a key whose braces do not pair up. A placeholder
+// left open, as in "{http.request.header.X-Api-Key", is no placeholder at
+// all: the key is then the same text for every request, one bucket for every
+// client, without a word. A key without braces is a constant on purpose (one
+// limit for everyone) and stays allowed.
+func checkKeyTemplate(key string) error {
+	open := -1 // where the placeholder being read starts
+	for i := 0; i < len(key); i++ {
+		switch key[i] {
+		case '{':
+			if open >= 0 {
+				return fmt.Errorf("key %q: '{' inside the placeholder %q, which is not closed: placeholders do not nest", key, key[open:i])
+			}
+			open = i
+		case '}':
+			if open < 0 {
+				return fmt.Errorf("key %q: '}' %s closes no '{'", key, after(key[:i]))
+			}
+			if i == open+1 {
+				return fmt.Errorf("key %q: empty placeholder '{}' %s", key, after(key[:open]))
+			}
+			open = -1
+		}
+	}
+	if open >= 0 {
+		return fmt.Errorf("key %q: the placeholder %q has no closing '}', so the key would be the same text for every client: one bucket for all", key, key[open:])
+	}
+	return nil
+}
+
+// after says where in a key something is: after the text before it.
+func after(before string) string {
+	if before == "" {
+		return "at the start"
+	}
+	return fmt.Sprintf("after %q", before)
+}
+
+// checkZoneName accepts names safe in a quoted header item, a metrics label,
+// a URL path segment and a Redis key.
+func checkZoneName(name string) error {
+	if name == "" {
+		return errors.New("zone name is required")
+	}
+	if len(name) > 64 {
+		return fmt.Errorf("zone name %q is longer than 64 bytes", name)
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return fmt.Errorf("zone name %q: only letters, digits, '_', '-' and '.' are allowed", name)
+		}
+	}
+	return nil
+}
+
+// checkCountStatus accepts codes from 100 to 599 and classes 1 to 5.
+func checkCountStatus(list []int) error {
+	for _, s := range list {
+		if !(s >= 1 && s <= 5 || s >= 100 && s <= 599) {
+			return fmt.Errorf("count_status must be status codes from 100 to 599 or classes 1 to 5 (1xx to 5xx), got %d", s)
+		}
+	}
+	return nil
+}
+
+// checkWait is the rule of wait: not negative; at most
+// limiter.MaxWaitWindows windows (window 0: not known here), since the store
+// keeps the admissions of the windows a wait spans; and only a zone of
+// algorithm log (the handler's algorithm when the zone sets none) waits,
+// since a counter cannot promise a slot at a later time.
+func checkWait(wait, window time.Duration, algorithm string) error {
+	if wait < 0 {
+		return fmt.Errorf("wait must not be negative, got %v", wait)
+	}
+	if window > 0 && wait > limiter.MaxWaitWindows*window {
+		return fmt.Errorf("wait %v is longer than %d windows of %v, the most a request may wait", wait, limiter.MaxWaitWindows, window)
+	}
+	if wait > 0 && algorithm == algorithmCounter {
+		return fmt.Errorf("wait needs algorithm log: a counter cannot promise a later slot (wait %v)", wait)
+	}
+	return nil
+}
+
+func checkMaxWaiting(n int) error {
+	if n < 0 {
+		return fmt.Errorf("max_waiting must be at least 1, got %d", n)
+	}
+	return nil
+}
+
+// checkConcurrencyZone is the rule of a zone with concurrent or lease: a
+// number of requests in flight and how long a slot outlives news of its
+// request, and nothing of a zone that counts admissions in a window.
+func checkConcurrencyZone(concurrent int64, lease time.Duration, counts, algorithm string, wait time.Duration) error {
+	switch {
+	case concurrent < 1:
+		return fmt.Errorf("concurrent must be at least 1, got %d (lease goes with concurrent)", concurrent)
+	case lease < 0:
+		return fmt.Errorf("lease must not be negative, got %v", lease)
+	case counts != "":
+		return fmt.Errorf("a concurrency zone counts requests in flight, not in a window: remove %s (or concurrent)", counts)
+	case algorithm != "":
+		return fmt.Errorf("a concurrency zone takes no algorithm, got %q", algorithm)
+	case wait != 0:
+		return fmt.Errorf("a concurrency zone takes no wait: a request takes its slot at once or is denied (wait %v)", wait)
+	}
+	return nil
+}
