@@ -199,6 +199,37 @@ func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
 	return v
 }
 
+// encodeUnitsRing returns the value of a units ring (with the max of its
+// newest record, lastMax) of cap holding times and their units (oldest
+// first), head at slot 0 and sequence number 0, its mirror holding the
+// oldest entries, expiring (ms mod 2^40) at exp, as limit.lua writes it.
+func encodeUnitsRing(cap int, times, units []int64, lastMax, exp int64) []byte {
+	const hdr = 46 + 6 + 96
+	B := cap/ringBucket + 2
+	v := make([]byte, hdr+12*cap+6*B)
+	v[0] = 6
+	binary.BigEndian.PutUint32(v[1:], uint32(cap))
+	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
+	var e [8]byte
+	binary.BigEndian.PutUint64(e[:], uint64(exp)%(1<<40))
+	copy(v[13:18], e[3:])
+	var total int64
+	for i, t := range times {
+		if i%ringBucket == 0 {
+			putU48(v[hdr+12*cap+6*((i/ringBucket)%B):], total)
+		}
+		putU48(v[hdr+12*i:], t)
+		putU48(v[hdr+12*i+6:], units[i])
+		total += units[i]
+	}
+	putU48(v[32:], total)
+	putU48(v[38:], times[len(times)-1])
+	v[45] = byte(min(len(times), 8))
+	putU48(v[46:], lastMax)
+	copy(v[52:], v[hdr:hdr+12*int(v[45])])
+	return v
+}
+
 // TestRingKeepsLastMax: a ring keeps the max of its newest record for Peek;
 // a ring written before it did is still read (the max unknown), and takes
 // the field at its next record, keeping its admissions.
