@@ -93,6 +93,10 @@ local function header()
   if ver == 3 then return pack('>BI4I4I4I5I6BB', b, cap, h, n, exp % 2 ^ 40, (last or 0) % 2 ^ 48, mh, mc) .. x end
   return pack('>BI4I4I4I5dI6I6I6BB', b, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % 2 ^ 48, mh, mc) .. x
 end
+local function blank()
+  h, n, exp, v, vlen, last, t, mc, lm, w, whole = 0, 0, ms, '', 0, nil, tc, 0, 0, '', false
+  shape(4, 0, true)
+end
 local function load(k, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
   key, w, whole, mc, v = k, '', false, 0, pcall('GETRANGE', k, '0', small and '511' or '147')
@@ -107,9 +111,7 @@ local function load(k, small)
   if version > 0 and (vlen == shape(version, size, m) or vlen >= (small and SMALL or 148)) then
     last, t, lm = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc, m and lm or 0 return
   end
-  -- Nothing, or nothing this version reads: the ring starts over.
-  h, n, exp, v, vlen, last, t, mc, lm = 0, 0, ms, '', 0, nil, tc, 0, 0
-  shape(4, 0, true)
+  blank() -- nothing, or nothing this version reads: the ring starts over
 end
 local function save() return {key, v, w, mh, ver, cap, h, n, exp, seq, flo, total, last, f, first, before, newest, mc, mv, lm} end
 local function restore(r)
@@ -251,8 +253,8 @@ end
 -- A log zone's decision, before any write: when a request of cost c fits
 -- (room), the units in the window (held), until units leave it (reset); and
 -- the decision in hand.
-local function log_decide(k, W, mx, c)
-  load(k, 18 + 6 * mx <= SMALL)
+local function log_decide(k, W, mx, c, inhand)
+  if not inhand then load(k, 18 + 6 * mx <= SMALL) end
   local cut = now - W
   f, first, newest = 0, nil, n > 0 and last or nil
   if n > 0 then
@@ -320,8 +322,8 @@ end
 local function log_settle(k, W, mx, c, token, aux)
   local _, held0, _, e, old = log_decide(k, W, mx, 0) -- e, old: the entry settled, its units
   if n > 0 and token <= last then -- most settle one of the newest: looking back from it
-    local hi, step, o = n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
-    if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
+    local hi, step, o = n - 1, 1, max(H, H + E * ((h + n - 1) % cap + 1) - CHUNK) -- a chunk that ends at the newest
+    if o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
     while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
     e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
     local span = max(1, floor(W / MERGE)) -- or merged into a later entry of its span
@@ -334,14 +336,21 @@ local function log_settle(k, W, mx, c, token, aux)
     n = n - 1
   elseif old then -- the reservation, or what the entry holds
     local r = min(old, (unpack('>d', aux)))
-    put(H + 12 * ((h + e) % cap) + 6, u48(old - r))
     for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) - r)) end
     total = (total - r) % 2 ^ 48
+    -- The newest settled to zero goes unwritten: the record (most settle the newest) takes its slot.
+    if e == n - 1 and old == r then n = n - 1 else put(H + 12 * ((h + e) % cap) + 6, u48(old - r)) end
     while n > 0 and u(n - 1) == 0 do n = n - 1 end
   end
-  if old then mc = e < mc and 0 or min(mc, n) commit(e < n and last or n > 0 and t(n - 1) or now, W) end -- mirror: a changed copy
+  if old then
+    mc = e < mc and 0 or min(mc, n) -- mirror: a changed copy
+    if e >= n and n > 0 then last = t(n - 1) end
+    if c == 0 or n == 0 then commit(n > 0 and last or now, W) end -- a ring emptied goes, and starts over
+    if n == 0 then blank() end
+  end
   if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
-  local room, held, reset = log_decide(k, W, mx, c) -- sums are mod 2^48: what a ring holds saturates
+  -- Decided on the ring in hand, written once with the record (one header write for both).
+  local room, held, reset = log_decide(k, W, mx, c, true) -- sums are mod 2^48: what a ring holds saturates
   return 1, held0, log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
 -- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
