@@ -45,7 +45,7 @@
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
 -- ring reuses those slots before it grows (doubling, in place when large).
 -- Entries are times (µs mod 2^48, read as the nearest to now); in a count
--- ring sums are indexes. Its first byte tags its layout: SMALL_COUNT (4), a
+-- ring sums are indexes. The first byte tags the layout: SMALL_COUNT (4), a
 -- count ring of at most SMALLCAP: tag, cap, h u8, newest time u48, n u32,
 -- expiry (ms mod 2^40) u40. COUNT (3), a larger count ring: tag u8, cap, h,
 -- n u32, expiry, newest; UNITS (2), the same with the sequence number of slot
@@ -56,10 +56,9 @@
 -- holds copies of the oldest entries, so that a decision reads one range.
 -- Values of up to SMALL bytes are read whole, no large one is read or built
 -- whole (Redis's Lua hashes every string it makes). Sums are mod 2^48: a ring
--- saturates. A tag + WITH_LM (7 COUNT, 6 UNITS) has lm u48 (the newest
--- record's max) ending the header; SMALL_COUNT + WITH_LM (8) is as large as
--- SMALL_COUNT, with n u8 and lm u24 (0: larger) ending it. Rings are written
--- with lm; those without it are read, and take it at their next record.
+-- saturates. Tag + WITH_LM (8, 7, 6): lm (the newest record's max) ends the
+-- header, u48; SMALL_COUNT's, as large, ends n u8, lm u24 (0: larger). Rings
+-- are written with lm; a ring without it is read, and takes it at a record.
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
@@ -74,25 +73,22 @@ local function fresh(reply, key)
   if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
   call('DEL', key)
 end
--- A zone's table z is its request's arguments (key, W, mx, c, token, aux),
--- what it decided, and for a log the ring in hand: v, its first vlen bytes
--- (header and mirror, or all of a small value), w, bytes from offset wo; the
--- header (lay, the layout; m, whether it holds lm); MO, H, E, BO, B: the
--- offsets of mirror and ring, an entry's size, the bases' offset and count;
--- mir, the mirror to write. And the decision in hand, for the record: f, the
--- first entry in the window holding units, its time, the units before it, the
--- newest time. Functions take it, and keep no ring of their own: a request's
--- zones each keep theirs until it records. layout returns a layout's length
--- and offsets, shape gives them to the ring.
+-- A zone's table (z, r) holds its arguments (key, W, mx, c, token, aux), its
+-- decision, and a log's ring in hand, so that a request's zones each keep
+-- theirs until it records: v, its first vlen bytes (header and mirror, or all
+-- of a small value), w, bytes from offset wo; the header (lay: the layout, m:
+-- it holds lm); MO, H, E, BO, B: offsets of mirror and ring, entry size, the
+-- bases' offset and count (layout returns them and the length); mir, the
+-- mirror to write; for the record: f, the first entry in the window holding
+-- units, its time, the units before it, the newest time.
 local function layout(lay, size, m)
   local E, MO = lay == UNITS and 12 or 6, (lay == SMALL_COUNT and 18 or lay == COUNT and 26 or 46) + (m and lay ~= SMALL_COUNT and 6 or 0)
   local H, B = lay == SMALL_COUNT and MO or MO + 96, lay == UNITS and floor(size / S) + 2 or 0
   return H + E * size + 6 * B, E, MO, H, B
 end
 local function shape(r, lay, size, m)
-  local len
-  len, r.E, r.MO, r.H, r.B = layout(lay, size, m)
-  r.lay, r.m, r.cap, r.BO = lay, m, size, r.H + r.E * size
+  local len, E, MO, H, B = layout(lay, size, m)
+  r.E, r.MO, r.H, r.B, r.lay, r.m, r.cap, r.BO = E, MO, H, B, lay, m, size, H + E * size
   return len
 end
 local function header(r)
@@ -110,10 +106,8 @@ local function load(r, small)
   -- Numbers given to redis.call are formatted at each call: these are not.
   local v = pcall('GETRANGE', r.key, '0', small and '511' or '147')
   if type(v) ~= 'string' then v = fresh(v, r.key) or '' end
-  local vlen, size = #v, 0
-  local tag = vlen >= 18 and byte(v) or 0
-  local m = tag > 5
-  local lay = m and tag - WITH_LM or tag
+  local vlen, size, tag = #v, 0, #v >= 18 and byte(v) or 0
+  local m, lay = tag > 5, tag > 5 and tag - WITH_LM or tag
   r.v, r.vlen, r.w, r.wo, r.whole, r.mc, r.mir = v, vlen, '', 0, false, 0, nil
   if lay == SMALL_COUNT then size, r.h, r.last, r.n, r.exp, r.lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
   elseif lay == COUNT and vlen >= 32 then size, r.h, r.n, r.exp, r.last, r.mh, r.mc, r.lm = unpack('>I4I4I4I5I6BBI6', v, 2)
@@ -210,14 +204,9 @@ local function reshape(r, size, lay)
     shape(r, lay, size, true)
     r.mc = lay == SMALL_COUNT and 0 or min(r.n, 96 / r.E) -- the mirror: the oldest entries
     local m = lay == SMALL_COUNT and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
-    r.v, r.w, r.whole, r.mir = header(r) .. m .. body, '', len <= SMALL, nil
-    r.exp = ms
-    if r.whole then
-      r.v = r.v .. string.rep('\0', len - #r.v)
-    else
-      call('SET', r.key, r.v) -- the value starts over, then takes its length
-      call('SETRANGE', r.key, len - 1, '\0')
-    end
+    r.v, r.w, r.whole, r.mir, r.exp = header(r) .. m .. body, '', len <= SMALL, nil, ms
+    -- A large value starts over, then takes its length.
+    if r.whole then r.v = r.v .. string.rep('\0', len - #r.v) else call('SET', r.key, r.v) call('SETRANGE', r.key, len - 1, '\0') end
     r.vlen = #r.v
   end
   shape(r, lay, size, true)
@@ -241,9 +230,8 @@ local function commit(r, at, off, b)
   if r.n == 0 then return call('DEL', key) end
   r.last = at
   if r.whole then
-    local v = r.v
+    local v = off and sub(r.v, 1, off) .. b .. sub(r.v, off + #b + 1) or r.v
     r.exp = ceil((at + W + W / 8) / 1000)
-    if off then v = sub(v, 1, off) .. b .. sub(v, off + #b + 1) end
     r.v = header(r) .. m .. sub(v, r.MO + #m + 1)
     return expires and call('SET', key, r.v, 'PX', max(1, r.exp - ms)) or call('SET', key, r.v)
   end
@@ -397,8 +385,7 @@ local function lease_decide(z)
   return held + 1 > z.mx and now + reset or now, held, reset
 end
 local function keep_leases(k)
-  local latest = call('ZRANGE', k, -1, -1, 'WITHSCORES')[2]
-  if expires then call('PEXPIRE', k, max(1, ceil((latest - now) / 1000))) end
+  if expires then call('PEXPIRE', k, max(1, ceil((call('ZRANGE', k, -1, -1, 'WITHSCORES')[2] - now) / 1000))) end
 end
 local function lease_record(z, _, at, held, reset)
   local k, W = z.key, z.W
@@ -425,9 +412,8 @@ local function reply(first, delay, flag, mx, held, reset, token)
   local rem = mx - held > 0 and mx - held - (mx - held) % 1 or 0
   return first and pack('>dBddd', delay, flag, rem, reset, token) or pack('>Bddd', flag, rem, reset, token)
 end
--- Each request: its zones' tables (kept from request to request: a table a
--- call, not one a request), then all decide, and all record at the latest
--- room if every one admits; or each settles or extends.
+-- Each request: its zones' tables (kept from request to request), then all
+-- decide, and all record at the latest room if all admit; or all settle or extend.
 local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
 while pos <= #args do
   local op, nz, wait, p = unpack('>BBd', args, pos)
