@@ -56,9 +56,8 @@
 -- holds copies of the oldest entries, so that a decision reads one range.
 -- Values of up to SMALL bytes are read whole, no large one is read or built
 -- whole (Redis's Lua hashes every string it makes). Sums are mod 2^48: a ring
--- saturates. Tag + WITH_LM (8, 7, 6): lm (the newest record's max) ends the
--- header, u48; SMALL_COUNT's, as large, ends n u8, lm u24 (0: larger). Rings
--- are written with lm; a ring without it is read, and takes it at a record.
+-- saturates. Tag + WITH_LM (8, 7, 6): lm u48 (the newest record's max) ends
+-- the header; SMALL_COUNT's, as large, ends n u8, lm u24 (0: larger).
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
@@ -77,18 +76,19 @@ end
 -- decision, and a log's ring in hand, so that a request's zones each keep
 -- theirs until it records: v, its first vlen bytes (header and mirror, or all
 -- of a small value), w, bytes from offset wo; the header (lay: the layout, m:
--- it holds lm); MO, H, E, BO, B: offsets of mirror and ring, entry size, the
--- bases' offset and count (layout returns them and the length); mir, the
--- mirror to write; for the record: f, the first entry in the window holding
--- units, its time, the units before it, the newest time.
+-- it holds lm); MO, H, E, BO, B, len: offsets of mirror, ring and bases, entry
+-- size, bucket count, length; mir, the mirror to write; for the record: f,
+-- the first entry in the window holding units, its time, the units before
+-- it, the newest time.
 local function layout(lay, size, m)
   local E, MO = lay == UNITS and 12 or 6, (lay == SMALL_COUNT and 18 or lay == COUNT and 26 or 46) + (m and lay ~= SMALL_COUNT and 6 or 0)
   local H, B = lay == SMALL_COUNT and MO or MO + 96, lay == UNITS and floor(size / S) + 2 or 0
   return H + E * size + 6 * B, E, MO, H, B
 end
 local function shape(r, lay, size, m)
+  if r.lay == lay and r.cap == size and r.m == m then return r.len end -- most zones keep theirs
   local len, E, MO, H, B = layout(lay, size, m)
-  r.E, r.MO, r.H, r.B, r.lay, r.m, r.cap, r.BO = E, MO, H, B, lay, m, size, H + E * size
+  r.E, r.MO, r.H, r.B, r.lay, r.m, r.cap, r.BO, r.len = E, MO, H, B, lay, m, size, H + E * size, len
   return len
 end
 local function header(r)
@@ -103,8 +103,7 @@ local function blank(r)
   shape(r, SMALL_COUNT, 0, true)
 end
 local function load(r, small)
-  -- Numbers given to redis.call are formatted at each call: these are not.
-  local v = pcall('GETRANGE', r.key, '0', small and '511' or '147')
+  local v = pcall('GETRANGE', r.key, '0', small and '511' or '147') -- numbers given to redis.call are formatted each call
   if type(v) ~= 'string' then v = fresh(v, r.key) or '' end
   local vlen, size, tag = #v, 0, #v >= 18 and byte(v) or 0
   local m, lay = tag > 5, tag > 5 and tag - WITH_LM or tag
@@ -130,6 +129,7 @@ local function u6(r, off)
   if off < r.wo or off + 6 > r.wo + #r.w then r.w, r.wo = call('GETRANGE', r.key, off, off + CHUNK - 1), off end
   return (unpack('>I6', r.w, off - r.wo + 1))
 end
+local function u48(x) return pack('>I6', x % 2 ^ 48) end
 local function put(r, off, b)
   if not r.whole then call('SETRANGE', r.key, fmt('%d', off), b) end
   local v, w, wo, hi = r.v, r.w, r.wo, min(off + #b, r.vlen)
@@ -137,7 +137,6 @@ local function put(r, off, b)
   local lo, up = max(off, wo), min(off + #b, wo + #w) -- the chunk too: a settle reads on in it
   if lo < up then r.w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
-local function u48(x) return pack('>I6', x % 2 ^ 48) end
 -- t returns the time of entry i (0 is the oldest kept), u its units, s the
 -- units of the entries kept up to it (0 for i < 0): in a units ring, the base
 -- of i's bucket (the floor, in the oldest's) plus those from its start.
@@ -187,8 +186,7 @@ end
 -- value is extended, and the smaller of the older and the newer part of its
 -- entries moves so that the free slots lie between them.
 local function reshape(r, size, lay)
-  local c0, B0, bases, h, H, E = r.cap, r.B, r.lay == UNITS and lay == UNITS and bytes(r, r.BO, 6 * r.B), r.h, r.H, r.E
-  local len = layout(lay, size, true)
+  local len, c0, B0, bases, h, H, E = layout(lay, size, true), r.cap, r.B, r.lay == UNITS and lay == UNITS and bytes(r, r.BO, 6 * r.B), r.h, r.H, r.E
   if r.lay == lay and size > c0 and len > SMALL then
     call('SETRANGE', r.key, len - 1, '\0')
     if h > 0 and h <= c0 - h then put(r, H + E * c0, bytes(r, H, E * h)) end
@@ -341,66 +339,67 @@ local function log_settle(r)
   if old then
     r.n, r.mc = n, e < r.mc and 0 or min(r.mc, n) -- mirror: a changed copy
     if e >= n and n > 0 then r.last = t(r, n - 1) end
-    if c == 0 or n == 0 then commit(r, n > 0 and r.last or now) end -- a ring emptied goes, and starts over
-    if n == 0 then blank(r) end
+    if n == 0 then commit(r, now) blank(r) elseif c == 0 then commit(r, r.last) end -- a ring emptied goes, starts over
   end
   if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
   -- Decided on the ring in hand, written once with the record (one header write for both).
   local room, held, reset = log_decide(r, c, true) -- sums are mod 2^48: what a ring holds saturates
   return 1, held0, log_record(r, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
--- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
-local function counter_decide(z, c)
-  local W, idx = z.W, floor(now / z.W)
-  local e, hm = now - idx * W, fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
-  local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
-  if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
-  local held, room, reset, need = prev * (W - e) / W + cur, now, 0, z.mx - c
-  if held > need and need >= 0 then -- the previous window's weight decays; else the next window
-    room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
+local lease_ext, decide, record, settle = nil, {[0] = log_decide}, {[0] = log_record}, {[0] = log_settle}
+-- kinds makes the counter's and concurrency's functions at a call's first such zone: a closure costs each call.
+local function kinds()
+  -- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
+  local function counter_decide(z, c)
+    local W, idx = z.W, floor(now / z.W)
+    local e, hm = now - idx * W, fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
+    local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
+    if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
+    local held, room, reset, need = prev * (W - e) / W + cur, now, 0, z.mx - c
+    if held > need and need >= 0 then -- the previous window's weight decays; else the next window
+      room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
+    end
+    if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
+    z.idx, z.e, z.cur, z.prev = idx, e, cur, prev
+    return room, held, reset
   end
-  if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
-  z.idx, z.e, z.cur, z.prev = idx, e, cur, prev
-  return room, held, reset
+  local function counter_record(z, c, _, held, reset)
+    local W, e, cur, prev = z.W, z.e, z.cur, z.prev
+    call('HSET', z.key, 'w', z.idx, 'c', cur + c, 'p', prev) -- kept while it weighs: to the next window's end
+    if expires then call('PEXPIRE', z.key, ceil((2 * W - e) / 1000)) end
+    return z.idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
+  end
+  -- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
+  local function counter_settle(z)
+    local _, held, reset = counter_decide(z, 0)
+    if z.token == z.idx then z.cur = max(0, z.cur - unpack('>d', z.aux)) end
+    if z.token == z.idx - 1 then z.prev = max(0, z.prev - unpack('>d', z.aux)) end
+    counter_record(z, z.c, now, held, reset)
+    return 1, held
+  end
+  -- A concurrency zone: the leases whose expiry is after now; its key lives as long as its latest lease.
+  local function lease_decide(z)
+    local k, held, reset = z.key, fresh(pcall('ZCOUNT', z.key, '(' .. fmt('%d', now), '+inf'), z.key) or 0, 0
+    if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
+    return held + 1 > z.mx and now + reset or now, held, reset
+  end
+  local function keep_leases(k)
+    if expires then call('PEXPIRE', k, max(1, ceil((call('ZRANGE', k, -1, -1, 'WITHSCORES')[2] - now) / 1000))) end
+  end
+  local function lease_record(z, _, at, held, reset)
+    local k, W = z.key, z.W
+    call('ZREMRANGEBYSCORE', k, '-inf', fmt('%d', now))
+    call('ZADD', k, fmt('%d', at + W), z.aux)
+    return keep_leases(k) or -1, held + 1, (reset == 0 or at + W - now < reset) and at + W - now or reset
+  end
+  local function lease_extend(z)
+    local lease = tonumber(fresh(pcall('ZSCORE', z.key, z.aux), z.key))
+    if lease and lease > now then call('ZADD', z.key, 'XX', fmt('%d', now + z.W), z.aux) end
+    return lease and lease > now and (keep_leases(z.key) or 1) or 0
+  end
+  decide[1], record[1], settle[1], decide[2], record[2] = counter_decide, counter_record, counter_settle, lease_decide, lease_record
+  settle[2], lease_ext = function(z) return call('ZREM', z.key, z.aux) end, lease_extend
 end
-local function counter_record(z, c, _, held, reset)
-  local W, e, cur, prev = z.W, z.e, z.cur, z.prev
-  call('HSET', z.key, 'w', z.idx, 'c', cur + c, 'p', prev) -- kept while it weighs: to the next window's end
-  if expires then call('PEXPIRE', z.key, ceil((2 * W - e) / 1000)) end
-  return z.idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
-end
--- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
-local function counter_settle(z)
-  local _, held, reset = counter_decide(z, 0)
-  if z.token == z.idx then z.cur = max(0, z.cur - unpack('>d', z.aux)) elseif z.token == z.idx - 1 then z.prev = max(0, z.prev - unpack('>d', z.aux)) end
-  counter_record(z, z.c, now, held, reset)
-  return 1, held
-end
--- A concurrency zone: the leases whose expiry is after now; its key lives as
--- long as its latest lease.
-local function lease_decide(z)
-  local k = z.key
-  local held, reset = fresh(pcall('ZCOUNT', k, '(' .. fmt('%d', now), '+inf'), k) or 0, 0
-  if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
-  return held + 1 > z.mx and now + reset or now, held, reset
-end
-local function keep_leases(k)
-  if expires then call('PEXPIRE', k, max(1, ceil((call('ZRANGE', k, -1, -1, 'WITHSCORES')[2] - now) / 1000))) end
-end
-local function lease_record(z, _, at, held, reset)
-  local k, W = z.key, z.W
-  call('ZREMRANGEBYSCORE', k, '-inf', fmt('%d', now))
-  call('ZADD', k, fmt('%d', at + W), z.aux)
-  return keep_leases(k) or -1, held + 1, (reset == 0 or at + W - now < reset) and at + W - now or reset
-end
-local function lease_extend(z)
-  local lease = tonumber(fresh(pcall('ZSCORE', z.key, z.aux), z.key))
-  if lease and lease > now then call('ZADD', z.key, 'XX', fmt('%d', now + z.W), z.aux) end
-  return lease and lease > now and (keep_leases(z.key) or 1) or 0
-end
-local decide = {[0] = log_decide, counter_decide, lease_decide}
-local record = {[0] = log_record, counter_record, lease_record}
-local settle = {[0] = log_settle, counter_settle, function(z) return call('ZREM', z.key, z.aux) end}
 -- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
 -- zones take, 0 denied) and reset; reply packs a zone's answer.
 local function verdict(kind, c, mx, room, reset, wait)
@@ -416,18 +415,19 @@ end
 -- decide, and all record at the latest room if all admit; or all settle or extend.
 local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
 while pos <= #args do
-  local op, nz, wait, p = unpack('>BBd', args, pos)
+  local op, nz, wait, kind, W, mx, c, token, p = unpack('>BBdBdddd', args, pos)
   for i = 1, nz do
     local z = Z[i] or {}
-    Z[i], k = z, k + 1
-    z.key, z.kind, z.W, z.mx, z.c, z.token, p = KEYS[k], unpack('>Bdddd', args, p)
-    z.aux, p = (z.kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
+    if i > 1 then kind, W, mx, c, token, p = unpack('>Bdddd', args, p) end
+    if kind > 0 and not decide[kind] then kinds() end
+    Z[i], k, z.key, z.kind, z.W, z.mx, z.c, z.token = z, k + 1, KEYS[k + 1], kind, W, mx, c, token
+    z.aux, p = (kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
   end
   pos = p
   if op > 1 then
     for i = 1, nz do
       local z, done, held, at = Z[i], 0, nil, nil -- a settle: what its zone held before, its record's time
-      if op == 2 then done, held, at = settle[z.kind](z) elseif z.kind == 2 then done = lease_extend(z) end
+      if op == 2 then done, held, at = settle[z.kind](z) elseif z.kind == 2 then done = lease_ext(z) end
       out[#out + 1] = reply(i == 1, 0, done, z.mx, held or z.mx, 0, at or -1)
     end
   else
