@@ -277,26 +277,26 @@ end
 -- Records an admission of a log zone at time at (or just after the newest), dropping what aged out,
 -- growing, shrinking, merging or changing the ring's layout.
 local function log_record(r, c, at, held, reset)
-  local W, mx, f = r.W, r.mx, r.f
-  if r.newest and r.newest >= at then at = r.newest + 1 end
+  local W, mx, f, newest, mc, n = r.W, r.mx, r.f, r.newest, r.mc, r.n
+  if newest and newest >= at then at = newest + 1 end
   if f > 0 then
-    r.h, r.n, r.mh, r.mc = (r.h + f) % r.cap, r.n - f, r.mc > f and r.mh + f or 0, max(r.mc - f, 0)
+    r.h, r.n, r.mh, r.mc, n = (r.h + f) % r.cap, n - f, mc > f and r.mh + f or 0, max(mc - f, 0), n - f
     if r.lay == UNITS then r.flo, r.seq = (r.flo + r.before) % 2 ^ 48, r.seq + f end
   end
-  if r.lay == UNITS and r.n == 0 and c == 1 then reshape(r, 4, SMALL_COUNT) end -- all aged out: a count ring again
+  if n == 0 and c == 1 and r.lay == UNITS then reshape(r, 4, SMALL_COUNT) end -- all aged out: a count ring again
   r.lm = mx if not r.m then reshape(r, r.cap, r.lay) end -- a ring written before lm gets room for it, once
   -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
   -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
-  local span, n, cap = max(1, floor(W / MERGE)), r.n, r.cap
-  local units = r.lay == UNITS or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
-  if r.lay == UNITS and n > 0 and (n >= MERGE and floor(at / span) == floor(r.last / span) or n >= MAXCAP) then
+  local span, cap, lay = max(1, floor(W / MERGE)), r.cap, r.lay
+  local units = lay == UNITS or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
+  if lay == UNITS and n > 0 and (n >= MERGE and floor(at / span) == floor(r.last / span) or n >= MAXCAP) then
     r.total = (r.total + c) % 2 ^ 48
     commit(r, at, r.H + 12 * ((r.h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(r, n - 1) + c) % 2 ^ 48))
     return at, held + c, r.first and reset or at + W - now
   end
-  if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and r.lay ~= UNITS then -- grow, shrink or convert
+  if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and lay ~= UNITS then -- grow, shrink or convert
     local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
-      or c == 1 and r.lay ~= UNITS and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
+      or c == 1 and lay ~= UNITS and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
     reshape(r, min(size, MAXCAP), units and UNITS or size <= SMALLCAP and SMALL_COUNT or COUNT)
   end
   -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
@@ -372,8 +372,8 @@ local function kinds()
   -- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
   local function counter_settle(z)
     local _, held, reset = counter_decide(z, 0)
-    if z.token == z.idx then z.cur = max(0, z.cur - unpack('>d', z.aux)) end
-    if z.token == z.idx - 1 then z.prev = max(0, z.prev - unpack('>d', z.aux)) end
+    local back = unpack('>d', z.aux)
+    if z.token == z.idx then z.cur = max(0, z.cur - back) elseif z.token == z.idx - 1 then z.prev = max(0, z.prev - back) end
     counter_record(z, z.c, now, held, reset)
     return 1, held
   end
@@ -433,9 +433,9 @@ while pos <= #args do
   else
     local at, admit = now, true
     for i = 1, nz do
-      local z, room, reset = Z[i], nil, nil
-      room, z.held, reset = decide[z.kind](z, z.c)
-      z.flag, z.reset = verdict(z.kind, z.c, z.mx, room, reset, wait)
+      local z = Z[i]
+      local room, held, reset = decide[z.kind](z, z.c)
+      z.held, z.flag, z.reset = held, verdict(z.kind, z.c, z.mx, room, reset, wait)
       if z.flag ~= 1 then admit = false elseif room > at then at = room end
     end
     for i = 1, nz do
