@@ -78,7 +78,10 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor
 // Decisions go through a RedisStore from 32 concurrent callers, and as
 // script calls of exactly 32 decisions; at max 60 the floor (a GET and a
 // SET per key, batched alike) is measured too, on the same keys, as the
-// reference that a loaded machine shifts along with the rest. It reports
+// reference that a loaded machine shifts along with the rest. The units
+// scenario (units/settle: each request allowed, then settled to its real
+// cost; units/allow: the same allows alone, its reference) counts a request
+// as one decision. It reports
 // INFO cpu's delta and INFO commandstats' script time per decision; it
 // asserts nothing about them.
 //
@@ -98,6 +101,13 @@ func BenchmarkRedisCPUPerDecision(b *testing.B) {
 				}
 			})
 		}
+	}
+	for _, settle := range []bool{true, false} {
+		b.Run(map[bool]string{true: "units/settle", false: "units/allow"}[settle], func(b *testing.B) {
+			for b.Loop() {
+				redisCPUPerUnits(b, settle)
+			}
+		})
 	}
 }
 
@@ -146,8 +156,7 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
-	cpu := []string{"used_cpu_user", "used_cpu_sys"}
-	cpuBefore := infoFields(b, client, "cpu", cpu...)
+	cpuBefore := infoFields(b, client, "cpu", "used_cpu_user", "used_cpu_sys")
 
 	var next, denied atomic.Int64
 	decisions := int64(clients * rounds)
@@ -220,8 +229,16 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 		}
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	inner := []string{"get", "set", "getrange", "setrange", "pexpire", "time"}
+	if denied.Load() != 0 {
+		b.Errorf("%d of %d decisions denied: the rings were not as meant", denied.Load(), decisions)
+	}
+	reportRedisCPU(b, client, cpuBefore, decisions, time.Since(start), fmt.Sprintf("max %d, %s, %d clients at their limit", max, mode, clients))
+}
+
+// reportRedisCPU reports Redis's CPU (INFO cpu's delta from cpuBefore) and
+// its script time (INFO commandstats, reset before) per decision.
+func reportRedisCPU(b *testing.B, client *redis.Client, cpuBefore map[string]float64, decisions int64, elapsed time.Duration, what string) {
+	inner := []string{"get", "set", "getrange", "setrange", "pexpire", "time", "del"}
 	names := []string{"cmdstat_evalsha.usec", "cmdstat_evalsha.calls"}
 	for _, c := range inner {
 		names = append(names, "cmdstat_"+c+".calls", "cmdstat_"+c+".usec")
@@ -233,18 +250,108 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 			fmt.Fprintf(&breakdown, " %s %.2f/decision (%.2f µs each);", c, n/float64(decisions), stats["cmdstat_"+c+".usec"]/n)
 		}
 	}
+	cpu := []string{"used_cpu_user", "used_cpu_sys"}
 	cpuAfter := infoFields(b, client, "cpu", cpu...)
 	cpuUsec := (cpuAfter["used_cpu_user"] + cpuAfter["used_cpu_sys"] - cpuBefore["used_cpu_user"] - cpuBefore["used_cpu_sys"]) * 1e6
-	if denied.Load() != 0 {
-		b.Errorf("%d of %d decisions denied: the rings were not as meant", denied.Load(), decisions)
-	}
 	perDecision := stats["cmdstat_evalsha.usec"] / float64(decisions)
 	b.ReportMetric(perDecision, "evalsha-µs/decision")
 	b.ReportMetric(cpuUsec/float64(decisions), "cpu-µs/decision")
 	b.ReportMetric(float64(decisions)/stats["cmdstat_evalsha.calls"], "decisions/call")
-	b.Logf("max %d, %s, %d clients at their limit, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each);%s",
-		max, mode, clients, decisions, elapsed.Round(time.Millisecond), cpuUsec/float64(decisions), perDecision,
+	b.Logf("%s, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each);%s",
+		what, decisions, elapsed.Round(time.Millisecond), cpuUsec/float64(decisions), perDecision,
 		stats["cmdstat_evalsha.calls"], float64(decisions)/stats["cmdstat_evalsha.calls"], breakdown.String())
+}
+
+// redisCPUPerUnits is the units scenario of make bench: 10,000 clients far
+// under a budget of 1,000,000 units a minute, each request reserving 1 unit
+// and, when settle is set, settled to 1 to 50 units right after (a second
+// script call, batched as decisions are). Each client's units ring starts
+// with 36 admissions over the last 70 s, the oldest 3 aged out (as a client
+// of that scenario holds after a few runs). A decision here is a request:
+// its allow and its settle.
+func redisCPUPerUnits(b *testing.B, settle bool) {
+	const (
+		window  = time.Minute
+		clients = 10_000
+		rounds  = 3
+		callers = 32
+		held    = 36
+	)
+	srv := redistest.Start(b)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: callers, ContextTimeoutEnabled: true})
+	defer client.Close()
+	ctx := context.Background()
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: "srl:", Timeout: 10 * time.Second})
+	defer s.Close()
+	key := func(i int) string { return "units-" + strconv.Itoa(i) }
+	lim := Limit{Window: window, Max: 1_000_000}
+
+	now := redisNow(b, client)
+	step := (window + 10*time.Second).Microseconds() / held
+	times, units := make([]int64, held), make([]int64, held)
+	for k := range times {
+		times[k] = now - window.Microseconds() - 3*step + int64(k)*step
+		units[k] = 1 + int64(k*7)%50
+	}
+	ring := encodeUnitsRing(64, times, units, lim.Max, now/1000+2*window.Milliseconds())
+	pipe := client.Pipeline()
+	for i := range clients {
+		pipe.Set(ctx, s.Key("z", key(i)), ring, 2*window)
+		if i%100 == 99 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if r := readRing(b, client, s.Key("z", key(0)), now); len(r.times) != held {
+		b.Fatalf("prefilled ring holds %d admissions, want %d", len(r.times), held)
+	}
+	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim}) // load the script
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		b.Fatal(err)
+	}
+	cpuBefore := infoFields(b, client, "cpu", "used_cpu_user", "used_cpu_sys")
+	var next, denied atomic.Int64
+	decisions := int64(clients * rounds)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			checks := []Check{{Zone: "z", Limit: lim}}
+			ds := make([]Decision, 1)
+			for {
+				n := next.Add(1) - 1
+				if n >= decisions {
+					return
+				}
+				checks[0].Key, checks[0].Cost = key(int(n%clients)), 0
+				if err := s.Allow(ctx, checks, ds); err != nil {
+					b.Error(err)
+					return
+				}
+				if !ds[0].Allowed {
+					denied.Add(1)
+				}
+				if !settle {
+					continue
+				}
+				checks[0].Cost = 1 + n%50
+				if err := s.Settle(ctx, checks, ds); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if denied.Load() != 0 {
+		b.Errorf("%d of %d requests denied under a budget they never reach", denied.Load(), decisions)
+	}
+	what := map[bool]string{true: "allow then settle", false: "allow alone"}[settle]
+	reportRedisCPU(b, client, cpuBefore, decisions, time.Since(start), fmt.Sprintf("units, %s, %d clients", what, clients))
 }
 
 // BenchmarkRedisMemoryPerClient measures what Redis holds for a client at

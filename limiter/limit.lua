@@ -41,27 +41,27 @@
 --          the window), token double (log: admission time, of a settle's
 --          record too, a peek's lm; counter: window index; -1: none); last,
 --          once: the call's time in Redis double (µs from its first TIME)
---
 -- A ring holds the admissions that may still be in the window, oldest first
 -- from slot h of cap, wrapping; what aged out goes at the next record, so a
 -- ring reuses those slots before it grows (doubling, in place when large).
 -- Entries are times (µs mod 2^48, read as the nearest to now); in a count
--- ring sums are indexes. Version 4, a count ring of at most SMALLCAP: header
--- version, cap, h u8, newest time u48, n u32, expiry (ms mod 2^40) u40.
--- Version 3, a larger count ring: version u8, cap, h, n u32, expiry, newest;
--- version 2, units, the same with the sequence number of slot h (double) and
--- the sums before it and to the newest before the newest time; an entry is a
--- time and its units, and each bucket of S entries has its base sum after the
--- ring, so a settle writes one entry and the later bases. Both then have the
--- head and count (u8) of a mirror of 96 bytes that holds copies of the oldest
--- entries, so that a decision reads one range. Values of up to SMALL bytes
--- are read whole, no large one is read or built whole (Redis's Lua hashes
--- every string it makes). Sums are mod 2^48: a ring saturates. Versions 7, 6
--- are 3, 2 with lm u48 (the newest record's max) ending the header; 8 is 4
--- of the same size, n u8, lm u24 (0: larger) ending it.
+-- ring sums are indexes. The first byte tags the layout: SMALL_COUNT (4), a
+-- count ring of at most SMALLCAP: tag, cap, h u8, newest time u48, n u32,
+-- expiry (ms mod 2^40) u40. COUNT (3), a larger count ring: tag u8, cap, h,
+-- n u32, expiry, newest; UNITS (2), the same with the sequence number of slot
+-- h (double) and the sums before it and to the newest before the newest
+-- time; an entry is a time and its units, and each bucket of S entries has
+-- its base sum after the ring, so a settle writes one entry and the later
+-- bases. Both then have the head and count (u8) of a mirror of 96 bytes that
+-- holds copies of the oldest entries, so that a decision reads one range.
+-- Values of up to SMALL bytes are read whole, no large one is read or built
+-- whole (Redis's Lua hashes every string it makes). Sums are mod 2^48: a ring
+-- saturates. Tag + WITH_LM (8, 7, 6): lm u48 (the newest record's max) ends
+-- the header; SMALL_COUNT's, as large, ends n u8, lm u24 (0: larger).
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
+local UNITS, COUNT, SMALL_COUNT, WITH_LM = 2, 3, 4, 4
 local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], call('TIME')
 if not now then now = clock[1] * 1000000 + clock[2] end
 local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
@@ -72,327 +72,334 @@ local function fresh(reply, key)
   if not string.find(reply.err, 'WRONGTYPE', 1, true) then error(reply) end
   call('DEL', key)
 end
--- The ring in hand: key; v, its first vlen bytes (header and mirror, or all
--- of a small value), w, bytes from offset wo; the header; MO, H, E, BO: the
--- offsets of mirror and ring, an entry's size, the bases' offset; mir, the
--- mirror to write. The decision in hand, for the record: f, the first entry in
--- the window holding units, its time, the units before it, the newest time.
-local key, v, w, wo, mh = nil, nil, '', 0, 0
-local vlen, whole, ver, mv, lm, cap, h, n, exp, seq, flo, total, last, mc, mir, MO, H, E, B, BO
-local f, first, before, newest, t, tc, tw
--- shape gives the ring the layout of version with size slots, with lm (m) or not; it returns the length.
-local function shape(version, size, m)
-  ver, mv, cap, E, MO = version, m, size, version == 2 and 12 or 6, (version == 4 and 18 or version == 3 and 26 or 46) + (m and version < 4 and 6 or 0)
-  H = version == 4 and MO or MO + 96
-  BO, B = H + E * size, version == 2 and floor(size / S) + 2 or 0
-  return BO + 6 * B
+-- A zone's table (z, r) holds its arguments (key, W, mx, c, token, aux), its
+-- decision, and a log's ring in hand, so that a request's zones each keep
+-- theirs until it records: v, its first vlen bytes (header and mirror, or all
+-- of a small value), w, bytes from offset wo; the header (lay: the layout, m:
+-- it holds lm); MO, H, E, BO, B, len: offsets of mirror, ring and bases, entry
+-- size, bucket count, length; mir, the mirror to write; for the record: f,
+-- the first entry in the window holding units, its time, the units before
+-- it, the newest time.
+local function layout(lay, size, m)
+  local E, MO = lay == UNITS and 12 or 6, (lay == SMALL_COUNT and 18 or lay == COUNT and 26 or 46) + (m and lay ~= SMALL_COUNT and 6 or 0)
+  local H, B = lay == SMALL_COUNT and MO or MO + 96, lay == UNITS and floor(size / S) + 2 or 0
+  return H + E * size + 6 * B, E, MO, H, B
 end
-local function header()
-  local b, x = ver + (mv and 4 or 0), mv and pack('>I6', lm % 2 ^ 48) or ''
-  if ver == 4 then return pack(mv and '>BBBI6BI5I3' or '>BBBI6I4I5', b, cap, h, (last or 0) % 2 ^ 48, n, exp % 2 ^ 40, lm < 2 ^ 24 and lm or 0) end
-  if ver == 3 then return pack('>BI4I4I4I5I6BB', b, cap, h, n, exp % 2 ^ 40, (last or 0) % 2 ^ 48, mh, mc) .. x end
-  return pack('>BI4I4I4I5dI6I6I6BB', b, cap, h, n, exp % 2 ^ 40, seq, flo, total, (last or 0) % 2 ^ 48, mh, mc) .. x
+local function shape(r, lay, size, m)
+  if r.lay == lay and r.cap == size and r.m == m then return r.len end -- most zones keep theirs
+  local len, E, MO, H, B = layout(lay, size, m)
+  r.E, r.MO, r.H, r.B, r.lay, r.m, r.cap, r.BO, r.len = E, MO, H, B, lay, m, size, H + E * size, len
+  return len
 end
-local function load(k, small)
-  -- Numbers given to redis.call are formatted at each call: these are not.
-  key, w, whole, mc, v = k, '', false, 0, pcall('GETRANGE', k, '0', small and '511' or '147')
-  vlen = #v
-  if vlen == 0 and type(v) ~= 'string' then v = fresh(v, k) or '' end
-  local version, size = vlen >= 18 and byte(v) or 0, 0
-  local m = version > 5 if m then version = version - 4 end
-  if version == 4 then size, h, last, n, exp, lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
-  elseif version == 3 and vlen >= 32 then size, h, n, exp, last, mh, mc, lm = unpack('>I4I4I4I5I6BBI6', v, 2)
-  elseif version == 2 and vlen >= 52 then size, h, n, exp, seq, flo, total, last, mh, mc, lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
-  else version = 0 end
-  if version > 0 and (vlen == shape(version, size, m) or vlen >= (small and SMALL or 148)) then
-    last, t, lm = tbase + (last - tbase) % 2 ^ 48, vlen == BO and tw or tc, m and lm or 0 return
+local function header(r)
+  local tag, last, exp = r.lay + (r.m and WITH_LM or 0), (r.last or 0) % 2 ^ 48, r.exp % 2 ^ 40
+  if r.lay == SMALL_COUNT then return pack(r.m and '>BBBI6BI5I3' or '>BBBI6I4I5', tag, r.cap, r.h, last, r.n, exp, r.lm < 2 ^ 24 and r.lm or 0) end
+  local x = r.m and pack('>I6', r.lm % 2 ^ 48) or ''
+  if r.lay == COUNT then return pack('>BI4I4I4I5I6BB', tag, r.cap, r.h, r.n, exp, last, r.mh, r.mc) .. x end
+  return pack('>BI4I4I4I5dI6I6I6BB', tag, r.cap, r.h, r.n, exp, r.seq, r.flo, r.total, last, r.mh, r.mc) .. x
+end
+local function blank(r)
+  r.h, r.n, r.exp, r.v, r.vlen, r.last, r.mh, r.mc, r.lm, r.w, r.wo, r.whole = 0, 0, ms, '', 0, nil, 0, 0, 0, '', 0, false
+  shape(r, SMALL_COUNT, 0, true)
+end
+local function load(r, small)
+  local v = pcall('GETRANGE', r.key, '0', small and '511' or '147') -- numbers given to redis.call are formatted each call
+  if type(v) ~= 'string' then v = fresh(v, r.key) or '' end
+  local vlen, size, tag = #v, 0, #v >= 18 and byte(v) or 0
+  local m, lay = tag > 5, tag > 5 and tag - WITH_LM or tag
+  r.v, r.vlen, r.w, r.wo, r.whole, r.mc, r.mir = v, vlen, '', 0, false, 0, nil
+  if lay == SMALL_COUNT then size, r.h, r.last, r.n, r.exp, r.lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
+  elseif lay == COUNT and vlen >= 32 then size, r.h, r.n, r.exp, r.last, r.mh, r.mc, r.lm = unpack('>I4I4I4I5I6BBI6', v, 2)
+  elseif lay == UNITS and vlen >= 52 then size, r.h, r.n, r.exp, r.seq, r.flo, r.total, r.last, r.mh, r.mc, r.lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
+  else lay = 0 end
+  if lay > 0 and (vlen == shape(r, lay, size, m) or vlen >= (small and SMALL or 148)) then
+    r.last, r.lm = tbase + (r.last - tbase) % 2 ^ 48, m and r.lm or 0 return
   end
-  -- Nothing, or nothing this version reads: the ring starts over.
-  h, n, exp, v, vlen, last, t, mc, lm = 0, 0, ms, '', 0, nil, tc, 0, 0
-  shape(4, 0, true)
-end
-local function save() return {key, v, w, mh, ver, cap, h, n, exp, seq, flo, total, last, f, first, before, newest, mc, mv, lm} end
-local function restore(r)
-  key, v, w, vlen, whole, mh, h, n, exp, seq, flo, total, last = r[1], r[2], '', #r[2], false, r[4], r[7], r[8], r[9], r[10], r[11], r[12], r[13]
-  f, first, before, newest, t, mc, lm = r[14], r[15], r[16], r[17], tc, r[18], r[20]
-  shape(r[5], r[6], r[19])
+  blank(r) -- nothing, or nothing this layout reads: the ring starts over
 end
 -- bytes returns len bytes at offset off, u6 the 6-byte number there (from v,
 -- or w, which reads a chunk from there when it does not hold it); put writes
 -- b at off, or into v when it is a whole value made anew (commit writes it),
 -- keeping v and the chunk in step.
-local function bytes(off, len)
-  return off + len <= vlen and sub(v, off + 1, off + len) or call('GETRANGE', key, off, off + len - 1)
+local function bytes(r, off, len)
+  return off + len <= r.vlen and sub(r.v, off + 1, off + len) or call('GETRANGE', r.key, off, off + len - 1)
 end
-local function u6(off)
-  if off + 6 <= vlen then return (unpack('>I6', v, off + 1)) end
-  if off < wo or off + 6 > wo + #w then w, wo = call('GETRANGE', key, off, off + CHUNK - 1), off end
-  return (unpack('>I6', w, off - wo + 1))
-end
-local function put(off, b)
-  if not whole then call('SETRANGE', key, fmt('%d', off), b) end
-  local hi = min(off + #b, vlen)
-  if off < hi then v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
-  local lo, up = max(off, wo), min(off + #b, wo + #w) -- the chunk too: a settle reads on in it
-  if lo < up then w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
+local function u6(r, off)
+  if off + 6 <= r.vlen then return (unpack('>I6', r.v, off + 1)) end
+  if off < r.wo or off + 6 > r.wo + #r.w then r.w, r.wo = call('GETRANGE', r.key, off, off + CHUNK - 1), off end
+  return (unpack('>I6', r.w, off - r.wo + 1))
 end
 local function u48(x) return pack('>I6', x % 2 ^ 48) end
--- t returns the time of entry i (0 is the oldest kept; tw when v holds the
--- whole value), u its units, s the units of the entries kept up to it (0 for
--- i < 0): in a units ring, the base of i's bucket (the floor, in the
--- oldest's) plus those from its start.
-function tc(i)
-  local o = i < mc and MO + E * (mh + i) or H + E * ((h + i) % cap)
-  return tbase + ((o + 6 <= vlen and unpack('>I6', v, o + 1) or u6(o)) - tbase) % 2 ^ 48
+local function put(r, off, b)
+  if not r.whole then call('SETRANGE', r.key, fmt('%d', off), b) end
+  local v, w, wo, hi = r.v, r.w, r.wo, min(off + #b, r.vlen)
+  if off < hi then r.v = sub(v, 1, off) .. sub(b, 1, hi - off) .. sub(v, hi + 1) end
+  local lo, up = max(off, wo), min(off + #b, wo + #w) -- the chunk too: a settle reads on in it
+  if lo < up then r.w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
-function tw(i) return tbase + (unpack('>I6', v, H + 1 + E * ((h + i) % cap)) - tbase) % 2 ^ 48 end
-local function u(i) return ver ~= 2 and 1 or u6((i < mc and MO + 12 * (mh + i) or H + 12 * ((h + i) % cap)) + 6) end
-local function s(i)
-  if i < 0 or ver ~= 2 then return max(i + 1, 0) end
-  if i == n - 1 then return (total - flo) % 2 ^ 48 end
-  local q, j, sum = seq + i, 0, 0
-  if floor(q / S) > floor(seq / S) then j, sum = i - q % S, (u6(BO + 6 * (floor(q / S) % B)) - flo) % 2 ^ 48 end
-  for m = j, i do sum = sum + u(m) end
+-- t returns the time of entry i (0 is the oldest kept), u its units, s the
+-- units of the entries kept up to it (0 for i < 0): in a units ring, the base
+-- of i's bucket (the floor, in the oldest's) plus those from its start.
+local function t(r, i)
+  local o = i < r.mc and r.MO + r.E * (r.mh + i) or r.H + r.E * ((r.h + i) % r.cap)
+  return tbase + ((o + 6 <= r.vlen and unpack('>I6', r.v, o + 1) or u6(r, o)) - tbase) % 2 ^ 48
+end
+local function u(r, i) return r.lay ~= UNITS and 1 or u6(r, (i < r.mc and r.MO + 12 * (r.mh + i) or r.H + 12 * ((r.h + i) % r.cap)) + 6) end
+local function base(r, q) return (u6(r, r.BO + 6 * (q % r.B)) - r.flo) % 2 ^ 48 end
+local function s(r, i)
+  if i < 0 or r.lay ~= UNITS then return max(i + 1, 0) end
+  if i == r.n - 1 then return (r.total - r.flo) % 2 ^ 48 end
+  local q, j, sum = r.seq + i, 0, 0
+  if floor(q / S) > floor(r.seq / S) then j, sum = i - q % S, base(r, floor(q / S)) end
+  for m = j, i do sum = sum + u(r, m) end
   return sum
 end
--- search returns the first i in [lo, hi) with get(i) > x (get increasing in
--- i), hi if none; gallop searches [lo, n) from lo by growing steps (the answer
--- is usually near it), and returns it and get(it).
-local function search(get, x, lo, hi)
+-- search returns the first i in [lo, hi) with get(r, i) > x (get increasing
+-- in i), hi if none; gallop searches [lo, n) from lo by growing steps (the
+-- answer is usually near it), and returns it and get(r, it).
+local function search(r, get, x, lo, hi)
   while lo < hi do
     local m = floor((lo + hi) / 2)
-    if get(m) > x then hi = m else lo = m + 1 end
+    if get(r, m) > x then hi = m else lo = m + 1 end
   end
   return lo
 end
-local function gallop(get, x, lo)
-  local hi, step, y = lo, 1, nil
+local function gallop(r, get, x, lo)
+  local hi, step, y, n = lo, 1, nil, r.n
   while hi < n do
-    y = get(hi)
+    y = get(r, hi)
     if y > x then break end
     lo, hi, step = hi + 1, hi + step, step * 2
   end
-  local i = search(get, x, lo, min(hi, n))
-  return i, i < n and (i == hi and y or get(i)) or nil
+  local i = search(r, get, x, lo, min(hi, n))
+  return i, i < n and (i == hi and y or get(r, i)) or nil
 end
 -- range returns the entries [i, j), oldest first.
-local function range(i, j)
+local function range(r, i, j)
   if j <= i then return '' end
-  local p = (h + i) % cap
-  local a = min(j - i, cap - p)
-  return a < j - i and bytes(H + E * p, E * a) .. bytes(H, E * (j - i - a)) or bytes(H + E * p, E * a)
+  local p, E, H = (r.h + i) % r.cap, r.E, r.H
+  local a = min(j - i, r.cap - p)
+  return a < j - i and bytes(r, H + E * p, E * a) .. bytes(r, H, E * (j - i - a)) or bytes(r, H + E * p, E * a)
 end
--- reshape gives the ring size slots in the layout of version: grown, shrunk,
--- or a count ring made a units ring (1 unit an entry). A large ring grows in
--- place: the value is extended, and the smaller of the older and the newer
--- part of its entries moves so that the free slots lie between them.
-local function reshape(size, version)
-  local v0, c0, m0, B0, bases = ver, cap, mv, B, ver == 2 and version == 2 and bytes(BO, 6 * B)
-  local len = shape(version, size, true)
-  shape(v0, c0, m0)
-  if ver == version and size > cap and len > SMALL then
-    call('SETRANGE', key, len - 1, '\0')
-    if h > 0 and h <= cap - h then put(H + E * cap, bytes(H, E * h)) end
-    if h > cap - h then put(H + E * (h + size - cap), bytes(H + E * h, E * (cap - h))) h = h + size - cap end
+-- reshape gives the ring size slots in layout lay: grown, shrunk, or a count
+-- ring made a units ring (1 unit an entry). A large ring grows in place: the
+-- value is extended, and the smaller of the older and the newer part of its
+-- entries moves so that the free slots lie between them.
+local function reshape(r, size, lay)
+  local len, c0, B0, bases, h, H, E = layout(lay, size, true), r.cap, r.B, r.lay == UNITS and lay == UNITS and bytes(r, r.BO, 6 * r.B), r.h, r.H, r.E
+  if r.lay == lay and size > c0 and len > SMALL then
+    call('SETRANGE', r.key, len - 1, '\0')
+    if h > 0 and h <= c0 - h then put(r, H + E * c0, bytes(r, H, E * h)) end
+    if h > c0 - h then put(r, H + E * (h + size - c0), bytes(r, H + E * h, E * (c0 - h))) r.h = h + size - c0 end
   else
-    local body = range(0, n)
-    if version == 2 and ver ~= 2 then
+    local body = range(r, 0, r.n)
+    if lay == UNITS and r.lay ~= UNITS then
       local parts, one = {}, u48(1)
-      for i = 0, n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
-      body, seq, flo, total = table.concat(parts), 0, 0, n
+      for i = 0, r.n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
+      body, r.seq, r.flo, r.total = table.concat(parts), 0, 0, r.n
     end
-    h, mh = 0, 0
-    shape(version, size, true)
-    mc = version == 4 and 0 or min(n, 96 / E) -- the mirror: the oldest entries
-    local m = version == 4 and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
-    v, w, exp, whole, mir = header() .. m .. body, '', ms, len <= SMALL, nil
-    if whole then
-      v = v .. string.rep('\0', len - #v)
-    else
-      call('SET', key, v) -- the value starts over, then takes its length
-      call('SETRANGE', key, len - 1, '\0')
-    end
-    vlen = #v
+    r.h, r.mh = 0, 0
+    shape(r, lay, size, true)
+    r.mc = lay == SMALL_COUNT and 0 or min(r.n, 96 / r.E) -- the mirror: the oldest entries
+    local m = lay == SMALL_COUNT and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
+    r.v, r.w, r.whole, r.mir, r.exp = header(r) .. m .. body, '', len <= SMALL, nil, ms
+    -- A large value starts over, then takes its length.
+    if r.whole then r.v = r.v .. string.rep('\0', len - #r.v) else call('SET', r.key, r.v) call('SETRANGE', r.key, len - 1, '\0') end
+    r.vlen = #r.v
   end
-  shape(version, size, true)
+  shape(r, lay, size, true)
   -- The kept buckets' bases move to their places (a converted ring's count).
-  for q = version == 2 and seq - seq % S or 0, version == 2 and seq + n - 1 or -1, S do
+  for q = lay == UNITS and r.seq - r.seq % S or 0, lay == UNITS and r.seq + r.n - 1 or -1, S do
     local kb = bases and floor(q / S) % B0
-    put(BO + 6 * (floor(q / S) % B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
+    put(r, r.BO + 6 * (floor(q / S) % r.B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
   end
-  if not whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
-    call('BITOP', 'OR', key .. '~', key) -- a copy, on every version of Redis
-    call('RENAME', key .. '~', key)
-    exp = ms
+  if not r.whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
+    call('BITOP', 'OR', r.key .. '~', r.key) -- a copy, on every version of Redis
+    call('RENAME', r.key .. '~', r.key)
+    r.exp = ms
   end
 end
 -- commit writes b at offset off and the header, and keeps the key until its
 -- newest admission ages out, and an eighth of a window more (a key in use is
 -- then not given a new expiry at each admission); an empty ring goes.
-local function commit(at, window, off, b)
-  local m = mir or ''
-  mir = nil -- written now, or dropped with the ring
-  if n == 0 then return call('DEL', key) end
-  last = at
-  if whole then
-    exp = ceil((at + window + window / 8) / 1000)
-    if off then v = sub(v, 1, off) .. b .. sub(v, off + #b + 1) end
-    v = header() .. m .. sub(v, MO + #m + 1)
-    return expires and call('SET', key, v, 'PX', max(1, exp - ms)) or call('SET', key, v)
+local function commit(r, at, off, b)
+  local m, key, W = r.mir or '', r.key, r.W
+  r.mir = nil -- written now, or dropped with the ring
+  if r.n == 0 then return call('DEL', key) end
+  r.last = at
+  if r.whole then
+    local v = off and sub(r.v, 1, off) .. b .. sub(r.v, off + #b + 1) or r.v
+    r.exp = ceil((at + W + W / 8) / 1000)
+    r.v = header(r) .. m .. sub(v, r.MO + #m + 1)
+    return expires and call('SET', key, r.v, 'PX', max(1, r.exp - ms)) or call('SET', key, r.v)
   end
-  if expires and at + window > (ms + (exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
-    local ttl = ceil((at - now + window + window / 8) / 1000) + 1
-    TTL[ttl], exp = TTL[ttl] or fmt('%d', ttl), ms + ttl -- formatted once a call for most
+  if expires and at + W > (ms + (r.exp - ms + 2 ^ 39) % 2 ^ 40 - 2 ^ 39) * 1000 then
+    local ttl = ceil((at - now + W + W / 8) / 1000) + 1
+    TTL[ttl], r.exp = TTL[ttl] or fmt('%d', ttl), ms + ttl -- formatted once a call for most
     call('PEXPIRE', key, TTL[ttl])
   end
   if off then call('SETRANGE', key, fmt('%d', off), b) end
-  call('SETRANGE', key, '0', header() .. m)
+  call('SETRANGE', key, '0', header(r) .. m)
 end
 -- A log zone's decision, before any write: when a request of cost c fits
 -- (room), the units in the window (held), until units leave it (reset); and
--- the decision in hand.
-local function log_decide(k, W, mx, c)
-  load(k, 18 + 6 * mx <= SMALL)
-  local cut = now - W
-  f, first, newest = 0, nil, n > 0 and last or nil
+-- the decision in hand. It reads the ring, or decides on the one in hand.
+local function log_decide(r, c, inhand)
+  local W, mx = r.W, r.mx
+  if not inhand then load(r, 18 + 6 * mx <= SMALL) end
+  local n, cut, f, first, units = r.n, now - W, 0, nil, r.lay == UNITS
   if n > 0 then
-    first = t(0)
+    first = t(r, 0)
     if first <= cut then
-      f, first = 1, n > 1 and t(1) or nil
-      if first and first <= cut then f, first = gallop(t, cut, 2) end
+      f, first = 1, n > 1 and t(r, 1) or nil
+      if first and first <= cut then f, first = gallop(r, t, cut, 2) end
     end
   end
-  local all, g = ver ~= 2 and n or (total - flo) % 2 ^ 48, f
-  before = ver ~= 2 and f or s(f - 1)
-  if ver == 2 then -- entries settled to zero hold nothing: the window starts after them
-    while g < n and u(g) == 0 do g = g + 1 end
-    if g ~= f then f, first = g, g < n and t(g) or nil end
+  local all, before, g = units and (r.total - r.flo) % 2 ^ 48 or n, units and s(r, f - 1) or f, f
+  if units then -- entries settled to zero hold nothing: the window starts after them
+    while g < n and u(r, g) == 0 do g = g + 1 end
+    if g ~= f then f, first = g, g < n and t(r, g) or nil end
   end
+  r.f, r.first, r.before, r.newest = f, first, before, n > 0 and r.last or nil
   local held, room = all - before, now
   if held + c > mx and c <= mx then
-    local T, j = all + c - mx, ver ~= 2 and all + c - mx - 1 or f
-    if ver == 2 then -- whole buckets by their bases, then entry by entry
-      local k0, sum = floor((seq + f) / S), before
-      local kb = search(function(q) return (u6(BO + 6 * (q % B)) - flo) % 2 ^ 48 end, T - 1, k0 + 1, floor((seq + n - 1) / S) + 1) - 1
-      if kb > k0 then j, sum = kb * S - seq, (u6(BO + 6 * (kb % B)) - flo) % 2 ^ 48 end
-      while sum + u(j) < T do sum, j = sum + u(j), j + 1 end
+    local T, j = all + c - mx, units and f or all + c - mx - 1
+    if units then -- whole buckets by their bases, then entry by entry
+      local k0, sum = floor((r.seq + f) / S), before
+      local kb = search(r, base, T - 1, k0 + 1, floor((r.seq + n - 1) / S) + 1) - 1
+      if kb > k0 then j, sum = kb * S - r.seq, base(r, kb) end
+      while sum + u(r, j) < T do sum, j = sum + u(r, j), j + 1 end
     end
-    room = t(j) + W
+    room = t(r, j) + W
   end
   return room, held, first and first + W - now or 0
 end
 -- Records an admission of a log zone at time at (or just after the newest), dropping what aged out,
--- growing, shrinking, merging or changing the ring's kind.
-local function log_record(k, W, mx, c, at, held, reset)
+-- growing, shrinking, merging or changing the ring's layout.
+local function log_record(r, c, at, held, reset)
+  local W, mx, f, newest, mc, n = r.W, r.mx, r.f, r.newest, r.mc, r.n
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
-    h, n, mh, mc = (h + f) % cap, n - f, mc > f and mh + f or 0, max(mc - f, 0)
-    if ver == 2 then flo, seq = (flo + before) % 2 ^ 48, seq + f end
+    r.h, r.n, r.mh, r.mc, n = (r.h + f) % r.cap, n - f, mc > f and r.mh + f or 0, max(mc - f, 0), n - f
+    if r.lay == UNITS then r.flo, r.seq = (r.flo + r.before) % 2 ^ 48, r.seq + f end
   end
-  if ver == 2 and n == 0 and c == 1 then reshape(4, 4) end -- all aged out: a count ring again
-  lm = mx if not mv then reshape(cap, ver) end -- a ring written before lm gets room for it, once
+  if n == 0 and c == 1 and r.lay == UNITS then reshape(r, 4, SMALL_COUNT) end -- all aged out: a count ring again
+  r.lm = mx if not r.m then reshape(r, r.cap, r.lay) end -- a ring written before lm gets room for it, once
   -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
   -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
-  local span, units = max(1, floor(W / MERGE)), ver == 2 or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
-  if ver == 2 and n > 0 and (n >= MERGE and floor(at / span) == floor(last / span) or n >= MAXCAP) then
-    total = (total + c) % 2 ^ 48
-    commit(at, W, H + 12 * ((h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(n - 1) + c) % 2 ^ 48))
-    return at, held + c, first and reset or at + W - now
+  local span, cap, lay = max(1, floor(W / MERGE)), r.cap, r.lay
+  local units = lay == UNITS or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
+  if lay == UNITS and n > 0 and (n >= MERGE and floor(at / span) == floor(r.last / span) or n >= MAXCAP) then
+    r.total = (r.total + c) % 2 ^ 48
+    commit(r, at, r.H + 12 * ((r.h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(r, n - 1) + c) % 2 ^ 48))
+    return at, held + c, r.first and reset or at + W - now
   end
-  if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and ver ~= 2 then -- grow, shrink or convert
+  if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and lay ~= UNITS then -- grow, shrink or convert
     local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
-      or c == 1 and ver ~= 2 and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
-    reshape(min(size, MAXCAP), units and 2 or size <= SMALLCAP and 4 or 3)
+      or c == 1 and lay ~= UNITS and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
+    reshape(r, min(size, MAXCAP), units and UNITS or size <= SMALLCAP and SMALL_COUNT or COUNT)
   end
   -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
-  if ver ~= 4 and mc < 2 and n > mc then mh, mc, mir = 0, min(n, 96 / E), range(0, min(n, 96 / E)) end
-  local off = H + E * ((h + n) % cap)
-  n = n + 1
-  if ver == 2 and (seq + n - 1) % S == 0 and n > 1 then put(BO + 6 * (floor((seq + n - 1) / S) % B), u48(total)) end
-  total = ver == 2 and (total + c) % 2 ^ 48 or total
-  commit(at, W, off, ver == 2 and pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48) or pack('>I6', at % 2 ^ 48))
-  return at, held + c, first and reset or at + W - now
+  if r.lay ~= SMALL_COUNT and r.mc < 2 and n > r.mc then r.mh, r.mc, r.mir = 0, min(n, 96 / r.E), range(r, 0, min(n, 96 / r.E)) end
+  local off, q = r.H + r.E * ((r.h + n) % r.cap), r.lay == UNITS and r.seq + n
+  r.n = n + 1
+  if q and q % S == 0 and n > 0 then put(r, r.BO + 6 * (floor(q / S) % r.B), u48(r.total)) end
+  if q then r.total = (r.total + c) % 2 ^ 48 end
+  commit(r, at, off, q and pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48) or pack('>I6', at % 2 ^ 48))
+  return at, held + c, r.first and reset or at + W - now
 end
 -- Settles the admission at time token to c units, charged from now: the reservation is taken back (a
 -- count ring takes its entry out, the newer move back; a units ring holds it at zero, dropped once
 -- newest), and c is recorded as an admission at its room (now, unless promised slots or other charges
 -- hold it). Returns the units held before and the record's time.
-local function log_settle(k, W, mx, c, token, aux)
-  local _, held0, _, e, old = log_decide(k, W, mx, 0) -- e, old: the entry settled, its units
-  if n > 0 and token <= last then -- most settle one of the newest: looking back from it
-    local hi, step, o = n - 1, 1, H + E * ((h + n - 1) % cap + 1) - CHUNK
-    if token < last and o >= H and o + CHUNK > vlen then w, wo = call('GETRANGE', key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
-    while token < last and hi > 0 and t(max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
-    e = token < last and search(t, token - 1, max(hi - step, 0), hi) or hi
-    local span = max(1, floor(W / MERGE)) -- or merged into a later entry of its span
-    old = (t(e) == token or ver == 2 and token > now - W and floor(t(e) / span) == floor(token / span)) and u(e)
+local function log_settle(r)
+  local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
+  local n, e, old = r.n, nil, nil -- e, old: the entry settled, its units
+  if n > 0 and token <= r.last then -- most settle one of the newest: looking back from it, in one chunk
+    local last, hi, step, o = r.last, n - 1, 1, max(r.H, r.H + r.E * ((r.h + n - 1) % r.cap + 1) - CHUNK)
+    if o + CHUNK > r.vlen then r.w, r.wo = call('GETRANGE', r.key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
+    while token < last and hi > 0 and t(r, max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
+    e = token < last and search(r, t, token - 1, max(hi - step, 0), hi) or hi
+    local span = max(1, floor(r.W / MERGE)) -- or merged into a later entry of its span
+    old = (t(r, e) == token or r.lay == UNITS and token > now - r.W and floor(t(r, e) / span) == floor(token / span)) and u(r, e)
   end
-  if old and ver ~= 2 then
-    local b, p = range(e + 1, n), (h + e) % cap
-    if #b > 0 then put(H + 6 * p, sub(b, 1, 6 * (cap - p))) end
-    if #b > 6 * (cap - p) then put(H, sub(b, 6 * (cap - p) + 1)) end
+  if old and r.lay ~= UNITS then
+    local b, p, cap = range(r, e + 1, n), (r.h + e) % r.cap, r.cap
+    if #b > 0 then put(r, r.H + 6 * p, sub(b, 1, 6 * (cap - p))) end
+    if #b > 6 * (cap - p) then put(r, r.H, sub(b, 6 * (cap - p) + 1)) end
     n = n - 1
   elseif old then -- the reservation, or what the entry holds
-    local r = min(old, (unpack('>d', aux)))
-    put(H + 12 * ((h + e) % cap) + 6, u48(old - r))
-    for q = floor((seq + e) / S) + 1, floor((seq + n - 1) / S) do put(BO + 6 * (q % B), u48(u6(BO + 6 * (q % B)) - r)) end
-    total = (total - r) % 2 ^ 48
-    while n > 0 and u(n - 1) == 0 do n = n - 1 end
+    local back = min(old, (unpack('>d', r.aux)))
+    for q = floor((r.seq + e) / S) + 1, floor((r.seq + n - 1) / S) do put(r, r.BO + 6 * (q % r.B), u48(u6(r, r.BO + 6 * (q % r.B)) - back)) end
+    r.total = (r.total - back) % 2 ^ 48
+    -- The newest settled to zero goes unwritten: the record (most settle the newest) takes its slot.
+    if e == n - 1 and old == back then n = n - 1 else put(r, r.H + 12 * ((r.h + e) % r.cap) + 6, u48(old - back)) end
+    while n > 0 and u(r, n - 1) == 0 do n = n - 1 end
   end
-  if old then mc = e < mc and 0 or min(mc, n) commit(e < n and last or n > 0 and t(n - 1) or now, W) end -- mirror: a changed copy
+  if old then
+    r.n, r.mc = n, e < r.mc and 0 or min(r.mc, n) -- mirror: a changed copy
+    if e >= n and n > 0 then r.last = t(r, n - 1) end
+    if n == 0 then commit(r, now) blank(r) elseif c == 0 then commit(r, r.last) end -- a ring emptied goes, starts over
+  end
   if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
-  local room, held, reset = log_decide(k, W, mx, c) -- sums are mod 2^48: what a ring holds saturates
-  return 1, held0, log_record(k, W, mx, min(c, 2 ^ 48 - 1 - held), room, held, reset)
+  -- Decided on the ring in hand, written once with the record (one header write for both).
+  local room, held, reset = log_decide(r, c, true) -- sums are mod 2^48: what a ring holds saturates
+  return 1, held0, log_record(r, min(c, 2 ^ 48 - 1 - held), room, held, reset)
 end
--- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
-local function counter_decide(k, W, mx, c)
-  local idx = floor(now / W)
-  local e, hm = now - idx * W, fresh(pcall('HMGET', k, 'w', 'c', 'p'), k) or {}
-  local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
-  if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
-  local held, room, reset, need = prev * (W - e) / W + cur, now, 0, mx - c
-  if held > need and need >= 0 then -- the previous window's weight decays; else the next window
-    room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
+local lease_ext, decide, record, settle = nil, {[0] = log_decide}, {[0] = log_record}, {[0] = log_settle}
+-- kinds makes the counter's and concurrency's functions at a call's first such zone: a closure costs each call.
+local function kinds()
+  -- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
+  local function counter_decide(z, c)
+    local W, idx = z.W, floor(now / z.W)
+    local e, hm = now - idx * W, fresh(pcall('HMGET', z.key, 'w', 'c', 'p'), z.key) or {}
+    local w, cur, prev = tonumber(hm[1]), tonumber(hm[2]) or 0, tonumber(hm[3]) or 0
+    if w == nil or w < idx - 1 then cur, prev = 0, 0 elseif w == idx - 1 then cur, prev = 0, cur end
+    local held, room, reset, need = prev * (W - e) / W + cur, now, 0, z.mx - c
+    if held > need and need >= 0 then -- the previous window's weight decays; else the next window
+      room = now + ceil(cur <= need and prev > 0 and W - (need - cur) * W / prev - e or (W - e) + W - need * W / cur)
+    end
+    if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
+    z.idx, z.e, z.cur, z.prev = idx, e, cur, prev
+    return room, held, reset
   end
-  if prev > 0 then reset = min(ceil(W / prev), W - e) elseif cur > 0 then reset = ceil((W - e) + W / cur) end
-  return room, held, reset, idx, e, cur, prev
+  local function counter_record(z, c, _, held, reset)
+    local W, e, cur, prev = z.W, z.e, z.cur, z.prev
+    call('HSET', z.key, 'w', z.idx, 'c', cur + c, 'p', prev) -- kept while it weighs: to the next window's end
+    if expires then call('PEXPIRE', z.key, ceil((2 * W - e) / 1000)) end
+    return z.idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
+  end
+  -- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
+  local function counter_settle(z)
+    local _, held, reset = counter_decide(z, 0)
+    local back = unpack('>d', z.aux)
+    if z.token == z.idx then z.cur = max(0, z.cur - back) elseif z.token == z.idx - 1 then z.prev = max(0, z.prev - back) end
+    counter_record(z, z.c, now, held, reset)
+    return 1, held
+  end
+  -- A concurrency zone: the leases whose expiry is after now; its key lives as long as its latest lease.
+  local function lease_decide(z)
+    local k, held, reset = z.key, fresh(pcall('ZCOUNT', z.key, '(' .. fmt('%d', now), '+inf'), z.key) or 0, 0
+    if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
+    return held + 1 > z.mx and now + reset or now, held, reset
+  end
+  local function keep_leases(k)
+    if expires then call('PEXPIRE', k, max(1, ceil((call('ZRANGE', k, -1, -1, 'WITHSCORES')[2] - now) / 1000))) end
+  end
+  local function lease_record(z, _, at, held, reset)
+    local k, W = z.key, z.W
+    call('ZREMRANGEBYSCORE', k, '-inf', fmt('%d', now))
+    call('ZADD', k, fmt('%d', at + W), z.aux)
+    return keep_leases(k) or -1, held + 1, (reset == 0 or at + W - now < reset) and at + W - now or reset
+  end
+  local function lease_extend(z)
+    local lease = tonumber(fresh(pcall('ZSCORE', z.key, z.aux), z.key))
+    if lease and lease > now then call('ZADD', z.key, 'XX', fmt('%d', now + z.W), z.aux) end
+    return lease and lease > now and (keep_leases(z.key) or 1) or 0
+  end
+  decide[1], record[1], settle[1], decide[2], record[2] = counter_decide, counter_record, counter_settle, lease_decide, lease_record
+  settle[2], lease_ext = function(z) return call('ZREM', z.key, z.aux) end, lease_extend
 end
-local function counter_record(k, W, mx, c, at, held, reset, idx, e, cur, prev)
-  call('HSET', k, 'w', idx, 'c', cur + c, 'p', prev) -- kept while it weighs: to the next window's end
-  if expires then call('PEXPIRE', k, ceil((2 * W - e) / 1000)) end
-  return idx, held + c, prev > 0 and reset or ceil((W - e) + W / (cur + c))
-end
--- A settle takes the reservation (aux) back from its window (token), charges c to the current one.
-local function counter_settle(k, W, mx, c, token, aux)
-  local room, held, reset, idx, e, cur, prev = counter_decide(k, W, mx, 0)
-  if token == idx then cur = max(0, cur - unpack('>d', aux)) elseif token == idx - 1 then prev = max(0, prev - unpack('>d', aux)) end
-  counter_record(k, W, mx, c, now, held, reset, idx, e, cur, prev)
-  return 1, held
-end
--- A concurrency zone: the leases whose expiry is after now; its key lives as
--- long as its latest lease.
-local function lease_decide(k, W, mx)
-  local held, reset = fresh(pcall('ZCOUNT', k, '(' .. fmt('%d', now), '+inf'), k) or 0, 0
-  if held > 0 then reset = call('ZRANGEBYSCORE', k, '(' .. fmt('%d', now), '+inf', 'LIMIT', 0, 1, 'WITHSCORES')[2] - now end
-  return held + 1 > mx and now + reset or now, held, reset
-end
-local function keep_leases(k)
-  local latest = call('ZRANGE', k, -1, -1, 'WITHSCORES')[2]
-  if expires then call('PEXPIRE', k, max(1, ceil((latest - now) / 1000))) end
-end
-local function lease_record(k, W, mx, c, at, held, reset, _, _, _, _, aux)
-  call('ZREMRANGEBYSCORE', k, '-inf', fmt('%d', now))
-  call('ZADD', k, fmt('%d', at + W), aux)
-  return keep_leases(k) or -1, held + 1, (reset == 0 or at + W - now < reset) and at + W - now or reset
-end
-local function lease_extend(k, W, aux)
-  local lease = tonumber(fresh(pcall('ZSCORE', k, aux), k))
-  if lease and lease > now then call('ZADD', k, 'XX', fmt('%d', now + W), aux) end
-  return lease and lease > now and (keep_leases(k) or 1) or 0
-end
-local decide = {[0] = log_decide, counter_decide, lease_decide}
-local record = {[0] = log_record, counter_record, lease_record}
-local settle = {[0] = log_settle, counter_settle, function(k, _, _, _, _, aux) return call('ZREM', k, aux) end}
 -- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
 -- zones take, 0 denied) and reset; reply packs a zone's answer.
 local function verdict(kind, c, mx, room, reset, wait)
@@ -404,51 +411,38 @@ local function reply(first, delay, flag, mx, held, reset, token)
   local rem = mx - held > 0 and mx - held - (mx - held) % 1 or 0
   return first and pack('>dBddd', delay, flag, rem, reset, token) or pack('>Bddd', flag, rem, reset, token)
 end
-local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0 -- Z: the zones of a request of several
-local KEY, KIND, WIN, MAX, COST, TOKEN, AUX, ROOM, HELD, RESET, FLAG, X = 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
+-- Each request: its zones' tables (kept from request to request), then all
+-- decide, and all record at the latest room if all admit; or all settle or extend.
+local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
 while pos <= #args do
-  local op, nz, wait, kind, window, mx, cost, token, p = unpack('>BBdBdddd', args, pos)
-  if nz == 1 and op < 2 then
-    local key, aux = KEYS[k + 1], kind == 2 and sub(args, p, p + 7)
-    pos, k = p + 8, k + 1
-    local room, held, reset, a, b, c, d, t = decide[kind](key, window, mx, cost)
-    local flag, r = verdict(kind, cost, mx, room, reset, wait)
-    if flag == 1 and op == 1 then t, held, r = record[kind](key, window, mx, cost, room, held, r, a, b, c, d, aux) end
-    out[#out + 1] = reply(true, flag == 1 and room - now or 0, flag, mx, held, r, t or op == 0 and kind == 0 and lm or -1)
-  else
-    pos = p
+  local op, nz, wait, kind, W, mx, c, token, p = unpack('>BBdBdddd', args, pos)
+  for i = 1, nz do
+    local z = Z[i] or {}
+    if i > 1 then kind, W, mx, c, token, p = unpack('>Bdddd', args, p) end
+    if kind > 0 and not decide[kind] then kinds() end
+    Z[i], k, z.key, z.kind, z.W, z.mx, z.c, z.token = z, k + 1, KEYS[k + 1], kind, W, mx, c, token
+    z.aux, p = (kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
+  end
+  pos = p
+  if op > 1 then
     for i = 1, nz do
-      if i > 1 then kind, window, mx, cost, token, pos = unpack('>Bdddd', args, pos) end
-      local z = Z[i] or {}
-      Z[i], k = z, k + 1
-      z[KEY], z[KIND], z[WIN], z[MAX], z[COST], z[TOKEN] = KEYS[k], kind, window, mx, cost, token
-      z[AUX], pos = (kind == 2 or op == 2) and sub(args, pos, pos + 7), pos + 8
+      local z, done, held, at = Z[i], 0, nil, nil -- a settle: what its zone held before, its record's time
+      if op == 2 then done, held, at = settle[z.kind](z) elseif z.kind == 2 then done = lease_ext(z) end
+      out[#out + 1] = reply(i == 1, 0, done, z.mx, held or z.mx, 0, at or -1)
     end
-    if op > 1 then
-      for i = 1, nz do
-        local z, done, held, at = Z[i], 0, nil, nil -- a settle: what its zone held before, its record's time
-        if op == 2 then done, held, at = settle[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], z[TOKEN], z[AUX])
-        elseif z[KIND] == 2 then done = lease_extend(z[KEY], z[WIN], z[AUX]) end
-        out[#out + 1] = reply(i == 1, 0, done, z[MAX], held or z[MAX], 0, at or -1)
-      end
-    else
-      -- All decide, then record at the latest room if every one admits.
-      local at, admit = now, true
-      for i = 1, nz do
-        local z = Z[i]
-        z[ROOM], z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3] = decide[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST])
-        if z[KIND] == 0 then z.sv = save() end
-        z[FLAG], z[RESET] = verdict(z[KIND], z[COST], z[MAX], z[ROOM], z[RESET], wait)
-        if z[FLAG] ~= 1 then admit = false elseif z[ROOM] > at then at = z[ROOM] end
-      end
-      for i = 1, nz do
-        local z, t = Z[i], op == 0 and Z[i][KIND] == 0 and Z[i].sv[20] or -1 -- a peek: the log's lm
-        if admit and op == 1 then
-          if z[KIND] == 0 then restore(z.sv) end
-          t, z[HELD], z[RESET] = record[z[KIND]](z[KEY], z[WIN], z[MAX], z[COST], at, z[HELD], z[RESET], z[X], z[X + 1], z[X + 2], z[X + 3], z[AUX])
-        end
-        out[#out + 1] = reply(i == 1, admit and at - now or 0, z[FLAG], z[MAX], z[HELD], z[RESET], t)
-      end
+  else
+    local at, admit = now, true
+    for i = 1, nz do
+      local z = Z[i]
+      local room, held, reset = decide[z.kind](z, z.c)
+      z.held, z.flag, z.reset = held, verdict(z.kind, z.c, z.mx, room, reset, wait)
+      if z.flag ~= 1 then admit = false elseif room > at then at = room end
+    end
+    for i = 1, nz do
+      local z = Z[i]
+      local t = op == 0 and z.kind == 0 and z.lm or -1 -- a peek: the log's lm
+      if admit and op == 1 then t, z.held, z.reset = record[z.kind](z, z.c, at, z.held, z.reset) end
+      out[#out + 1] = reply(i == 1, admit and at - now or 0, z.flag, z.mx, z.held, z.reset, t)
     end
   end
 end

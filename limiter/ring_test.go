@@ -121,7 +121,7 @@ func TestRingMax100000(t *testing.T) {
 		sum += u
 	}
 	t.Logf("ring of %d admissions: version %d, cap %d, %d entries, %d bytes", max, ring.version, ring.cap, len(ring.times), ring.bytes)
-	if ring.version != 2 || len(ring.times) > maxEntries || ring.bytes > 16<<10 || sum != max || ring.times[0] != t0 {
+	if ring.version != ringUnits || len(ring.times) > maxEntries || ring.bytes > 16<<10 || sum != max || ring.times[0] != t0 {
 		t.Fatalf("ring: version %d, %d entries of %d units, %d bytes, from %d; want a units ring of at most %d entries and 16 KB holding %d from %d",
 			ring.version, len(ring.times), sum, ring.bytes, ring.times[0], maxEntries, max, int64(t0))
 	}

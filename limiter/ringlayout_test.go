@@ -10,24 +10,29 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The ring's layout, as limit.lua writes it. Version 4, a count ring of at
-// most 80 entries: version, cap and head (u8 each), the newest time (u48),
-// count (u32) and expiry (u40, milliseconds modulo 2^40). Versions 3 (a
-// larger count ring) and 2 (units): version (u8), cap, head and count (u32
-// each), expiry (u40); for version 2 then the sequence number of the head
-// (double), the sum before it and the sum up to the newest (u48 each); then
-// the newest time (u48), the mirror's head and count (u8 each), and the
-// mirror: 96 bytes holding copies of the oldest entries, from its head. Then
-// cap entries: a time (6 bytes, microseconds modulo 2^48) and, for version 2,
-// its units (6 bytes); for version 2 then the buckets' base sums (6 bytes
-// each). The count is at bytes 9 to 12 in versions 4, 3 and 2. Versions 7
-// and 6 are 3 and 2 with the max of the newest record (u48) after the header,
-// before the mirror; version 8 is 4 with the count a u8 (byte 9) and that
-// max a u24 (0 when larger) after the expiry, in the same 18 bytes.
+// The ring's layout, as limit.lua writes it, tagged by its first byte.
+// ringSmallCount, a count ring of at most 80 entries: tag, cap and head (u8
+// each), the newest time (u48), count (u32) and expiry (u40, milliseconds
+// modulo 2^40). ringCount (a larger count ring) and ringUnits: tag (u8), cap,
+// head and count (u32 each), expiry (u40); for ringUnits then the sequence
+// number of the head (double), the sum before it and the sum up to the newest
+// (u48 each); then the newest time (u48), the mirror's head and count (u8
+// each), and the mirror: 96 bytes holding copies of the oldest entries, from
+// its head. Then cap entries: a time (6 bytes, microseconds modulo 2^48) and,
+// for ringUnits, its units (6 bytes); for ringUnits then the buckets' base
+// sums (6 bytes each). The count is at bytes 9 to 12 in all three. A tag plus
+// ringWithLastMax (7, 6) is ringCount or ringUnits with the max of the newest
+// record (u48) after the header, before the mirror; ringSmallCount plus it (8)
+// has the count a u8 (byte 9) and that max a u24 (0 when larger) after the
+// expiry, in the same 18 bytes.
 const (
-	ringSmall  = 512 // bytes read whole
-	ringBucket = 64
-	mod48      = 1 << 48
+	ringUnits       = 2
+	ringCount       = 3
+	ringSmallCount  = 4
+	ringWithLastMax = 4
+	ringSmall       = 512 // bytes read whole
+	ringBucket      = 64
+	mod48           = 1 << 48
 )
 
 // ringState is a log key's ring, decoded.
@@ -81,17 +86,17 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	mirror, hdr, entry, ext := 26, 122, 6, 0
 	r.lastMax = -1
 	switch r.version {
-	case 8:
-		r.version, n, r.lastMax = 4, int(v[9]), readU48(append([]byte{0, 0, 0}, v[15:18]...))
-	case 6, 7:
-		r.version, ext = r.version-4, 6
+	case ringSmallCount + ringWithLastMax:
+		r.version, n, r.lastMax = ringSmallCount, int(v[9]), readU48(append([]byte{0, 0, 0}, v[15:18]...))
+	case ringUnits + ringWithLastMax, ringCount + ringWithLastMax:
+		r.version, ext = r.version-ringWithLastMax, 6
 	}
 	switch r.version {
-	case 4:
+	case ringSmallCount:
 		r.cap, r.head, mirror, hdr = int(v[1]), int(v[2]), 18, 18
-	case 2, 3:
+	case ringUnits, ringCount:
 		r.cap, r.head = int(binary.BigEndian.Uint32(v[1:])), int(binary.BigEndian.Uint32(v[5:]))
-		if r.version == 2 {
+		if r.version == ringUnits {
 			mirror, hdr, entry = 46, 142, 12
 		}
 	}
@@ -101,17 +106,17 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	}
 	B := r.cap/ringBucket + 2
 	want := hdr + entry*r.cap
-	if r.version == 2 {
+	if r.version == ringUnits {
 		want += 6 * B
 	}
-	if r.version < 2 || r.version > 4 || r.version == 4 && r.cap > 80 || r.version == 3 && r.cap <= 80 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
+	if r.version < ringUnits || r.version > ringSmallCount || r.version == ringSmallCount && r.cap > 80 || r.version == ringCount && r.cap <= 80 || len(v) != want || n > r.cap || r.cap > 0 && r.head >= r.cap {
 		tb.Fatalf("ring %s: version %d, %d bytes (want %d), cap %d, head %d, count %d", key, r.version, len(v), want, r.cap, r.head, n)
 	}
 	for i := range n {
 		e := v[hdr+entry*((r.head+i)%r.cap):]
 		r.times = append(r.times, decodeTime(readU48(e), now))
 		r.units = append(r.units, 1)
-		if r.version == 2 {
+		if r.version == ringUnits {
 			r.units[i] = readU48(e[6:])
 		}
 		if i > 0 && r.times[i] <= r.times[i-1] {
@@ -120,14 +125,14 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 	}
 	if n > 0 {
 		at := mirror - 8 - ext
-		if r.version == 4 {
+		if r.version == ringSmallCount {
 			at = 3
 		}
 		if newest := decodeTime(readU48(v[at:]), now); newest != r.times[n-1] {
 			tb.Fatalf("ring %s: the header's newest time %d, the newest entry's %d", key, newest, r.times[n-1])
 		}
 	}
-	if r.version != 4 {
+	if r.version != ringSmallCount {
 		// The mirror holds copies of the oldest entries, from its head.
 		mh, mc := int(v[mirror-2-ext]), int(v[mirror-1-ext])
 		r.mirrored = mc
@@ -140,7 +145,7 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 			}
 		}
 	}
-	if r.version == 2 {
+	if r.version == ringUnits {
 		seq := int64(math.Float64frombits(binary.BigEndian.Uint64(v[18:])))
 		floor, total := readU48(v[26:]), readU48(v[32:])
 		sum := floor
@@ -165,7 +170,7 @@ func readRing(tb testing.TB, client redis.Cmdable, key string, now int64) ringSt
 func encodeRing(cap int, times []int64) []byte { return encodeRingLayout(cap, times, true) }
 
 // encodeRingLayout is encodeRing, in the layout of a ring written before it
-// kept the max of the newest record (versions 4 and 3) unless withMax.
+// kept the max of the newest record (tags ringSmallCount and ringCount) unless withMax.
 func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
 	hdr, ext := 18, 0
 	if cap > 80 {
@@ -175,20 +180,20 @@ func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
 		ext = 6
 	}
 	if hdr == 18 {
-		ext = 0 // version 8 keeps the max in the same 18 bytes
+		ext = 0 // ringSmallCount with the last max keeps the max in the same 18 bytes
 	}
 	v := make([]byte, hdr+ext+6*cap)
 	if hdr == 18 {
-		v[0], v[1] = 4, byte(cap)
+		v[0], v[1] = ringSmallCount, byte(cap)
 		putU48(v[3:], times[len(times)-1])
 	} else {
-		v[0] = 3
+		v[0] = ringCount
 		binary.BigEndian.PutUint32(v[1:], uint32(cap))
 		putU48(v[18:], times[len(times)-1])
 	}
 	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
 	if withMax {
-		v[0] += 4
+		v[0] += ringWithLastMax
 		if hdr == 18 {
 			v[9], v[10], v[11], v[12] = byte(len(times)), 0, 0, 0 // the count a u8, the expiry and the max (0) after it
 		}
@@ -196,6 +201,37 @@ func encodeRingLayout(cap int, times []int64, withMax bool) []byte {
 	for i, t := range times {
 		putU48(v[hdr+ext+6*i:], t)
 	}
+	return v
+}
+
+// encodeUnitsRing returns the value of a units ring (with the max of its
+// newest record, lastMax) of cap holding times and their units (oldest
+// first), head at slot 0 and sequence number 0, its mirror holding the
+// oldest entries, expiring (ms mod 2^40) at exp, as limit.lua writes it.
+func encodeUnitsRing(cap int, times, units []int64, lastMax, exp int64) []byte {
+	const hdr = 46 + 6 + 96
+	B := cap/ringBucket + 2
+	v := make([]byte, hdr+12*cap+6*B)
+	v[0] = ringUnits + ringWithLastMax
+	binary.BigEndian.PutUint32(v[1:], uint32(cap))
+	binary.BigEndian.PutUint32(v[9:], uint32(len(times)))
+	var e [8]byte
+	binary.BigEndian.PutUint64(e[:], uint64(exp)%(1<<40))
+	copy(v[13:18], e[3:])
+	var total int64
+	for i, t := range times {
+		if i%ringBucket == 0 {
+			putU48(v[hdr+12*cap+6*((i/ringBucket)%B):], total)
+		}
+		putU48(v[hdr+12*i:], t)
+		putU48(v[hdr+12*i+6:], units[i])
+		total += units[i]
+	}
+	putU48(v[32:], total)
+	putU48(v[38:], times[len(times)-1])
+	v[45] = byte(min(len(times), 8))
+	putU48(v[46:], lastMax)
+	copy(v[52:], v[hdr:hdr+12*int(v[45])])
 	return v
 }
 
@@ -230,7 +266,7 @@ func TestRingKeepsLastMax(t *testing.T) {
 			t.Fatalf("cap %d: allow under max %d: %+v", cap, c.Limit.Max, r.decisions[0])
 		}
 		ring := readRing(t, testClient, key, t0)
-		if ring.version != map[bool]int{true: 4, false: 3}[cap <= 80] || ring.lastMax != int64(cap)+3 || len(ring.times) != cap+1 || ring.times[0] != times[0] {
+		if ring.version != map[bool]int{true: ringSmallCount, false: ringCount}[cap <= 80] || ring.lastMax != int64(cap)+3 || len(ring.times) != cap+1 || ring.times[0] != times[0] {
 			t.Fatalf("cap %d: after a record, ring version %d lastMax %d with %d times from %d; want lastMax %d, %d times from %d",
 				cap, ring.version, ring.lastMax, len(ring.times), ring.times[0], cap+3, cap+1, times[0])
 		}

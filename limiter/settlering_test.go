@@ -1,9 +1,14 @@
 package limiter
 
 import (
+	"context"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
 // TestSettleRing: settling an admission of a large ring changes that entry
@@ -122,4 +127,47 @@ func takenBack(times, units []int64, token, reserved int64) ([]int64, []int64) {
 		}
 	}
 	return times, units
+}
+
+// TestSettleReadsAndWritesTheRingOnce: settling the newest admission of a
+// large units ring to another cost takes one read of the header and one of
+// the entries near the newest, and writes one entry and the header once:
+// the reservation's slot takes the real cost (no second decision, no
+// second header). The ring then holds the cost at the settle's time.
+func TestSettleReadsAndWritesTheRingOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer client.Close()
+	ctx := context.Background()
+	now := redisNow(t, client)
+	lim := Limit{Window: time.Minute, Max: 1_000_000}
+	times, units := make([]int64, 36), make([]int64, 36)
+	for i := range times {
+		times[i], units[i] = now-50_000_000+int64(i)*1_000_000, 1+int64(i)%50
+	}
+	c := Check{Zone: "z", Key: "client", Limit: lim}
+	key := "{client}:z"
+	if err := client.Set(ctx, key, encodeUnitsRing(64, times, units, lim.Max, now/1000+120_000), 2*time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := &scriptReq{op: opAllow, keys: []string{key}, checks: []Check{c}}
+	runScript(t, client, 0, r)
+	if !r.decisions[0].Allowed {
+		t.Fatalf("allow: %+v", r.decisions[0])
+	}
+	if err := client.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	settled := c
+	settled.Cost = 7
+	runScript(t, client, 0, &scriptReq{op: opSettle, keys: []string{key}, checks: []Check{settled}, decisions: r.decisions})
+	stats := infoFields(t, client, "commandstats", "cmdstat_getrange.calls", "cmdstat_setrange.calls", "cmdstat_set.calls")
+	if stats["cmdstat_getrange.calls"] > 2 || stats["cmdstat_setrange.calls"] > 2 || stats["cmdstat_set.calls"] > 0 {
+		t.Errorf("a settle of the newest: %v GETRANGE, %v SETRANGE, %v SET; want at most 2, 2, 0", stats["cmdstat_getrange.calls"], stats["cmdstat_setrange.calls"], stats["cmdstat_set.calls"])
+	}
+	ring := readRing(t, client, key, redisNow(t, client))
+	n := len(ring.times)
+	if n != 37 || ring.units[n-1] != 7 || ring.times[n-1] <= r.decisions[0].held.at || !slices.Equal(ring.units[:36], units) {
+		t.Fatalf("after the settle: %d entries, the newest %d units at %d (the admission's at %d); want 37, the newest 7 units after it", n, ring.units[n-1], ring.times[n-1], r.decisions[0].held.at)
+	}
 }
