@@ -631,9 +631,10 @@ func (a *llmAPI) mostAtOnce(key string) int {
 }
 
 // admissionsKept returns how many admission times a sliding-log key holds:
-// the count in the header of its ring (limiter/limit.lua: a version byte,
-// then cap, head and count, big-endian uint32s; version 8, a small count
-// ring, holds the count in byte 9 alone); 0 when there is no key.
+// the count in the header of its ring (limiter/limit.lua: a layout tag
+// byte, then cap, head and count, big-endian uint32s; the small count ring
+// that keeps the last max, tag 8, holds the count in byte 9 alone); 0 when
+// there is no key.
 func admissionsKept(ctx context.Context, c redis.Cmdable, key string) (int64, error) {
 	v, err := c.GetRange(ctx, key, 0, 12).Result()
 	if err != nil {

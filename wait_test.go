@@ -25,11 +25,11 @@ import (
 // zone holds, oldest first, in microseconds of Redis's clock: what the
 // store recorded, promised admissions at their future times included. It
 // reads the ring as limiter/limit.lua lays it out (and
-// limiter/ringlayout_test.go checks): version 4, cap and head (u8 each)
-// and 18 header bytes in all, or version 3, cap and head (u32 each) and 122
-// bytes of header and mirror; the count (u32) at byte 9 in both; then cap
-// entries of 6 bytes, each a time in microseconds modulo 2^48, read as the
-// one nearest to now.
+// limiter/ringlayout_test.go checks): a small count ring (tag 4), cap and
+// head (u8 each) and 18 header bytes in all, or a count ring (tag 3), cap
+// and head (u32 each) and 122 bytes of header and mirror; the count (u32)
+// at byte 9 in both; then cap entries of 6 bytes, each a time in
+// microseconds modulo 2^48, read as the one nearest to now.
 func admissionTimes(t *testing.T, c *redis.Client, key string) []int64 {
 	t.Helper()
 	ctx := context.Background()
