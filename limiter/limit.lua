@@ -92,8 +92,7 @@ local function shape(r, lay, size, m)
   return len
 end
 local function header(r)
-  local lay, m, lm = r.lay, r.m, r.lm
-  local tag, last, exp = lay + (m and WITH_LM or 0), (r.last or 0) % 2 ^ 48, r.exp % 2 ^ 40
+  local lay, m, lm, tag, last, exp = r.lay, r.m, r.lm, r.lay + (r.m and WITH_LM or 0), (r.last or 0) % 2 ^ 48, r.exp % 2 ^ 40
   if lay == SMALL_COUNT then return pack(m and '>BBBI6BI5I3' or '>BBBI6I4I5', tag, r.cap, r.h, last, r.n, exp, lm < 2 ^ 24 and lm or 0) end
   local x = m and pack('>I6', lm % 2 ^ 48) or ''
   if lay == COUNT then return pack('>BI4I4I4I5I6BB', tag, r.cap, r.h, r.n, exp, last, r.mh, r.mc) .. x end
@@ -138,9 +137,8 @@ local function put(r, off, b)
   local lo, up = max(off, wo), min(off + #b, wo + #w) -- the chunk too: a settle reads on in it
   if lo < up then r.w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
--- t returns the time of entry i (0 is the oldest kept), u its units, s the
--- units of the entries kept up to it (0 for i < 0): in a units ring, the base
--- of i's bucket (the floor, in the oldest's) plus those from its start.
+-- t returns the time of entry i (0 is the oldest kept), u its units, s the units of the entries kept up to it
+-- (0 for i < 0): in a units ring, the base of i's bucket (the floor, in the oldest's) plus those from its start.
 local function t(r, i)
   local o = i < r.mc and r.MO + r.E * (r.mh + i) or r.H + r.E * ((r.h + i) % r.cap)
   return tbase + ((o + 6 <= r.vlen and unpack('>I6', r.v, o + 1) or u6(r, o)) - tbase) % 2 ^ 48
@@ -155,9 +153,8 @@ local function s(r, i)
   for m = j, i do sum = sum + u(r, m) end
   return sum
 end
--- search returns the first i in [lo, hi) with get(r, i) > x (get increasing
--- in i), hi if none; gallop searches [lo, n) from lo by growing steps (the
--- answer is usually near it), and returns it and get(r, it).
+-- search returns the first i in [lo, hi) with get(r, i) > x (get increasing in i), hi if none; gallop searches
+-- [lo, n) from lo by growing steps (the answer is usually near it), and returns it and get(r, it).
 local function search(r, get, x, lo, hi)
   while lo < hi do
     local m = floor((lo + hi) / 2)
@@ -183,9 +180,11 @@ local function range(r, i, j)
   return a < j - i and bytes(r, H + E * p, E * a) .. bytes(r, H, E * (j - i - a)) or bytes(r, H + E * p, E * a)
 end
 local reshape, rare -- made by rare at a call's first need: a closure costs each call
--- commit writes b at offset off and the header, and keeps the key until its
--- newest admission ages out, and an eighth of a window more (a key in use is
--- then not given a new expiry at each admission); an empty ring goes.
+local function reshaped(r, size, lay) -- returns the fields a record reads on
+  if not reshape then rare() end reshape(r, size, lay) return r.h, r.cap, r.lay, r.mc
+end
+-- commit writes b at offset off and the header, and keeps the key until its newest admission ages out, and an
+-- eighth of a window more (a key in use is then not given a new expiry at each admission); an empty ring goes.
 local function commit(r, at, off, b)
   local m, key, W = r.mir or '', r.key, r.W
   r.mir = nil -- written now, or dropped with the ring
@@ -244,17 +243,11 @@ local function log_record(r, c, at, held, reset)
   local W, mx, f, newest, mc, n, h, cap, lay = r.W, r.mx, r.f, r.newest, r.mc, r.n, r.h, r.cap, r.lay
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
-    h, n, mc, r.mh = (h + f) % cap, n - f, max(mc - f, 0), mc > f and r.mh + f or 0
-    r.h, r.n, r.mc = h, n, mc
+    h, n, mc, r.mh = (h + f) % cap, n - f, max(mc - f, 0), mc > f and r.mh + f or 0 r.h, r.n, r.mc = h, n, mc
     if lay == UNITS then r.flo, r.seq = (r.flo + r.before) % 2 ^ 48, r.seq + f end
   end
-  r.lm = mx -- a units ring all aged out is a count ring again; one written before lm gets room for it, once
-  if n == 0 and c == 1 and lay == UNITS or not r.m then
-    if not reshape then rare() end
-    if n == 0 and c == 1 and lay == UNITS then reshape(r, 4, SMALL_COUNT) end
-    if not r.m then reshape(r, r.cap, r.lay) end
-    h, cap, lay, mc = r.h, r.cap, r.lay, r.mc
-  end
+  if n == 0 and c == 1 and lay == UNITS then h, cap, lay, mc = reshaped(r, 4, SMALL_COUNT) end -- all aged out: a count ring again
+  r.lm = mx if not r.m then h, cap, lay, mc = reshaped(r, cap, lay) end -- a ring written before lm gets room for it, once
   -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
   -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
   local units, span = lay == UNITS or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE, max(1, floor(W / MERGE))
@@ -266,9 +259,7 @@ local function log_record(r, c, at, held, reset)
   if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and lay ~= UNITS then -- grow, shrink or convert
     local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
       or c == 1 and lay ~= UNITS and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
-    if not reshape then rare() end
-    reshape(r, min(size, MAXCAP), units and UNITS or size <= SMALLCAP and SMALL_COUNT or COUNT)
-    h, cap, lay, mc = r.h, r.cap, r.lay, r.mc
+    h, cap, lay, mc = reshaped(r, min(size, MAXCAP), units and UNITS or size <= SMALLCAP and SMALL_COUNT or COUNT)
   end
   -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
   local H, E = r.H, r.E
@@ -283,10 +274,9 @@ end
 local lease_ext, decide, record, settle = nil, {[0] = log_decide}, {[0] = log_record}, {}
 -- rare makes what log zones' steady state does not need: reshape, settles, other kinds' functions.
 function rare()
-  -- reshape gives the ring size slots in layout lay: grown, shrunk, or a count
-  -- ring made a units ring (1 unit an entry). A large ring grows in place: the
-  -- value is extended, and the smaller of the older and the newer part of its
-  -- entries moves so that the free slots lie between them.
+  -- reshape gives the ring size slots in layout lay: grown, shrunk, or a count ring made a units ring (1 unit an
+  -- entry). A large ring grows in place: the value is extended, and the smaller of the older and the newer part
+  -- of its entries moves so that the free slots lie between them.
   function reshape(r, size, lay)
     local len, c0, B0, bases, h, H, E = layout(lay, size, true), r.cap, r.B, r.lay == UNITS and lay == UNITS and bytes(r, r.BO, 6 * r.B), r.h, r.H, r.E
     if r.lay == lay and size > c0 and len > SMALL then
@@ -422,15 +412,12 @@ local function reply(first, delay, flag, mx, held, reset, token)
   return first and pack('>dBddd', delay, flag, rem, reset, token) or pack('>Bddd', flag, rem, reset, token)
 end
 -- zone makes a zone's table with a slot for each field it may take: one that grows rehashes at each doubling.
-local function zone()
-  return {key = nil, kind = nil, W = nil, mx = nil, c = nil, token = nil, aux = nil, held = nil, flag = nil, reset = nil,
-    v = nil, vlen = nil, w = nil, wo = nil, whole = nil, mir = nil, lay = nil, m = nil, cap = nil, len = nil, E = nil, MO = nil, H = nil,
-    B = nil, BO = nil, h = nil, n = nil, mh = nil, mc = nil, exp = nil, last = nil, lm = nil, seq = nil, flo = nil, total = nil,
-    f = nil, first = nil, before = nil, newest = nil, idx = nil, e = nil, cur = nil, prev = nil}
-end
--- Each request: its zones' tables (kept from request to request), each decided
--- as it is read; then all record at the latest room if all admit; or all
--- settle or extend. Locals hold what a zone's table would give back.
+local function zone() return {key = nil, kind = nil, W = nil, mx = nil, c = nil, token = nil, aux = nil, held = nil, flag = nil, reset = nil,
+  v = nil, vlen = nil, w = nil, wo = nil, whole = nil, mir = nil, lay = nil, m = nil, cap = nil, len = nil, E = nil, MO = nil, H = nil, B = nil,
+  BO = nil, h = nil, n = nil, mh = nil, mc = nil, exp = nil, last = nil, lm = nil, seq = nil, flo = nil, total = nil, f = nil, first = nil,
+  before = nil, newest = nil, idx = nil, e = nil, cur = nil, prev = nil} end
+-- Each request: its zones' tables (kept from request to request), each decided as it is read (locals hold
+-- what a zone's table would give back); then all record at the latest room if all admit; or all settle or extend.
 local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
 while pos <= #args do
   local op, nz, wait, kind, W, mx, c, token, p = unpack('>BBdBdddd', args, pos)
@@ -443,9 +430,8 @@ while pos <= #args do
     z.aux, p = (kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
     if op < 2 then
       local room, held, reset = decide[kind](z, c)
-      local flag, reset = verdict(kind, c, mx, room, reset, wait)
-      z.held, z.flag, z.reset = held, flag, reset
-      if flag ~= 1 then admit = false elseif room > at then at = room end
+      z.held, z.flag, z.reset = held, verdict(kind, c, mx, room, reset, wait)
+      if z.flag ~= 1 then admit = false elseif room > at then at = room end
     end
   end
   pos = p
