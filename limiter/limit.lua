@@ -92,10 +92,10 @@ local function shape(r, lay, size, m)
   return len
 end
 local function header(r)
-  local tag, last, exp = r.lay + (r.m and WITH_LM or 0), (r.last or 0) % 2 ^ 48, r.exp % 2 ^ 40
-  if r.lay == SMALL_COUNT then return pack(r.m and '>BBBI6BI5I3' or '>BBBI6I4I5', tag, r.cap, r.h, last, r.n, exp, r.lm < 2 ^ 24 and r.lm or 0) end
-  local x = r.m and pack('>I6', r.lm % 2 ^ 48) or ''
-  if r.lay == COUNT then return pack('>BI4I4I4I5I6BB', tag, r.cap, r.h, r.n, exp, last, r.mh, r.mc) .. x end
+  local lay, m, lm, tag, last, exp = r.lay, r.m, r.lm, r.lay + (r.m and WITH_LM or 0), (r.last or 0) % 2 ^ 48, r.exp % 2 ^ 40
+  if lay == SMALL_COUNT then return pack(m and '>BBBI6BI5I3' or '>BBBI6I4I5', tag, r.cap, r.h, last, r.n, exp, lm < 2 ^ 24 and lm or 0) end
+  local x = m and pack('>I6', lm % 2 ^ 48) or ''
+  if lay == COUNT then return pack('>BI4I4I4I5I6BB', tag, r.cap, r.h, r.n, exp, last, r.mh, r.mc) .. x end
   return pack('>BI4I4I4I5dI6I6I6BB', tag, r.cap, r.h, r.n, exp, r.seq, r.flo, r.total, last, r.mh, r.mc) .. x
 end
 local function blank(r)
@@ -105,15 +105,15 @@ end
 local function load(r, small)
   local v = pcall('GETRANGE', r.key, '0', small and '511' or '147') -- numbers given to redis.call are formatted each call
   if type(v) ~= 'string' then v = fresh(v, r.key) or '' end
-  local vlen, size, tag = #v, 0, #v >= 18 and byte(v) or 0
+  local vlen, size, tag, last, lm = #v, 0, #v >= 18 and byte(v) or 0, nil, nil
   local m, lay = tag > 5, tag > 5 and tag - WITH_LM or tag
   r.v, r.vlen, r.w, r.wo, r.whole, r.mc, r.mir = v, vlen, '', 0, false, 0, nil
-  if lay == SMALL_COUNT then size, r.h, r.last, r.n, r.exp, r.lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
-  elseif lay == COUNT and vlen >= 32 then size, r.h, r.n, r.exp, r.last, r.mh, r.mc, r.lm = unpack('>I4I4I4I5I6BBI6', v, 2)
-  elseif lay == UNITS and vlen >= 52 then size, r.h, r.n, r.exp, r.seq, r.flo, r.total, r.last, r.mh, r.mc, r.lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
+  if lay == SMALL_COUNT then size, r.h, last, r.n, r.exp, lm = unpack(m and '>BBI6BI5I3' or '>BBI6I4I5', v, 2)
+  elseif lay == COUNT and vlen >= 32 then size, r.h, r.n, r.exp, last, r.mh, r.mc, lm = unpack('>I4I4I4I5I6BBI6', v, 2)
+  elseif lay == UNITS and vlen >= 52 then size, r.h, r.n, r.exp, r.seq, r.flo, r.total, last, r.mh, r.mc, lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
   else lay = 0 end
   if lay > 0 and (vlen == shape(r, lay, size, m) or vlen >= (small and SMALL or 148)) then
-    r.last, r.lm = tbase + (r.last - tbase) % 2 ^ 48, m and r.lm or 0 return
+    r.last, r.lm = tbase + (last - tbase) % 2 ^ 48, m and lm or 0 return
   end
   blank(r) -- nothing, or nothing this layout reads: the ring starts over
 end
@@ -137,9 +137,8 @@ local function put(r, off, b)
   local lo, up = max(off, wo), min(off + #b, wo + #w) -- the chunk too: a settle reads on in it
   if lo < up then r.w = sub(w, 1, lo - wo) .. sub(b, lo - off + 1, up - off) .. sub(w, up - wo + 1) end
 end
--- t returns the time of entry i (0 is the oldest kept), u its units, s the
--- units of the entries kept up to it (0 for i < 0): in a units ring, the base
--- of i's bucket (the floor, in the oldest's) plus those from its start.
+-- t returns the time of entry i (0 is the oldest kept), u its units, s the units of the entries kept up to it
+-- (0 for i < 0): in a units ring, the base of i's bucket (the floor, in the oldest's) plus those from its start.
 local function t(r, i)
   local o = i < r.mc and r.MO + r.E * (r.mh + i) or r.H + r.E * ((r.h + i) % r.cap)
   return tbase + ((o + 6 <= r.vlen and unpack('>I6', r.v, o + 1) or u6(r, o)) - tbase) % 2 ^ 48
@@ -154,9 +153,8 @@ local function s(r, i)
   for m = j, i do sum = sum + u(r, m) end
   return sum
 end
--- search returns the first i in [lo, hi) with get(r, i) > x (get increasing
--- in i), hi if none; gallop searches [lo, n) from lo by growing steps (the
--- answer is usually near it), and returns it and get(r, it).
+-- search returns the first i in [lo, hi) with get(r, i) > x (get increasing in i), hi if none; gallop searches
+-- [lo, n) from lo by growing steps (the answer is usually near it), and returns it and get(r, it).
 local function search(r, get, x, lo, hi)
   while lo < hi do
     local m = floor((lo + hi) / 2)
@@ -181,47 +179,12 @@ local function range(r, i, j)
   local a = min(j - i, r.cap - p)
   return a < j - i and bytes(r, H + E * p, E * a) .. bytes(r, H, E * (j - i - a)) or bytes(r, H + E * p, E * a)
 end
--- reshape gives the ring size slots in layout lay: grown, shrunk, or a count
--- ring made a units ring (1 unit an entry). A large ring grows in place: the
--- value is extended, and the smaller of the older and the newer part of its
--- entries moves so that the free slots lie between them.
-local function reshape(r, size, lay)
-  local len, c0, B0, bases, h, H, E = layout(lay, size, true), r.cap, r.B, r.lay == UNITS and lay == UNITS and bytes(r, r.BO, 6 * r.B), r.h, r.H, r.E
-  if r.lay == lay and size > c0 and len > SMALL then
-    call('SETRANGE', r.key, len - 1, '\0')
-    if h > 0 and h <= c0 - h then put(r, H + E * c0, bytes(r, H, E * h)) end
-    if h > c0 - h then put(r, H + E * (h + size - c0), bytes(r, H + E * h, E * (c0 - h))) r.h = h + size - c0 end
-  else
-    local body = range(r, 0, r.n)
-    if lay == UNITS and r.lay ~= UNITS then
-      local parts, one = {}, u48(1)
-      for i = 0, r.n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
-      body, r.seq, r.flo, r.total = table.concat(parts), 0, 0, r.n
-    end
-    r.h, r.mh = 0, 0
-    shape(r, lay, size, true)
-    r.mc = lay == SMALL_COUNT and 0 or min(r.n, 96 / r.E) -- the mirror: the oldest entries
-    local m = lay == SMALL_COUNT and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
-    r.v, r.w, r.whole, r.mir, r.exp = header(r) .. m .. body, '', len <= SMALL, nil, ms
-    -- A large value starts over, then takes its length.
-    if r.whole then r.v = r.v .. string.rep('\0', len - #r.v) else call('SET', r.key, r.v) call('SETRANGE', r.key, len - 1, '\0') end
-    r.vlen = #r.v
-  end
-  shape(r, lay, size, true)
-  -- The kept buckets' bases move to their places (a converted ring's count).
-  for q = lay == UNITS and r.seq - r.seq % S or 0, lay == UNITS and r.seq + r.n - 1 or -1, S do
-    local kb = bases and floor(q / S) % B0
-    put(r, r.BO + 6 * (floor(q / S) % r.B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
-  end
-  if not r.whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
-    call('BITOP', 'OR', r.key .. '~', r.key) -- a copy, on every version of Redis
-    call('RENAME', r.key .. '~', r.key)
-    r.exp = ms
-  end
+local reshape, rare -- made by rare at a call's first need: a closure costs each call
+local function reshaped(r, size, lay) -- returns the fields a record reads on
+  if not reshape then rare() end reshape(r, size, lay) return r.h, r.cap, r.lay, r.mc
 end
--- commit writes b at offset off and the header, and keeps the key until its
--- newest admission ages out, and an eighth of a window more (a key in use is
--- then not given a new expiry at each admission); an empty ring goes.
+-- commit writes b at offset off and the header, and keeps the key until its newest admission ages out, and an
+-- eighth of a window more (a key in use is then not given a new expiry at each admission); an empty ring goes.
 local function commit(r, at, off, b)
   local m, key, W = r.mir or '', r.key, r.W
   r.mir = nil -- written now, or dropped with the ring
@@ -277,78 +240,115 @@ end
 -- Records an admission of a log zone at time at (or just after the newest), dropping what aged out,
 -- growing, shrinking, merging or changing the ring's layout.
 local function log_record(r, c, at, held, reset)
-  local W, mx, f, newest, mc, n = r.W, r.mx, r.f, r.newest, r.mc, r.n
+  local W, mx, f, newest, mc, n, h, cap, lay = r.W, r.mx, r.f, r.newest, r.mc, r.n, r.h, r.cap, r.lay
   if newest and newest >= at then at = newest + 1 end
   if f > 0 then
-    r.h, r.n, r.mh, r.mc, n = (r.h + f) % r.cap, n - f, mc > f and r.mh + f or 0, max(mc - f, 0), n - f
-    if r.lay == UNITS then r.flo, r.seq = (r.flo + r.before) % 2 ^ 48, r.seq + f end
+    h, n, mc, r.mh = (h + f) % cap, n - f, max(mc - f, 0), mc > f and r.mh + f or 0 r.h, r.n, r.mc = h, n, mc
+    if lay == UNITS then r.flo, r.seq = (r.flo + r.before) % 2 ^ 48, r.seq + f end
   end
-  if n == 0 and c == 1 and r.lay == UNITS then reshape(r, 4, SMALL_COUNT) end -- all aged out: a count ring again
-  r.lm = mx if not r.m then reshape(r, r.cap, r.lay) end -- a ring written before lm gets room for it, once
+  if n == 0 and c == 1 and lay == UNITS then h, cap, lay, mc = reshaped(r, 4, SMALL_COUNT) end -- all aged out: a count ring again
+  r.lm = mx if not r.m then h, cap, lay, mc = reshaped(r, cap, lay) end -- a ring written before lm gets room for it, once
   -- A units ring of MERGE entries puts an admission in the newest of its span (W / MERGE, keeping the
   -- latest time); one of MAXCAP always. A count ring of 4 MERGE (3, max > 4 MERGE) turns units.
-  local span, cap, lay = max(1, floor(W / MERGE)), r.cap, r.lay
-  local units = lay == UNITS or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE
+  local units, span = lay == UNITS or c ~= 1 or n >= 4 * MERGE or n >= 3 * MERGE and mx > 4 * MERGE, max(1, floor(W / MERGE))
   if lay == UNITS and n > 0 and (n >= MERGE and floor(at / span) == floor(r.last / span) or n >= MAXCAP) then
     r.total = (r.total + c) % 2 ^ 48
-    commit(r, at, r.H + 12 * ((r.h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(r, n - 1) + c) % 2 ^ 48))
+    commit(r, at, r.H + 12 * ((h + n - 1) % cap), pack('>I6I6', at % 2 ^ 48, (u(r, n - 1) + c) % 2 ^ 48))
     return at, held + c, r.first and reset or at + W - now
   end
   if n == cap or cap > 64 and 4 * (n + 1) <= cap or units and lay ~= UNITS then -- grow, shrink or convert
     local size = n < cap and (cap > 64 and 4 * (n + 1) <= cap and floor(cap / 2) or cap)
       or c == 1 and lay ~= UNITS and n < mx and min(max(4, 2 * cap), mx) or max(4, 2 * cap)
-    reshape(r, min(size, MAXCAP), units and UNITS or size <= SMALLCAP and SMALL_COUNT or COUNT)
+    h, cap, lay, mc = reshaped(r, min(size, MAXCAP), units and UNITS or size <= SMALLCAP and SMALL_COUNT or COUNT)
   end
   -- The mirror runs low: it takes the oldest entries again (the header's write carries them).
-  if r.lay ~= SMALL_COUNT and r.mc < 2 and n > r.mc then r.mh, r.mc, r.mir = 0, min(n, 96 / r.E), range(r, 0, min(n, 96 / r.E)) end
-  local off, q = r.H + r.E * ((r.h + n) % r.cap), r.lay == UNITS and r.seq + n
+  local H, E = r.H, r.E
+  if lay ~= SMALL_COUNT and mc < 2 and n > mc then r.mh, r.mc, r.mir = 0, min(n, 96 / E), range(r, 0, min(n, 96 / E)) end
+  local off, q = H + E * ((h + n) % cap), lay == UNITS and r.seq + n
   r.n = n + 1
   if q and q % S == 0 and n > 0 then put(r, r.BO + 6 * (floor(q / S) % r.B), u48(r.total)) end
   if q then r.total = (r.total + c) % 2 ^ 48 end
   commit(r, at, off, q and pack('>I6I6', at % 2 ^ 48, c % 2 ^ 48) or pack('>I6', at % 2 ^ 48))
   return at, held + c, r.first and reset or at + W - now
 end
--- Settles the admission at time token to c units, charged from now: the reservation is taken back (a
--- count ring takes its entry out, the newer move back; a units ring holds it at zero, dropped once
--- newest), and c is recorded as an admission at its room (now, unless promised slots or other charges
--- hold it). Returns the units held before and the record's time.
-local function log_settle(r)
-  local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
-  local n, e, old = r.n, nil, nil -- e, old: the entry settled, its units
-  if n > 0 and token <= r.last then -- most settle one of the newest: looking back from it, in one chunk
-    local last, hi, step, o = r.last, n - 1, 1, max(r.H, r.H + r.E * ((r.h + n - 1) % r.cap + 1) - CHUNK)
-    if o + CHUNK > r.vlen then r.w, r.wo = call('GETRANGE', r.key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
-    while token < last and hi > 0 and t(r, max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
-    e = token < last and search(r, t, token - 1, max(hi - step, 0), hi) or hi
-    local span = max(1, floor(r.W / MERGE)) -- or merged into a later entry of its span
-    old = (t(r, e) == token or r.lay == UNITS and token > now - r.W and floor(t(r, e) / span) == floor(token / span)) and u(r, e)
+local lease_ext, decide, record, settle = nil, {[0] = log_decide}, {[0] = log_record}, {}
+-- rare makes what log zones' steady state does not need: reshape, settles, other kinds' functions.
+function rare()
+  -- reshape gives the ring size slots in layout lay: grown, shrunk, or a count ring made a units ring (1 unit an
+  -- entry). A large ring grows in place: the value is extended, and the smaller of the older and the newer part
+  -- of its entries moves so that the free slots lie between them.
+  function reshape(r, size, lay)
+    local len, c0, B0, bases, h, H, E = layout(lay, size, true), r.cap, r.B, r.lay == UNITS and lay == UNITS and bytes(r, r.BO, 6 * r.B), r.h, r.H, r.E
+    if r.lay == lay and size > c0 and len > SMALL then
+      call('SETRANGE', r.key, len - 1, '\0')
+      if h > 0 and h <= c0 - h then put(r, H + E * c0, bytes(r, H, E * h)) end
+      if h > c0 - h then put(r, H + E * (h + size - c0), bytes(r, H + E * h, E * (c0 - h))) r.h = h + size - c0 end
+    else
+      local body = range(r, 0, r.n)
+      if lay == UNITS and r.lay ~= UNITS then
+        local parts, one = {}, u48(1)
+        for i = 0, r.n - 1 do parts[i + 1] = sub(body, 6 * i + 1, 6 * i + 6) .. one end
+        body, r.seq, r.flo, r.total = table.concat(parts), 0, 0, r.n
+      end
+      r.h, r.mh = 0, 0
+      shape(r, lay, size, true)
+      r.mc = lay == SMALL_COUNT and 0 or min(r.n, 96 / r.E) -- the mirror: the oldest entries
+      local m = lay == SMALL_COUNT and '' or sub(body, 1, 96) .. string.rep('\0', 96 - min(96, #body))
+      r.v, r.w, r.whole, r.mir, r.exp = header(r) .. m .. body, '', len <= SMALL, nil, ms
+      -- A large value starts over, then takes its length.
+      if r.whole then r.v = r.v .. string.rep('\0', len - #r.v) else call('SET', r.key, r.v) call('SETRANGE', r.key, len - 1, '\0') end
+      r.vlen = #r.v
+    end
+    shape(r, lay, size, true)
+    -- The kept buckets' bases move to their places (a converted ring's count).
+    for q = lay == UNITS and r.seq - r.seq % S or 0, lay == UNITS and r.seq + r.n - 1 or -1, S do
+      local kb = bases and floor(q / S) % B0
+      put(r, r.BO + 6 * (floor(q / S) % r.B), bases and sub(bases, 6 * kb + 1, 6 * kb + 6) or u48(q))
+    end
+    if not r.whole then -- Redis gives a string it extends room for twice its length: a copy holds its length
+      call('BITOP', 'OR', r.key .. '~', r.key) -- a copy, on every version of Redis
+      call('RENAME', r.key .. '~', r.key)
+      r.exp = ms
+    end
   end
-  if old and r.lay ~= UNITS then
-    local b, p, cap = range(r, e + 1, n), (r.h + e) % r.cap, r.cap
-    if #b > 0 then put(r, r.H + 6 * p, sub(b, 1, 6 * (cap - p))) end
-    if #b > 6 * (cap - p) then put(r, r.H, sub(b, 6 * (cap - p) + 1)) end
-    n = n - 1
-  elseif old then -- the reservation, or what the entry holds
-    local back = min(old, (unpack('>d', r.aux)))
-    for q = floor((r.seq + e) / S) + 1, floor((r.seq + n - 1) / S) do put(r, r.BO + 6 * (q % r.B), u48(u6(r, r.BO + 6 * (q % r.B)) - back)) end
-    r.total = (r.total - back) % 2 ^ 48
-    -- The newest settled to zero goes unwritten: the record (most settle the newest) takes its slot.
-    if e == n - 1 and old == back then n = n - 1 else put(r, r.H + 12 * ((r.h + e) % r.cap) + 6, u48(old - back)) end
-    while n > 0 and u(r, n - 1) == 0 do n = n - 1 end
+  -- Settles the admission at time token to c units, charged from now: the reservation is taken back (a
+  -- count ring takes its entry out, the newer move back; a units ring holds it at zero, dropped once
+  -- newest), and c is recorded as an admission at its room (now, unless promised slots or other charges
+  -- hold it). Returns the units held before and the record's time.
+  local function log_settle(r)
+    local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
+    local n, e, old = r.n, nil, nil -- e, old: the entry settled, its units
+    if n > 0 and token <= r.last then -- most settle one of the newest: looking back from it, in one chunk
+      local last, hi, step, o = r.last, n - 1, 1, max(r.H, r.H + r.E * ((r.h + n - 1) % r.cap + 1) - CHUNK)
+      if o + CHUNK > r.vlen then r.w, r.wo = call('GETRANGE', r.key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
+      while token < last and hi > 0 and t(r, max(hi - step, 0)) > token do hi, step = max(hi - step, 0), step * 2 end
+      e = token < last and search(r, t, token - 1, max(hi - step, 0), hi) or hi
+      local span = max(1, floor(r.W / MERGE)) -- or merged into a later entry of its span
+      old = (t(r, e) == token or r.lay == UNITS and token > now - r.W and floor(t(r, e) / span) == floor(token / span)) and u(r, e)
+    end
+    if old and r.lay ~= UNITS then
+      local b, p, cap = range(r, e + 1, n), (r.h + e) % r.cap, r.cap
+      if #b > 0 then put(r, r.H + 6 * p, sub(b, 1, 6 * (cap - p))) end
+      if #b > 6 * (cap - p) then put(r, r.H, sub(b, 6 * (cap - p) + 1)) end
+      n = n - 1
+    elseif old then -- the reservation, or what the entry holds
+      local back = min(old, (unpack('>d', r.aux)))
+      for q = floor((r.seq + e) / S) + 1, floor((r.seq + n - 1) / S) do put(r, r.BO + 6 * (q % r.B), u48(u6(r, r.BO + 6 * (q % r.B)) - back)) end
+      r.total = (r.total - back) % 2 ^ 48
+      -- The newest settled to zero goes unwritten: the record (most settle the newest) takes its slot.
+      if e == n - 1 and old == back then n = n - 1 else put(r, r.H + 12 * ((r.h + e) % r.cap) + 6, u48(old - back)) end
+      while n > 0 and u(r, n - 1) == 0 do n = n - 1 end
+    end
+    if old then
+      r.n, r.mc = n, e < r.mc and 0 or min(r.mc, n) -- mirror: a changed copy
+      if e >= n and n > 0 then r.last = t(r, n - 1) end
+      if n == 0 then commit(r, now) blank(r) elseif c == 0 then commit(r, r.last) end -- a ring emptied goes, starts over
+    end
+    if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
+    -- Decided on the ring in hand, written once with the record (one header write for both).
+    local room, held, reset = log_decide(r, c, true) -- sums are mod 2^48: what a ring holds saturates
+    return 1, held0, log_record(r, min(c, 2 ^ 48 - 1 - held), room, held, reset)
   end
-  if old then
-    r.n, r.mc = n, e < r.mc and 0 or min(r.mc, n) -- mirror: a changed copy
-    if e >= n and n > 0 then r.last = t(r, n - 1) end
-    if n == 0 then commit(r, now) blank(r) elseif c == 0 then commit(r, r.last) end -- a ring emptied goes, starts over
-  end
-  if c == 0 then return 1, held0 end -- c goes at its earliest room, as a wait would (now if c > mx)
-  -- Decided on the ring in hand, written once with the record (one header write for both).
-  local room, held, reset = log_decide(r, c, true) -- sums are mod 2^48: what a ring holds saturates
-  return 1, held0, log_record(r, min(c, 2 ^ 48 - 1 - held), room, held, reset)
-end
-local lease_ext, decide, record, settle = nil, {[0] = log_decide}, {[0] = log_record}, {[0] = log_settle}
--- kinds makes the counter's and concurrency's functions at a call's first such zone: a closure costs each call.
-local function kinds()
   -- The sliding counter: the previous fixed window's units, weighted by the part of it in the window, plus the current's.
   local function counter_decide(z, c)
     local W, idx = z.W, floor(now / z.W)
@@ -398,7 +398,7 @@ local function kinds()
     return lease and lease > now and (keep_leases(z.key) or 1) or 0
   end
   decide[1], record[1], settle[1], decide[2], record[2] = counter_decide, counter_record, counter_settle, lease_decide, lease_record
-  settle[2], lease_ext = function(z) return call('ZREM', z.key, z.aux) end, lease_extend
+  settle[0], settle[2], lease_ext = log_settle, function(z) return call('ZREM', z.key, z.aux) end, lease_extend
 end
 -- verdict is a zone's flag (2 never, 1 admits within the wait, which only log
 -- zones take, 0 denied) and reset; reply packs a zone's answer.
@@ -411,39 +411,39 @@ local function reply(first, delay, flag, mx, held, reset, token)
   local rem = mx - held > 0 and mx - held - (mx - held) % 1 or 0
   return first and pack('>dBddd', delay, flag, rem, reset, token) or pack('>Bddd', flag, rem, reset, token)
 end
--- Each request: its zones' tables (kept from request to request), then all
--- decide, and all record at the latest room if all admit; or all settle or extend.
+-- zone makes a zone's table with a slot for each field it may take: one that grows rehashes at each doubling.
+local function zone() return {key = nil, kind = nil, W = nil, mx = nil, c = nil, token = nil, aux = nil, held = nil, flag = nil, reset = nil,
+  v = nil, vlen = nil, w = nil, wo = nil, whole = nil, mir = nil, lay = nil, m = nil, cap = nil, len = nil, E = nil, MO = nil, H = nil, B = nil,
+  BO = nil, h = nil, n = nil, mh = nil, mc = nil, exp = nil, last = nil, lm = nil, seq = nil, flo = nil, total = nil, f = nil, first = nil,
+  before = nil, newest = nil, idx = nil, e = nil, cur = nil, prev = nil} end
+-- Each request: its zones' tables (kept from request to request), each decided as it is read (locals hold
+-- what a zone's table would give back); then all record at the latest room if all admit; or all settle or extend.
 local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
 while pos <= #args do
   local op, nz, wait, kind, W, mx, c, token, p = unpack('>BBdBdddd', args, pos)
+  local at, admit = now, true
   for i = 1, nz do
-    local z = Z[i] or {}
+    local z = Z[i] or zone()
     if i > 1 then kind, W, mx, c, token, p = unpack('>Bdddd', args, p) end
-    if kind > 0 and not decide[kind] then kinds() end
+    if (kind > 0 or op == 2) and not reshape then rare() end
     Z[i], k, z.key, z.kind, z.W, z.mx, z.c, z.token = z, k + 1, KEYS[k + 1], kind, W, mx, c, token
     z.aux, p = (kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
-  end
-  pos = p
-  if op > 1 then
-    for i = 1, nz do
-      local z, done, held, at = Z[i], 0, nil, nil -- a settle: what its zone held before, its record's time
-      if op == 2 then done, held, at = settle[z.kind](z) elseif z.kind == 2 then done = lease_ext(z) end
-      out[#out + 1] = reply(i == 1, 0, done, z.mx, held or z.mx, 0, at or -1)
-    end
-  else
-    local at, admit = now, true
-    for i = 1, nz do
-      local z = Z[i]
-      local room, held, reset = decide[z.kind](z, z.c)
-      z.held, z.flag, z.reset = held, verdict(z.kind, z.c, z.mx, room, reset, wait)
+    if op < 2 then
+      local room, held, reset = decide[kind](z, c)
+      z.held, z.flag, z.reset = held, verdict(kind, c, mx, room, reset, wait)
       if z.flag ~= 1 then admit = false elseif room > at then at = room end
     end
-    for i = 1, nz do
-      local z = Z[i]
-      local t = op == 0 and z.kind == 0 and z.lm or -1 -- a peek: the log's lm
-      if admit and op == 1 then t, z.held, z.reset = record[z.kind](z, z.c, at, z.held, z.reset) end
-      out[#out + 1] = reply(i == 1, admit and at - now or 0, z.flag, z.mx, z.held, z.reset, t)
-    end
+  end
+  pos = p
+  for i = 1, nz do
+    local z, t = Z[i], -1
+    local kind, held, reset, flag, mx = z.kind, z.held, z.reset, z.flag, z.mx
+    if op == 2 then flag, held, t = settle[kind](z) -- done; what its zone held before, its record's time
+    elseif op == 3 then flag, held = kind == 2 and lease_ext(z) or 0, nil
+    elseif op == 0 and kind == 0 then t = z.lm -- a peek: the log's lm
+    elseif op == 1 and admit then t, held, reset = record[kind](z, z.c, at, held, reset) end
+    if op > 1 then held, reset, t = held or mx, 0, t or -1 end
+    out[#out + 1] = reply(i == 1, admit and at - now or 0, flag, mx, held, reset, t)
   end
 end
 local done = call('TIME') -- the call's own time, so the caller tells Redis's time from the network's
