@@ -137,18 +137,7 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 		times[k] = first + int64(k)*step
 	}
 	ring := encodeRing(max, times)
-	pipe := client.Pipeline()
-	for i := range clients {
-		pipe.Set(ctx, s.Key("z", key(i)), ring, 2*window)
-		if i%100 == 99 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		b.Fatal(err)
-	}
+	setRings(b, client, clients, func(i int) string { return s.Key("z", key(i)) }, ring, 2*window)
 	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim}) // load the script
 	if err := floorScript.Load(ctx, client).Err(); err != nil {
 		b.Fatal(err)
@@ -235,6 +224,24 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	reportRedisCPU(b, client, cpuBefore, decisions, time.Since(start), fmt.Sprintf("max %d, %s, %d clients at their limit", max, mode, clients))
 }
 
+// setRings stores ring under key(i) for each of n clients, with the
+// expiry ttl, in pipelines of 100.
+func setRings(b *testing.B, client *redis.Client, n int, key func(int) string, ring []byte, ttl time.Duration) {
+	ctx := context.Background()
+	pipe := client.Pipeline()
+	for i := range n {
+		pipe.Set(ctx, key(i), ring, ttl)
+		if i%100 == 99 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // reportRedisCPU reports Redis's CPU (INFO cpu's delta from cpuBefore) and
 // its script time (INFO commandstats, reset before) per decision.
 func reportRedisCPU(b *testing.B, client *redis.Client, cpuBefore map[string]float64, decisions int64, elapsed time.Duration, what string) {
@@ -294,18 +301,7 @@ func redisCPUPerUnits(b *testing.B, settle bool) {
 		units[k] = 1 + int64(k*7)%50
 	}
 	ring := encodeUnitsRing(64, times, units, lim.Max, now/1000+2*window.Milliseconds())
-	pipe := client.Pipeline()
-	for i := range clients {
-		pipe.Set(ctx, s.Key("z", key(i)), ring, 2*window)
-		if i%100 == 99 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		b.Fatal(err)
-	}
+	setRings(b, client, clients, func(i int) string { return s.Key("z", key(i)) }, ring, 2*window)
 	if r := readRing(b, client, s.Key("z", key(0)), now); len(r.times) != held {
 		b.Fatalf("prefilled ring holds %d admissions, want %d", len(r.times), held)
 	}
