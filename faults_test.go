@@ -232,7 +232,7 @@ func TestFaultLatencyBelowTimeout(t *testing.T) {
 				}
 			}
 			// Then several clients at once: 48 requests in flight, more
-			// than the batcher's two calls for a near Redis hold.
+			// than the batcher's calls for a near Redis hold.
 			const clients, burst = 4, maxRequests + 4
 			var wg sync.WaitGroup
 			for n := 4; n < 4+clients; n++ {

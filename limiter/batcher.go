@@ -26,11 +26,19 @@ const (
 	// batchQueue is how many requests may wait for a flusher.
 	batchQueue = 4096
 	// batchTurns is how many script calls may be in flight at once before
-	// any is out longer than its hand-off (pace). One would leave Redis idle
-	// while a reply travels back and the next batch is written; two keep it
-	// busy, and more only split batches smaller, which costs Redis more per
-	// decision.
-	batchTurns = 2
+	// any is out longer than its hand-off (pace). One: a second call in
+	// flight on a near Redis only splits the batches smaller, which costs
+	// Redis and Caddy more per decision, and on shared CPUs that is what
+	// bounds throughput; the hand-off sends another call once the first is
+	// out longer than Redis takes to run it, which covers the time a reply
+	// travels back, a Redis busy with other instances' calls, and a far one.
+	batchTurns = 1
+	// handOffRedis is how many of Redis's mean times per call a call holds
+	// its turn, at least. Fewer split batches on a near Redis (under the
+	// bench's many clients load, two made 1.4 times the calls per request
+	// of three, for no more throughput); more hold a far Redis's calls
+	// longer (1 ms away, p50 added: 2.1 ms at two, 2.4 at three and four).
+	handOffRedis = 3
 	// maxCalls bounds the calls in flight, handed off ones included, and so
 	// the connections the batcher holds: go-redis's smallest default pool
 	// (one CPU) has 10.
@@ -58,10 +66,10 @@ var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.Deadline
 // limit.lua call per batch (per slot on a cluster), so a flood of decisions
 // costs one round trip and one script call per batch. It never waits to fill
 // a batch: a flusher takes whatever is queued when it has a turn, so a lone
-// request goes out at once and batches grow only while Redis is busy. Two
-// calls are in flight while Redis's CPU is what they wait for, more while it
-// is the network: how long a call holds its turn follows what the calls
-// measure (pace, below).
+// request goes out at once and batches grow only while Redis is busy. One
+// call is in flight while Redis's CPU is what it waits for, more while it is
+// the network: how long a call holds its turn follows what the calls measure
+// (pace, below).
 //
 // Deadlines cost no timer per request: every request waits in a FIFO, and
 // one watcher, with one timer, answers those whose deadline passes. The
@@ -410,8 +418,8 @@ func (f *flusher) run() {
 
 // pace sets how long a call holds its turn, from what each call measures:
 // its round trip, and the time Redis spent in it (the script's reply says).
-// A call out longer than twice Redis's mean time per call is waiting for the
-// network, not for Redis's CPU: it hands its turn on. So calls leave no
+// A call out longer than handOffRedis times Redis's mean time per call is
+// waiting for the network, not for Redis's CPU: it hands its turn on. So calls leave no
 // closer together than Redis can run them, and batches stay large while its
 // CPU is what they wait for (its calls grow with their batches, and calls
 // queued in it make the round trips longer); and no further apart than a
@@ -436,7 +444,7 @@ func (p *pace) observe(rtt, redis time.Duration) time.Duration {
 		p.redis += (redis - p.redis) / paceWeight
 		p.rtt += (rtt - p.rtt) / paceWeight
 	}
-	return max(2*p.redis, p.rtt/maxCalls)
+	return max(handOffRedis*p.redis, p.rtt/maxCalls)
 }
 
 // measured counts a call that Redis answered, started at start, that

@@ -38,6 +38,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -60,6 +61,7 @@ type config struct {
 	repo        string
 	limiter     string   // extra subdirectives for the limited sites, separated by ';'
 	seed        string   // the seed peer's folder; "" is seedRelPath from repo
+	only        []string // scenario slugs to run alone, without the other phases or a report
 	args        []string // the command line, for the report
 }
 
@@ -78,8 +80,18 @@ func main() {
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
 	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited sites, separated by ';' (e.g. 'timeout 50ms')")
 	flag.StringVar(&cfg.seed, "seed", "", "folder of the seed peer (default: ../shared/peers/seed-express relative to -repo; skipped if absent)")
+	only := flag.String("only", "", "run only these scenarios (comma-separated: many, bot, mixed, local, far, units), print their runs and write no report: for comparing builds")
 	flag.Parse()
 	cfg.args = os.Args[1:]
+	if *only != "" {
+		cfg.only = strings.Split(*only, ",")
+		for _, slug := range cfg.only {
+			if !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
+				fmt.Fprintf(os.Stderr, "srlbench: -only: no scenario %q\n", slug)
+				os.Exit(2)
+			}
+		}
+	}
 	if cfg.quick {
 		cfg.runs, cfg.duration, cfg.warmup, cfg.settle = 1, 3*time.Second, time.Second, 3*time.Second
 	}
@@ -150,6 +162,10 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer cdy.stop()
 	meter := &cpuMeter{caddyPid: cdy.cmd.Process.Pid, redisPid: rds.cmd.Process.Pid}
+
+	if len(cfg.only) > 0 {
+		return runOnly(ctx, cfg, rc, meter, tmp, site)
+	}
 
 	// Memory first, while Redis holds nothing else: later scenarios leave
 	// thousands of keys whose expiry would move used_memory mid-measurement.
@@ -251,6 +267,49 @@ func run(ctx context.Context, cfg config) error {
 	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
+}
+
+// runOnly runs the scenarios of -only, after a warm-up of their ports, and
+// prints each one's medians.
+func runOnly(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, tmp string, site sites) error {
+	scripts, err := writeScripts(tmp)
+	if err != nil {
+		return err
+	}
+	for _, url := range append([]string{site.plain, site.limited, site.far, site.local}, site.extraURLs()...) {
+		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	for _, sc := range scenarios {
+		if !slices.Contains(cfg.only, sc.slug) {
+			continue
+		}
+		res, err := runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site, nil)
+		if err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		n := len(res.runs)
+		ratios, redisCPU, caddyCPU, calls, p50, p99 := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+		var busy []string
+		for i, p := range res.runs {
+			ratios[i], redisCPU[i], caddyCPU[i], calls[i] = p.ratio(), p.redisUsecPerDecision(), p.caddyCPURatio(), p.callsPerRequest()
+			c := p.limited.cpu
+			busy = append(busy, fmt.Sprintf("%.2f+%.2f+%.2f+%.2f+%.2f", c.caddy, c.redis, c.wrk, c.self, c.other))
+			p50[i] = float64(p.limited.p50-p.plain.p50) / float64(time.Millisecond)
+			p99[i] = float64(p.limited.p99-p.plain.p99) / float64(time.Millisecond)
+		}
+		say("%-12s medians: ratio %.3f, Redis %.1f us/decision, Caddy CPU/req %.2fx plain, %.3f script calls/req, p50 added %.2f ms, p99 added %.2f ms; CPUs caddy+redis+wrk+self+other per run %v",
+			sc.name, median(ratios), median(redisCPU), median(caddyCPU), median(calls), median(p50), median(p99), busy)
+	}
+	if cfg.cpuprofile == "" {
+		return nil
+	}
+	script, ok := scripts[cfg.profiled]
+	if !ok {
+		return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local or far", cfg.profiled)
+	}
+	return profileRun(ctx, cfg, script, site)
 }
 
 // roundTrips are Redis's PING times at start-up, direct and through the
