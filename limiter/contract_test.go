@@ -53,6 +53,8 @@ func TestContract(t *testing.T) {
 		{"SettleDownUpAndTwice", testSettle},
 		{"SettleCountsFromTheEnd", testSettleFromEnd},
 		{"SettlesOutOfOrder", testSettleOutOfOrder},
+		{"SettleThatDoesNotFitWaitsForRoom", testSettleWhenFull},
+		{"SettleBeforeItsSlot", testSettleBeforeSlot},
 		{"WaitsPromiseTheirSlot", testWaits},
 		{"WaitsLongerThanTheWindow", testLongWaits},
 		{"SeveralZonesGoOnTogether", testSeveralZonesWait},
@@ -238,6 +240,64 @@ func testSettleFromEnd(t *testing.T, s clockedStore) {
 	want(t, "7s after a 5s call ended", decide(t, s, false, c)[0], Decision{Reset: 3 * sec, RetryAfter: 3 * sec})
 	s.at(215 * sec)
 	want(t, "10s after it ended", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 0, Reset: 10 * sec})
+}
+
+// testSettleWhenFull: a settle whose cost does not fit in the window now is
+// charged at its room, when older units leave, as a wait would be; not at
+// the settle's time, which would let more than Max into a later window.
+func testSettleWhenFull(t *testing.T, s clockedStore) {
+	ctx := context.Background()
+	c := Check{Zone: "tokens", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100}, Cost: 70}
+	s.at(0)
+	decide(t, s, false, c)
+	s.at(1 * sec)
+	c.Cost = 20
+	reserved := decide(t, s, false, c)
+	// It cost 50: with the 70 from 0s that is 120, so the 50 count from 10s.
+	s.at(2 * sec)
+	c.Cost = 50
+	if err := s.Settle(ctx, []Check{c}, reserved); err != nil {
+		t.Fatal(err)
+	}
+	c.Cost = 1
+	s.at(12500 * time.Millisecond)
+	want(t, "2.5s after the 50 count", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 50, Reset: 7500 * time.Millisecond})
+	s.at(20 * sec)
+	want(t, "a window after they count", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 100})
+}
+
+// testSettleBeforeItsSlot: a promised admission settled before its slot,
+// behind another promise given back meanwhile, counts from the settle and
+// leaves the window then: an admission is never moved before an older one.
+func testSettleBeforeSlot(t *testing.T, s clockedStore) {
+	ctx := context.Background()
+	c := Check{Zone: "tokens", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 100}, Cost: 80}
+	s.at(0)
+	decide(t, s, false, c)
+	s.at(1 * sec)
+	c.Cost, c.Wait = 30, 20*sec
+	first := decide(t, s, false, c)
+	s.at(2 * sec)
+	c.Cost = 10
+	second := decide(t, s, false, c)
+	if !second[0].Allowed || second[0].held.at != contractT0+(10*sec).Microseconds()+1 {
+		t.Fatalf("10 more behind a promise, waiting up to 20s: %+v, want recorded just after 10s", second[0])
+	}
+	s.at(3 * sec)
+	c.Cost = 0
+	if err := s.Settle(ctx, []Check{c}, first); err != nil {
+		t.Fatal(err)
+	}
+	c.Cost = 5
+	if err := s.Settle(ctx, []Check{c}, second); err != nil {
+		t.Fatal(err)
+	}
+	c.Cost, c.Wait = 1, 0
+	want(t, "the 80 from 0s and the 5 from 3s", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 15, Reset: 7 * sec})
+	s.at(10500 * time.Millisecond)
+	want(t, "the 5 from 3s", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 95, Reset: 2500 * time.Millisecond})
+	s.at(13500 * time.Millisecond)
+	want(t, "all aged out", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 100})
 }
 
 // testSettleOutOfOrder: settles that arrive in another order than their

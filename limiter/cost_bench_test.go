@@ -294,7 +294,9 @@ func redisCPUPerUnits(b *testing.B, settle bool) {
 	lim := Limit{Window: window, Max: 1_000_000}
 
 	now := redisNow(b, client)
-	step := (window + 10*time.Second).Microseconds() / held
+	// Spread over the window, the newest a step ago, the oldest three aged
+	// out: admissions in the future would put every new one after them.
+	step := window.Microseconds() / (held - 3)
 	times, units := make([]int64, held), make([]int64, held)
 	for k := range times {
 		times[k] = now - window.Microseconds() - 3*step + int64(k)*step

@@ -317,7 +317,13 @@ function rare()
   -- hold it). Returns the units held before and the record's time.
   local function log_settle(r)
     local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
-    local n, e, old = r.n, nil, nil -- e, old: the entry settled, its units
+    local n, e, old, back = r.n, nil, nil, r.lay == UNITS and unpack('>d', r.aux) -- e, old: the entry settled, its units
+    -- Most settle the newest admission, alone in its entry, to a cost that fits now: it moves to now, with c.
+    if back and r.m and token == r.last and token <= now and c > 0 and held0 - back + c <= r.mx and u(r, n - 1) == back then
+      r.total, r.lm, r.mc = (r.total - back + c) % 2 ^ 48, r.mx, min(r.mc, n - 1) -- the mirror keeps the older
+      commit(r, now, r.H + 12 * ((r.h + n - 1) % r.cap), pack('>I6I6', now % 2 ^ 48, c))
+      return 1, held0, now
+    end
     if n > 0 and token <= r.last then -- most settle one of the newest: looking back from it, in one chunk
       local last, hi, step, o = r.last, n - 1, 1, max(r.H, r.H + r.E * ((r.h + n - 1) % r.cap + 1) - CHUNK)
       if o + CHUNK > r.vlen then r.w, r.wo = call('GETRANGE', r.key, fmt('%d', o), fmt('%d', o + CHUNK - 1)), o end
@@ -332,7 +338,7 @@ function rare()
       if #b > 6 * (cap - p) then put(r, r.H, sub(b, 6 * (cap - p) + 1)) end
       n = n - 1
     elseif old then -- the reservation, or what the entry holds
-      local back = min(old, (unpack('>d', r.aux)))
+      back = min(old, back)
       for q = floor((r.seq + e) / S) + 1, floor((r.seq + n - 1) / S) do put(r, r.BO + 6 * (q % r.B), u48(u6(r, r.BO + 6 * (q % r.B)) - back)) end
       r.total = (r.total - back) % 2 ^ 48
       -- The newest settled to zero goes unwritten: the record (most settle the newest) takes its slot.
