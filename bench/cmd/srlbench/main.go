@@ -189,11 +189,8 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	say("warm-up: %s on each port", cfg.warmup)
-	for _, url := range append([]string{site.plain, site.limited, site.far, site.local}, site.extraURLs()...) {
-		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
-			return fmt.Errorf("warm-up: %w", err)
-		}
+	if err := warmUp(ctx, cfg, scripts, site); err != nil {
+		return err
 	}
 
 	// The seed runs beside the many clients scenario, so it sees the same
@@ -254,11 +251,7 @@ func run(ctx context.Context, cfg config) error {
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
-		script, ok := scripts[cfg.profiled]
-		if !ok {
-			return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local or far", cfg.profiled)
-		}
-		if err := profileRun(ctx, cfg, script, site); err != nil {
+		if err := profileRun(ctx, cfg, scripts, site); err != nil {
 			return fmt.Errorf("cpu profile: %w", err)
 		}
 		profileNote = cfg.cpuprofile
@@ -269,17 +262,26 @@ func run(ctx context.Context, cfg config) error {
 	return rep.write()
 }
 
+// warmUp runs the unmeasured warm-up on each of Caddy's ports.
+func warmUp(ctx context.Context, cfg config, scripts map[string]string, site sites) error {
+	say("warm-up: %s on each port", cfg.warmup)
+	for _, url := range append([]string{site.plain, site.limited, site.far, site.local}, site.extraURLs()...) {
+		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	return nil
+}
+
 // runOnly runs the scenarios of -only, after a warm-up of their ports, and
-// prints each one's medians.
+// prints each one's medians, and the CPU each process took in each run.
 func runOnly(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, tmp string, site sites) error {
 	scripts, err := writeScripts(tmp)
 	if err != nil {
 		return err
 	}
-	for _, url := range append([]string{site.plain, site.limited, site.far, site.local}, site.extraURLs()...) {
-		if _, err := runWrk(ctx, cfg, nil, cfg.warmup, scripts[warmupSlug], url+"/"); err != nil {
-			return fmt.Errorf("warm-up: %w", err)
-		}
+	if err := warmUp(ctx, cfg, scripts, site); err != nil {
+		return err
 	}
 	for _, sc := range scenarios {
 		if !slices.Contains(cfg.only, sc.slug) {
@@ -289,27 +291,19 @@ func runOnly(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter,
 		if err != nil {
 			return fmt.Errorf("%s: %w", sc.name, err)
 		}
-		n := len(res.runs)
-		ratios, redisCPU, caddyCPU, calls, p50, p99 := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
 		var busy []string
-		for i, p := range res.runs {
-			ratios[i], redisCPU[i], caddyCPU[i], calls[i] = p.ratio(), p.redisUsecPerDecision(), p.caddyCPURatio(), p.callsPerRequest()
+		for _, p := range res.runs {
 			c := p.limited.cpu
 			busy = append(busy, fmt.Sprintf("%.2f+%.2f+%.2f+%.2f+%.2f", c.caddy, c.redis, c.wrk, c.self, c.other))
-			p50[i] = float64(p.limited.p50-p.plain.p50) / float64(time.Millisecond)
-			p99[i] = float64(p.limited.p99-p.plain.p99) / float64(time.Millisecond)
 		}
-		say("%-12s medians: ratio %.3f, Redis %.1f us/decision, Caddy CPU/req %.2fx plain, %.3f script calls/req, p50 added %.2f ms, p99 added %.2f ms; CPUs caddy+redis+wrk+self+other per run %v",
-			sc.name, median(ratios), median(redisCPU), median(caddyCPU), median(calls), median(p50), median(p99), busy)
+		st := res.stats()
+		say("%-12s medians: ratio %.3f, Redis %.1f us/decision, Caddy CPU/req %.2fx plain, %.3f script calls/req, p50 added %s, p99 added %s; CPUs caddy+redis+wrk+self+other per run %v",
+			sc.name, st.ratio, st.redisPerDecision, st.caddyRatio, st.callsPerReq, st.p50Limited-st.p50Plain, st.addedP99(), busy)
 	}
 	if cfg.cpuprofile == "" {
 		return nil
 	}
-	script, ok := scripts[cfg.profiled]
-	if !ok {
-		return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local or far", cfg.profiled)
-	}
-	return profileRun(ctx, cfg, script, site)
+	return profileRun(ctx, cfg, scripts, site)
 }
 
 // roundTrips are Redis's PING times at start-up, direct and through the
@@ -430,7 +424,11 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 // profileRun fetches a CPU profile from Caddy's admin endpoint during an
 // extra limited run of one scenario. It is not one of the measured runs:
 // profiling costs a few percent, which would bias the medians.
-func profileRun(ctx context.Context, cfg config, script string, site sites) error {
+func profileRun(ctx context.Context, cfg config, scripts map[string]string, site sites) error {
+	script, ok := scripts[cfg.profiled]
+	if !ok {
+		return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local or far", cfg.profiled)
+	}
 	secs := int(cfg.duration.Seconds()) - 1
 	if secs < 1 {
 		secs = 1
