@@ -419,13 +419,13 @@ func (f *flusher) run() {
 // pace sets how long a call holds its turn, from what each call measures:
 // its round trip, and the time Redis spent in it (the script's reply says).
 // A call out longer than handOffRedis times Redis's mean time per call is
-// waiting for the network, not for Redis's CPU: it hands its turn on. So calls leave no
-// closer together than Redis can run them, and batches stay large while its
-// CPU is what they wait for (its calls grow with their batches, and calls
-// queued in it make the round trips longer); and no further apart than a
-// round trip spread over maxCalls calls, so that with Redis far away a
-// request waits for its call a small part of a round trip, whatever the
-// distance, and one that finds a turn free goes out at once.
+// waiting for the network, not for Redis's CPU: it hands its turn on. So
+// calls leave no closer together than Redis can run them, and batches stay
+// large while its CPU is what they wait for (its calls grow with their
+// batches, and calls queued in it make the round trips longer); and no
+// further apart than a round trip spread over maxCalls calls, so that with
+// Redis far away a request waits for its call a small part of a round trip,
+// whatever the distance, and one that finds a turn free goes out at once.
 type pace struct {
 	mu sync.Mutex
 	// redis and rtt are running means of a call's time in Redis and of
