@@ -183,8 +183,9 @@ local reshape, rare -- made by rare at a call's first need: a closure costs each
 local function reshaped(r, size, lay) -- returns the fields a record reads on
   if not reshape then rare() end reshape(r, size, lay) return r.h, r.cap, r.lay, r.mc
 end
--- commit writes b at offset off and the header, and keeps the key until its newest admission ages out, and an
--- eighth of a window more (a key in use is then not given a new expiry at each admission); an empty ring goes.
+-- commit writes b at offset off and the header (one write, through the bytes between, when they are in hand),
+-- and keeps the key until its newest admission ages out, and an eighth of a window more (a key in use is then
+-- not given a new expiry at each admission); an empty ring goes.
 local function commit(r, at, off, b)
   local m, key, W = r.mir or '', r.key, r.W
   r.mir = nil -- written now, or dropped with the ring
@@ -201,8 +202,10 @@ local function commit(r, at, off, b)
     TTL[ttl], r.exp = TTL[ttl] or fmt('%d', ttl), ms + ttl -- formatted once a call for most
     call('PEXPIRE', key, TTL[ttl])
   end
+  local hd = header(r) .. m
+  if off and off + #b <= min(r.vlen, SMALL) then return call('SETRANGE', key, '0', hd .. sub(r.v, #hd + 1, off) .. b) end
   if off then call('SETRANGE', key, fmt('%d', off), b) end
-  call('SETRANGE', key, '0', header(r) .. m)
+  call('SETRANGE', key, '0', hd)
 end
 -- A log zone's decision, before any write: when a request of cost c fits
 -- (room), the units in the window (held), until units leave it (reset); and
