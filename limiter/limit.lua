@@ -322,8 +322,7 @@ function rare()
     local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
     local n, e, old, back = r.n, nil, nil, r.lay == UNITS and unpack('>d', r.aux) -- e, old: the entry settled, its units
     -- Most settle the newest admission, alone in its entry, to a cost that fits now: it moves to now, with c.
-    -- No record since it (its time is the newest), so a ring under MERGE entries did not merge it.
-    if back and r.m and token == r.last and token <= now and c > 0 and held0 - back + c <= r.mx and (n < MERGE or u(r, n - 1) == back) then
+    if back and r.m and token == r.last and token <= now and c > 0 and held0 - back + c <= r.mx and u(r, n - 1) == back then
       r.total, r.lm, r.mc = (r.total - back + c) % 2 ^ 48, r.mx, min(r.mc, n - 1) -- the mirror keeps the older
       commit(r, now, r.H + 12 * ((r.h + n - 1) % r.cap), pack('>I6I6', now % 2 ^ 48, c))
       return 1, held0, now
