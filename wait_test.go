@@ -240,7 +240,10 @@ func TestWebhooksRecipe(t *testing.T) {
 // addresses) burst twice their limit, each over two instances on one
 // Redis: every request is held for its slot rather than denied, none goes
 // on before its slot, each client's admissions are paced by the window,
-// and neither client's admissions count against the other.
+// and neither client's admissions count against the other. The wait is
+// more than one window: admissions decided in one script call are recorded
+// a microsecond apart (times strictly increase), so a request that waits on
+// the second of them, in the same call, needs a window and a microsecond.
 func TestWaitsExactAcrossInstances(t *testing.T) {
 	upstream, second := new(arrivals), new(arrivals)
 	srv := httptest.NewServer(upstream)
@@ -249,11 +252,11 @@ func TestWaitsExactAcrossInstances(t *testing.T) {
 	startCaddy(t, siteBlock(":9080", prefix, `
 	sliding_ratelimit {
 		zone paced 1s 5 {
-			wait 1s
+			wait 2s
 		}
 	}
 	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
-	other := newInstance(t, `{"zones": [{"name": "paced", "window": "1s", "max_requests": 5, "wait": "1s"}],
+	other := newInstance(t, `{"zones": [{"name": "paced", "window": "1s", "max_requests": 5, "wait": "2s"}],
 		"redis": "`+sharedRedis.URL()+`?client_name=b", "key_prefix": "`+prefix+`"}`)
 	clients := []string{"127.0.0.2", "127.0.0.3"}
 	statuses := make([][]int, len(clients))
@@ -587,9 +590,11 @@ func freeLoopbackPort() (int, error) {
 
 // TestReportModeHoldsNothing: in mode report a request that would wait
 // goes on at once; its admission is still recorded at its slot's time.
+// The wait is more than the window for the reason
+// TestWaitsExactAcrossInstances gives.
 func TestReportModeHoldsNothing(t *testing.T) {
 	prefix := uniquePrefix(t)
-	in := newInstance(t, `{"window": "10s", "max_requests": 2, "wait": "10s", "mode": "report",
+	in := newInstance(t, `{"window": "10s", "max_requests": 2, "wait": "15s", "mode": "report",
 		"redis": "`+sharedRedis.URL()+`", "key_prefix": "`+prefix+`"}`)
 	arrived := new(arrivals)
 	var wg sync.WaitGroup
