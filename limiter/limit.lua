@@ -54,7 +54,8 @@
 -- its base sum after the ring, so a settle writes one entry and the later
 -- bases. Both then have the head and count (u8) of a mirror of 96 bytes that
 -- holds copies of the oldest entries, so that a decision reads one range.
--- Values of up to SMALL bytes are read whole, no large one is read or built
+-- A decision reads a value's first SMALL bytes: all of a small one, whose
+-- record then writes header and entry at once; no large one is read or built
 -- whole (Redis's Lua hashes every string it makes). Sums are mod 2^48: a ring
 -- saturates. Tag + WITH_LM (8, 7, 6): lm u48 (the newest record's max) ends
 -- the header; SMALL_COUNT's, as large, ends n u8, lm u24 (0: larger).
@@ -102,8 +103,8 @@ local function blank(r)
   r.h, r.n, r.exp, r.v, r.vlen, r.last, r.mh, r.mc, r.lm, r.w, r.wo, r.whole = 0, 0, ms, '', 0, nil, 0, 0, 0, '', 0, false
   shape(r, SMALL_COUNT, 0, true)
 end
-local function load(r, small)
-  local v = pcall('GETRANGE', r.key, '0', small and '511' or '147') -- numbers given to redis.call are formatted each call
+local function load(r)
+  local v = pcall('GETRANGE', r.key, '0', '511') -- numbers given to redis.call are formatted each call
   if type(v) ~= 'string' then v = fresh(v, r.key) or '' end
   local vlen, size, tag, last, lm = #v, 0, #v >= 18 and byte(v) or 0, nil, nil
   local m, lay = tag > 5, tag > 5 and tag - WITH_LM or tag
@@ -112,7 +113,7 @@ local function load(r, small)
   elseif lay == COUNT and vlen >= 32 then size, r.h, r.n, r.exp, last, r.mh, r.mc, lm = unpack('>I4I4I4I5I6BBI6', v, 2)
   elseif lay == UNITS and vlen >= 52 then size, r.h, r.n, r.exp, r.seq, r.flo, r.total, last, r.mh, r.mc, lm = unpack('>I4I4I4I5dI6I6I6BBI6', v, 2)
   else lay = 0 end
-  if lay > 0 and (vlen == shape(r, lay, size, m) or vlen >= (small and SMALL or 148)) then
+  if lay > 0 and (vlen == shape(r, lay, size, m) or vlen >= SMALL) then
     r.last, r.lm = tbase + (last - tbase) % 2 ^ 48, m and lm or 0 return
   end
   blank(r) -- nothing, or nothing this layout reads: the ring starts over
@@ -212,7 +213,7 @@ end
 -- the decision in hand. It reads the ring, or decides on the one in hand.
 local function log_decide(r, c, inhand)
   local W, mx = r.W, r.mx
-  if not inhand then load(r, 18 + 6 * mx <= SMALL) end
+  if not inhand then load(r) end
   local n, cut, f, first, units = r.n, now - W, 0, nil, r.lay == UNITS
   if n > 0 then
     first = t(r, 0)
