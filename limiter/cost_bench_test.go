@@ -74,7 +74,9 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor
 // of admissions spread over the window with its oldest ones just aged out,
 // so that every decision admits, overwriting the oldest slot, and finds its
 // remaining and reset by search: the steady state of a client at its limit.
-// Clients are fewer at the largest limits, to bound the memory they take.
+// Above 4*ringMerge the ring is the units ring of merged entries the script
+// keeps there (mergedRing). Clients are fewer at the largest limits, to
+// bound the memory they take.
 // Decisions go through a RedisStore from 32 concurrent callers, and as
 // script calls of exactly 32 decisions; at max 60 the floor (a GET and a
 // SET per key, batched alike) is measured too, on the same keys, as the
@@ -137,6 +139,9 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 		times[k] = first + int64(k)*step
 	}
 	ring := encodeRing(max, times)
+	if max > 4*ringMerge {
+		ring = mergedRing(now.UnixMicro(), window, int64(max))
+	}
 	setRings(b, client, clients, func(i int) string { return s.Key("z", key(i)) }, ring, 2*window)
 	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim}) // load the script
 	if err := floorScript.Load(ctx, client).Err(); err != nil {
@@ -222,6 +227,22 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 		b.Errorf("%d of %d decisions denied: the rings were not as meant", denied.Load(), decisions)
 	}
 	reportRedisCPU(b, client, cpuBefore, decisions, time.Since(start), fmt.Sprintf("max %d, %s, %d clients at their limit", max, mode, clients))
+}
+
+// mergedRing returns the ring limit.lua keeps for a client at a limit above
+// 4*ringMerge: a units ring of ringMerge entries spread over the window,
+// each merging max/ringMerge admissions, its oldest three just aged out. A
+// count ring of max admissions turns into one at its first record, which a
+// benchmark prefilled with it would measure in place of the steady state.
+func mergedRing(now int64, window time.Duration, max int64) []byte {
+	const entries = ringMerge
+	step := window.Microseconds() / (entries - 3)
+	times, units := make([]int64, entries), make([]int64, entries)
+	for k := range times {
+		times[k] = now - window.Microseconds() - 3*step + int64(k)*step
+		units[k] = max / entries
+	}
+	return encodeUnitsRing(2*entries, times, units, max, now/1000+2*window.Milliseconds())
 }
 
 // setRings stores ring under key(i) for each of n clients, with the

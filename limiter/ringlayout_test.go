@@ -32,6 +32,7 @@ const (
 	ringWithLastMax = 4
 	ringSmall       = 512 // bytes read whole
 	ringBucket      = 64
+	ringMerge       = 256 // entries from which a units ring merges admissions
 	mod48           = 1 << 48
 )
 
