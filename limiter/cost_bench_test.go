@@ -127,20 +127,21 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	key := func(i int) string { return "198.51." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&0xff) }
 	lim := Limit{Window: window, Max: int64(max)}
 
-	// Full rings whose oldest rounds+1 times have aged out.
 	now, err := client.Time(ctx).Result()
 	if err != nil {
 		b.Fatal(err)
 	}
-	step := window.Microseconds() / int64(max)
-	first := now.UnixMicro() - window.Microseconds() - int64(rounds+1)*step
-	times := make([]int64, max)
-	for k := range times {
-		times[k] = first + int64(k)*step
-	}
-	ring := encodeRing(max, times)
+	var ring []byte
 	if max > 4*ringMerge {
 		ring = mergedRing(now.UnixMicro(), window, int64(max))
+	} else { // full rings whose oldest rounds+1 times have aged out
+		step := window.Microseconds() / int64(max)
+		first := now.UnixMicro() - window.Microseconds() - int64(rounds+1)*step
+		times := make([]int64, max)
+		for k := range times {
+			times[k] = first + int64(k)*step
+		}
+		ring = encodeRing(max, times)
 	}
 	setRings(b, client, clients, func(i int) string { return s.Key("z", key(i)) }, ring, 2*window)
 	allow1(b, s, Check{Zone: "warmup", Key: "warmup", Limit: lim}) // load the script
