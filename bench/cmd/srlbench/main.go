@@ -104,9 +104,10 @@ func main() {
 	// run shut down Caddy and Redis before we exit.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, cfg)
+	interrupted := ctx.Err() != nil // before stop, which cancels ctx
 	stop()
 	if err != nil {
-		if ctx.Err() != nil {
+		if interrupted {
 			fmt.Fprintln(os.Stderr, "srlbench: interrupted; stopped Caddy and Redis")
 			os.Exit(130)
 		}
