@@ -164,8 +164,15 @@ func run(ctx context.Context, cfg config) error {
 	defer cdy.stop()
 	meter := &cpuMeter{caddyPid: cdy.cmd.Process.Pid, redisPid: rds.cmd.Process.Pid}
 
+	// runSc runs one scenario, the floor script's on a Caddy of its own.
+	runSc := func(sc scenario, scripts map[string]string, peers *peerRunner) (scenarioResult, error) {
+		if sc.floor {
+			return runFloor(ctx, cfg, rc, meter.redisPid, sc, scripts[sc.slug], scripts[warmupSlug], filepath.Join(tmp, "floor"), redisURL, far.url)
+		}
+		return runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site, peers)
+	}
 	if len(cfg.only) > 0 {
-		return runOnly(ctx, cfg, rc, meter, tmp, site)
+		return runOnly(ctx, cfg, tmp, site, runSc)
 	}
 
 	// Memory first, while Redis holds nothing else: later scenarios leave
@@ -215,7 +222,7 @@ func run(ctx context.Context, cfg config) error {
 		if sc.slug == manySlug {
 			peers = &peerRunner{redisAddr: strings.TrimPrefix(redisURL, "redis://"), rc: rc, meter: meter, seed: seed, script: scripts[sc.slug]}
 		}
-		res, err := runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site, peers)
+		res, err := runSc(sc, scripts, peers)
 		if err != nil {
 			return fmt.Errorf("%s: %w", sc.name, err)
 		}
@@ -276,7 +283,7 @@ func warmUp(ctx context.Context, cfg config, scripts map[string]string, site sit
 
 // runOnly runs the scenarios of -only, after a warm-up of their ports, and
 // prints each one's medians, and the CPU each process took in each run.
-func runOnly(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter, tmp string, site sites) error {
+func runOnly(ctx context.Context, cfg config, tmp string, site sites, runSc func(scenario, map[string]string, *peerRunner) (scenarioResult, error)) error {
 	scripts, err := writeScripts(tmp)
 	if err != nil {
 		return err
@@ -288,7 +295,7 @@ func runOnly(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMeter,
 		if !slices.Contains(cfg.only, sc.slug) {
 			continue
 		}
-		res, err := runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site, nil)
+		res, err := runSc(sc, scripts, nil)
 		if err != nil {
 			return fmt.Errorf("%s: %w", sc.name, err)
 		}

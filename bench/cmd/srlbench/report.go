@@ -438,8 +438,8 @@ func (r report) markdown(chartFile string) string {
 	var p99s, cpus []string
 	p99ok, cpuOK := true, true
 	for i, res := range r.results {
-		if res.sc.far || res.sc.local || res.sc.site != nil {
-			continue // a round trip of 1 ms is in its p99 by design; no Redis; a site that does more has a target of its own
+		if res.sc.far || res.sc.local || res.sc.site != nil || res.sc.floor {
+			continue // a round trip of 1 ms is in its p99 by design; no Redis; a site that does more has a target of its own; not this module's script
 		}
 		s := all[i]
 		p99s = append(p99s, fmt.Sprintf("%s %+.2f ms", res.sc.name, float64(s.addedP99())/1e6))
@@ -463,6 +463,7 @@ func (r report) markdown(chartFile string) string {
 	p("")
 
 	r.farSection(p, all)
+	r.floorSection(p, all)
 	r.waitsSection(p)
 	r.llmSection(p)
 	r.memorySection(p)

@@ -25,6 +25,9 @@ type scenario struct {
 	// local runs the limited side on the site without Redis (the
 	// in-process store).
 	local bool
+	// floor runs both sides on a second Caddy whose limit.lua is floor.lua
+	// (floor.go).
+	floor bool
 	// keyLua is Lua that sets the local `key` for one request, with the
 	// thread-local counters n, g and b.
 	keyLua string
