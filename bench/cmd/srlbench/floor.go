@@ -39,7 +39,7 @@ func init() {
 // files under dir.
 func startFloorCaddy(ctx context.Context, repo, dir, redisURL, farURL string, limiterOptions []string) (*proc, sites, error) {
 	src := filepath.Join(dir, "src")
-	if err := copyModule(repo, src); err != nil {
+	if err := copyTree(repo, src, buildInputs); err != nil {
 		return nil, sites{}, fmt.Errorf("copying the module: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(src, "limiter", "limit.lua"), floorScript, 0o644); err != nil {
@@ -52,29 +52,11 @@ func startFloorCaddy(ctx context.Context, repo, dir, redisURL, farURL string, li
 	return startCaddy(ctx, filepath.Join(src, "caddy"), dir, redisURL, farURL, limiterOptions)
 }
 
-// copyModule copies what building the module reads: the tree of repo but
-// its .git, bench/ (a module of its own), test data and the built caddy.
-func copyModule(repo, to string) error {
-	return filepath.WalkDir(repo, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(repo, path)
-		if err != nil {
-			return err
-		}
-		switch {
-		case (rel == ".git" || rel == "bench" || d.Name() == "testdata") && d.IsDir():
-			return filepath.SkipDir
-		case rel == ".git" || rel == "caddy" && !d.IsDir():
-			return nil // a worktree's .git is a file
-		case d.IsDir():
-			return os.MkdirAll(filepath.Join(to, rel), 0o755)
-		case !d.Type().IsRegular():
-			return nil
-		}
-		return copyFile(path, filepath.Join(to, rel))
-	})
+// buildInputs leaves out of the module's copy what building it does not
+// read: .git (a file in a worktree), bench/ (a module of its own), test data
+// and the built caddy.
+func buildInputs(rel string, d fs.DirEntry) bool {
+	return rel == ".git" || rel == "caddy" || d.IsDir() && (rel == "bench" || d.Name() == "testdata")
 }
 
 // runFloor runs the floor script scenario on a Caddy of its own, started for
@@ -96,15 +78,7 @@ func runFloor(ctx context.Context, cfg config, rc *redis.Client, redisPid int, s
 // floorSection sets the floor script scenario beside many clients: what
 // making limit.lua cheaper could win at most.
 func (r report) floorSection(p func(string, ...any), all []stats) {
-	var many, floor *stats
-	for i, res := range r.results {
-		switch {
-		case res.sc.floor:
-			floor = &all[i]
-		case res.sc.slug == manySlug:
-			many = &all[i]
-		}
-	}
+	many, floor := r.besideMany(all, func(sc scenario) bool { return sc.floor })
 	if many == nil || floor == nil {
 		return
 	}

@@ -123,16 +123,8 @@ func TestCaddyfile(t *testing.T) {
 
 func TestCopyTreeLeavesNodeModules(t *testing.T) {
 	src, dst := t.TempDir(), filepath.Join(t.TempDir(), "copy")
-	for _, f := range []string{"server.mjs", "lib/a.js", "node_modules/x/index.js"} {
-		p := filepath.Join(src, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(f), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := copyTree(src, dst); err != nil {
+	writeTree(t, src, []string{"server.mjs", "lib/a.js", "node_modules/x/index.js"})
+	if err := copyTree(src, dst, notNodeModules); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{"server.mjs", "lib/a.js"} {
@@ -142,5 +134,19 @@ func TestCopyTreeLeavesNodeModules(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dst, "node_modules")); !os.IsNotExist(err) {
 		t.Errorf("node_modules was copied (err %v)", err)
+	}
+}
+
+// writeTree makes each of files under dir, holding its own name.
+func writeTree(t *testing.T, dir string, files []string) {
+	t.Helper()
+	for _, f := range files {
+		p := filepath.Join(dir, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(f), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

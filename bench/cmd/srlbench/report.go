@@ -472,18 +472,24 @@ func (r report) markdown(chartFile string) string {
 	return b.String()
 }
 
+// besideMany returns the stats of many clients and of the scenario is picks,
+// nil where there is none: for the sections that set a scenario beside it.
+func (r report) besideMany(all []stats, is func(scenario) bool) (many, other *stats) {
+	for i, res := range r.results {
+		switch {
+		case is(res.sc):
+			other = &all[i]
+		case res.sc.slug == manySlug:
+			many = &all[i]
+		}
+	}
+	return many, other
+}
+
 // farSection shows what 1 ms to Redis does, beside the same load with Redis
 // on this host.
 func (r report) farSection(p func(string, ...any), all []stats) {
-	var local, far *stats
-	for i, res := range r.results {
-		switch {
-		case res.sc.far:
-			far = &all[i]
-		case res.sc.slug == manySlug:
-			local = &all[i]
-		}
-	}
+	local, far := r.besideMany(all, func(sc scenario) bool { return sc.far })
 	if far == nil {
 		return
 	}

@@ -58,7 +58,7 @@ func startSeed(ctx context.Context, cfg config, dir string) (peer *seedPeer, ski
 		return nil, err, nil
 	}
 	app := filepath.Join(dir, "seed-express")
-	if err := copyTree(src, app); err != nil {
+	if err := copyTree(src, app, notNodeModules); err != nil {
 		return nil, nil, fmt.Errorf("copying the seed: %w", err)
 	}
 	say("seed: npm install in a copy of %s", seedDisplayPath(cfg))
@@ -176,9 +176,10 @@ func seedDisplayPath(cfg config) string {
 	return "../shared/peers/seed-express (relative to the repository root)"
 }
 
-// copyTree copies a directory of regular files and folders, leaving out a
-// node_modules someone installed there: npm install fills the copy's own.
-func copyTree(from, to string) error {
+// copyTree copies a directory of regular files and folders but those leave
+// picks (by their path relative to from): a folder it picks is left out
+// whole.
+func copyTree(from, to string, leave func(rel string, d os.DirEntry) bool) error {
 	return filepath.WalkDir(from, func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -187,10 +188,14 @@ func copyTree(from, to string) error {
 		if err != nil {
 			return err
 		}
+		if rel != "." && leave(rel, d) {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
 		target := filepath.Join(to, rel)
 		switch {
-		case d.IsDir() && d.Name() == "node_modules":
-			return filepath.SkipDir
 		case d.IsDir():
 			return os.MkdirAll(target, 0o755)
 		case !d.Type().IsRegular():
@@ -203,3 +208,7 @@ func copyTree(from, to string) error {
 		return os.WriteFile(target, data, 0o644)
 	})
 }
+
+// notNodeModules leaves out a node_modules someone installed in the seed's
+// folder: npm install fills the copy's own.
+func notNodeModules(_ string, d os.DirEntry) bool { return d.IsDir() && d.Name() == "node_modules" }
