@@ -22,7 +22,7 @@ all: build
 help:
 	@echo "make build        build ./caddy with this module (xcaddy)"
 	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
-	@echo "make test         install redis-server and prometheus if needed, go vet, go test -race"
+	@echo "make test         install redis-server and prometheus if needed, go vet, go test -race, and bench/'s tests"
 	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
 	@echo "make fuzz         fuzz the Caddyfile parser and the key builder (FUZZTIME=50000x each)"
 	@echo "make fmt-check    fail if gofmt would change a file; make fmt fixes them"
@@ -51,6 +51,8 @@ test:
 	# beside them slow a burst of requests past it. Compiled first in parallel.
 	$(GO) build -race ./...
 	$(GO) test -race -count=1 -p 1 ./...
+	# bench/ is a module of its own: its tools' tests (each starts its own Redis).
+	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Each fuzz target runs alone (go test -fuzz takes one); `make test` already
 # runs their seed corpora. The budget is a count of executions, not a duration:
