@@ -72,7 +72,15 @@ func runFloor(ctx context.Context, cfg config, rc *redis.Client, redisPid int, s
 			return scenarioResult{sc: sc}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	return runScenario(ctx, cfg, rc, &cpuMeter{caddyPid: cdy.cmd.Process.Pid, redisPid: redisPid}, sc, script, site, nil)
+	res, err := runScenario(ctx, cfg, rc, &cpuMeter{caddyPid: cdy.cmd.Process.Pid, redisPid: redisPid}, sc, script, site, nil)
+	for i, p := range res.runs {
+		// A floor.lua that no longer speaks limit.lua's format fails every
+		// call, and the fail mode would pass the requests on unmeasured.
+		if d := p.decisions; err == nil && d["allowed"] == 0 {
+			err = fmt.Errorf("run %d: %.0f requests allowed by Redis, %.0f failed open: does floor.lua still speak limit.lua's format?", i+1, d["allowed"], d["failed_open"])
+		}
+	}
+	return res, err
 }
 
 // floorSection sets the floor script scenario beside many clients: what
