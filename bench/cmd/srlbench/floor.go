@@ -103,7 +103,7 @@ func (r report) floorSection(p func(string, ...any), all []stats) {
 	p("| Redis CPU us/decision | %s | %s |", num(many.redisPerDecision, 1), num(floor.redisPerDecision, 1))
 	p("| Caddy CPU per request, limited / plain | %sx | %sx |", num(many.caddyRatio, 2), num(floor.caddyRatio, 2))
 	p("| script calls per request | %s | %s |", num(many.callsPerReq, 3), num(floor.callsPerReq, 3))
-	p("| p50 added | %+.2f ms | %+.2f ms |", float64(many.p50Limited-many.p50Plain)/1e6, float64(floor.p50Limited-floor.p50Plain)/1e6)
+	p("| p50 added | %+.2f ms | %+.2f ms |", float64(many.addedP50())/1e6, float64(floor.addedP50())/1e6)
 	p("")
 	p("A cheaper script also makes the batches smaller (the batcher sends the next call sooner when Redis")
 	p("answers sooner), so Caddy makes more calls per request.")

@@ -306,7 +306,7 @@ func runOnly(ctx context.Context, cfg config, tmp string, site sites, runSc func
 		}
 		st := res.stats()
 		say("%-12s medians: ratio %.3f, Redis %.1f us/decision, Caddy CPU/req %.2fx plain, %.3f script calls/req, p50 added %s, p99 added %s; CPUs caddy+redis+wrk+self+other per run %v",
-			sc.name, st.ratio, st.redisPerDecision, st.caddyRatio, st.callsPerReq, st.p50Limited-st.p50Plain, st.addedP99(), busy)
+			sc.name, st.ratio, st.redisPerDecision, st.caddyRatio, st.callsPerReq, st.addedP50(), st.addedP99(), busy)
 	}
 	if cfg.cpuprofile == "" {
 		return nil
