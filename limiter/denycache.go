@@ -75,8 +75,9 @@ const denyCacheEvictSamples = 8
 // less; the microsecond covers the store's rounding), again erring towards
 // asking the store.
 //
-// The argument holds while no admission leaves a window early. Three things
-// make one leave early, and the caller must handle them:
+// The argument holds while no admission leaves a window early. Extend, which
+// moves a running request's reservation to a later time with its units, does
+// not make one leave early. Three things do, and the caller must handle them:
 //   - an operator reset of a key in the store, or a settle that lowers what an
 //     admission cost: Reset and Settle forget the key here after the store
 //     acted, and a denial read from the store before that and returned after
@@ -327,7 +328,12 @@ func (c *DenyCache) Settle(ctx context.Context, checks []Check, decisions []Deci
 	return err
 }
 
-// Extend implements Store by asking the wrapped store.
+// Extend implements Store by asking the wrapped store, and forgets nothing:
+// it frees no room. A lease extended stays held; a log zone's reservation
+// moved to now (see Store.Extend) keeps its units and is recorded no earlier
+// than it was, so it leaves every window no earlier than before, and a
+// denial cached before it holds as long after it. Settle, which takes the
+// moved record back, forgets the key when it lowers the cost.
 func (c *DenyCache) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
 	return c.next.Extend(ctx, checks, decisions)
 }

@@ -318,7 +318,8 @@ function rare()
   -- Settles the admission at time token to c units, charged from now: the reservation is taken back (a
   -- count ring takes its entry out, the newer move back; a units ring holds it at zero, dropped once
   -- newest), and c is recorded as an admission at its room (now, unless promised slots or other charges
-  -- hold it). Returns the units held before and the record's time.
+  -- hold it). Returns the units held before and the record's time. Extend moves a running call's reservation
+  -- with it, settled to the units it reserved: the record's time is then the token its next settle finds it by.
   local function log_settle(r)
     local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
     local n, e, old, back = r.n, nil, nil, r.lay == UNITS and unpack('>d', r.aux) -- e, old: the entry settled, its units

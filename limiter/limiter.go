@@ -8,7 +8,8 @@
 // sums, in O(1) memory, approximately. A concurrency zone limits the requests
 // in flight: each admitted request holds a lease until it is settled, or until
 // Window after it was taken or last extended, so a process that dies holding
-// leases frees them after Window.
+// leases frees them after Window. Store.Extend keeps what a running request
+// holds: its leases, and its reservations in log zones.
 //
 // A Check asks for one client in one zone; Store.Allow decides the checks of
 // one request together, all or nothing, and fills one Decision per check. The
@@ -38,9 +39,20 @@
 //     with the real cost (Check.Cost, where 0 means 0): lower, zero (a refund)
 //     or higher than reserved. The real cost counts from the settle, when the
 //     response ended: the reservation is taken back and the cost recorded as
-//     an admission then, so a call longer than Window is charged too. A charge above the reservation is recorded in
-//     full even past Max; the client then waits until enough ages out. Settle
-//     also releases the request's leases. Settling twice does nothing.
+//     an admission then, so a call longer than Window is charged too. A
+//     charge above the reservation is recorded in full even past Max; the
+//     client then waits until enough ages out. Settle also releases the
+//     request's leases. Settling twice does nothing. In a log zone a
+//     reservation counts from its admission until its call is settled, as
+//     long as the caller extends it (Store.Extend) at least once a Window
+//     (the Caddy module extends once a third of a Window): each Extend moves
+//     it, with its units, to the time of the Extend, as a Settle to the same
+//     cost would record it, so that it counts for a further Window from
+//     then. A reservation not extended for a Window ages out like any
+//     admission, and other requests may take its room until the call is
+//     extended again or settled. A counter zone's reservation is not moved:
+//     it counts in the fixed window it was made in, weighted in the next,
+//     however long the call runs.
 //   - Changing Max. Max may differ from one call to the next for the same
 //     client (a tenant's quota): each call is exact for its own Max, and a
 //     lowered Max denies until enough ages out.
@@ -204,7 +216,8 @@ type holding struct {
 	// recorded is set from Allow until Settle.
 	recorded bool
 	// at is the log's admission time in the store's clock (microseconds),
-	// or the counter's fixed window index.
+	// the time Extend last moved the reservation to, or the counter's fixed
+	// window index.
 	at int64
 	// units is what was reserved.
 	units int64
@@ -223,17 +236,33 @@ type Store interface {
 	// Peek decides checks as Allow would, but records nothing: Remaining is
 	// what is left now.
 	Peek(ctx context.Context, checks []Check, decisions []Decision) error
-	// Settle replaces what the Allow that filled decisions recorded with
-	// checks[i].Cost (0 takes the admission back), and releases its leases.
-	// The cost counts from the settle, as an admission then (or just after
-	// the newest): the reservation is taken back, if it has not aged out,
-	// and the cost recorded anew. It marks the decisions as settled, so a
-	// second Settle does nothing, and changes none of their exported figures
-	// but Lifts.
+	// Settle replaces what the Allow that filled decisions recorded (or
+	// what Extend last moved it to) with checks[i].Cost (0 takes the
+	// admission back), and releases its leases. The cost counts from the
+	// settle, as an admission then (or just after the newest): the
+	// reservation is taken back, if it has not aged out, and the cost
+	// recorded anew. It marks the decisions as settled, so a second Settle
+	// does nothing, and changes none of their exported figures but Lifts.
 	Settle(ctx context.Context, checks []Check, decisions []Decision) error
-	// Extend restarts the lease time of the leases that decisions hold. A
+	// Extend keeps what the running request of decisions holds. It restarts
+	// the lease time of its leases. It moves its reservations in log zones
+	// to now, with their units (checks[i].Cost is not read): each is settled
+	// to what it reserved, as Settle would (taken back, if it has not aged
+	// out, and recorded now, or just after the newest admission, or at its
+	// room when the window is over Max), and the decision then holds the
+	// new record, for the next Extend and the final Settle; so a reservation
+	// extended at least once a Window counts until its call is settled. It
+	// leaves counter zones as they are, and decisions already settled, and
+	// changes none of the decisions' exported figures. It is meant for a
+	// request that has gone on (after its Delay): then it makes no room that
+	// any request had not before, since a moved reservation keeps its units
+	// and leaves the window no earlier; one whose slot has not come is moved
+	// as a Settle to the same cost would move it, to its room from now. A
 	// lease that expired first is lost: Extend then returns an error that
-	// wraps ErrLeaseLost, after extending the others.
+	// wraps ErrLeaseLost, after extending the others and moving the
+	// reservations. Settle and later Extends must be given the decisions
+	// Extend updated, not copies made before it: an older copy names a
+	// record that is gone.
 	Extend(ctx context.Context, checks []Check, decisions []Decision) error
 	// Reset forgets a client's state in a zone.
 	Reset(ctx context.Context, zone, key string) error
@@ -344,6 +373,46 @@ func settled(decisions []Decision) {
 	for i := range decisions {
 		decisions[i].held = holding{}
 	}
+}
+
+// holdReservations moves the reservations that decisions hold in log zones
+// to now, for Extend (see Store.Extend), with settle, the store's own Settle:
+// it settles each of them, on a copy of its decision, to the units it
+// reserved, and the decision then holds the record that settle made (its
+// time, which the store reports as charged), with the same units, and
+// nothing else of it changes (Lifts, charged). A settle finds the record
+// again by that time and those units, as it finds an admission. On an
+// error, the decisions whose settle was done hold their new records, the
+// others what they held.
+//
+// A hold announces nothing to deny caches, and DenyCache forgets nothing
+// for it: a cached denial rests on units that only leave the window by
+// ageing out, and a moved reservation whose time has come keeps its units
+// and is recorded no earlier than it was (now, just after the newest
+// admission, or later), so it leaves no window before it would have, and
+// every denial still holds.
+func holdReservations(ctx context.Context, checks []Check, decisions []Decision, settle func(context.Context, []Check, []Decision) error) error {
+	var idx []int
+	for i, d := range decisions {
+		if d.held.recorded && checks[i].Limit.Algorithm == SlidingLog {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	held, moved := make([]Check, len(idx)), make([]Decision, len(idx))
+	for j, i := range idx {
+		held[j], moved[j] = checks[i], decisions[i]
+		held[j].Cost, moved[j].charged = decisions[i].held.units, 0
+	}
+	err := settle(ctx, held, moved)
+	for j, i := range idx {
+		if !moved[j].held.recorded && moved[j].charged != 0 {
+			decisions[i].held.at = moved[j].charged
+		}
+	}
+	return err
 }
 
 // holds reports whether any decision holds something to settle.

@@ -412,15 +412,28 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts 
 	return lifts, charged
 }
 
-// Extend implements Store.
-func (s *MemoryStore) Extend(_ context.Context, checks []Check, decisions []Decision) error {
+// Extend implements Store: it extends the leases, then moves the log
+// zones' reservations with Settle (holdReservations).
+func (s *MemoryStore) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
+	lost := s.extendLeases(checks, decisions)
+	if err := holdReservations(ctx, checks, decisions, s.Settle); err != nil {
+		return err
+	}
+	if lost > 0 {
+		return fmt.Errorf("extending leases: %d of them: %w", lost, ErrLeaseLost)
+	}
+	return nil
+}
+
+// extendLeases restarts the lease time of the leases that decisions hold,
+// and returns how many had expired; their decisions are marked as settled.
+func (s *MemoryStore) extendLeases(checks []Check, decisions []Decision) (lost int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	lost := 0
 	for i, c := range checks {
 		h := decisions[i].held
 		if h.lease == 0 {
@@ -436,10 +449,7 @@ func (s *MemoryStore) Extend(_ context.Context, checks []Check, decisions []Deci
 		st.leases[h.lease] = exp
 		st.expires = max(st.expires, exp)
 	}
-	if lost > 0 {
-		return fmt.Errorf("extending leases: %d of them: %w", lost, ErrLeaseLost)
-	}
-	return nil
+	return lost
 }
 
 func (s *MemoryStore) sweepEvery(interval time.Duration) {

@@ -335,8 +335,9 @@ func (m *model) settle(now int64, checks []Check, ds []Decision) {
 }
 
 // settleOne takes back what h reserved and charges cost from now, when the
-// response ended: in a log, an admission then (or just after the newest).
-func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
+// response ended: in a log, an admission then (or just after the newest),
+// whose time it returns (0 for none).
+func (m *model) settleOne(now int64, c Check, h holding, cost int64) (charged int64) {
 	st := m.get(c)
 	w := microseconds(c.Limit.Window)
 	switch c.Limit.Algorithm {
@@ -372,7 +373,7 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 			}
 			room := make([]Decision, 1)
 			m.decide(now, methodPeek, []Check{{Zone: c.Zone, Key: c.Key, Limit: c.Limit, Cost: cost}}, room, []int{0}, 0)
-			m.recordLog(now, st, w, c.Limit.Max, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
+			charged = m.recordLog(now, st, w, c.Limit.Max, now+room[0].RetryAfter.Microseconds(), min(cost, maxUnits-held))
 		}
 	case SlidingCounter:
 		// The reservation leaves the fixed window it was recorded in; the
@@ -383,11 +384,19 @@ func (m *model) settleOne(now int64, c Check, h holding, cost int64) {
 	case Concurrency:
 		delete(st.leases, h.lease)
 	}
+	return charged
 }
 
+// extend restarts the leases that ds hold, and moves their reservations in
+// log zones to now: each is settled to the units it reserved, and its
+// decision holds the record that made. A counter's reservation stays.
 func (m *model) extend(now int64, checks []Check, ds []Decision) error {
 	var err error
 	for i, c := range checks {
+		if h := ds[i].held; h.recorded && c.Limit.Algorithm == SlidingLog {
+			ds[i].held.at = m.settleOne(now, c, h, h.units)
+			continue
+		}
 		id := ds[i].held.lease
 		if id == 0 {
 			continue
@@ -624,7 +633,7 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 	got := make([][]Decision, len(schedule))
 	mine := make([][]Decision, len(schedule))
 	ctx := context.Background()
-	var denied, delayed, never, lost, lifts, long int
+	var denied, delayed, never, lost, lifts, long, moved int
 	for i, st := range schedule {
 		now += st.advance
 		ds := make([]Decision, len(st.checks))
@@ -663,6 +672,11 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 				}
 			}
 		case methodExtend:
+			for j, c := range st.checks {
+				if got[st.of][j].held.recorded && c.Limit.Algorithm == SlidingLog {
+					moved++ // a reservation moved to now, to be settled (or moved) again
+				}
+			}
 			wantErr := m.extend(now, st.checks, mine[st.of]) != nil
 			err = s.Extend(ctx, st.checks, got[st.of])
 			if errors.Is(err, ErrLeaseLost) != wantErr {
@@ -671,6 +685,11 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 			if errors.Is(err, ErrLeaseLost) {
 				lost++
 				err = nil
+			}
+			for j, d := range got[st.of] {
+				if d.held != mine[st.of][j].held && d.held.lease == 0 {
+					t.Fatalf("step %d at %d, extend of %+v: check %d holds %+v, want %+v", i, now, st.checks, j, d.held, mine[st.of][j].held)
+				}
 			}
 		}
 		if err != nil {
@@ -701,9 +720,9 @@ func runSchedule(t *testing.T, schedule []modelStep, cluster bool, makeStore fun
 		}
 	}
 	// The schedule must reach every case, or it tests little.
-	t.Logf("%d steps: %d denials, %d delayed, %d never, %d leases lost, %d settles that may lift a denial, %d settles of calls longer than the window",
-		len(schedule), denied, delayed, never, lost, lifts, long)
-	if denied == 0 || delayed == 0 || never == 0 || lost == 0 || lifts == 0 || long == 0 {
-		t.Errorf("the schedule missed a case: %d denials, %d delayed, %d never, %d leases lost, %d lifts, %d long calls", denied, delayed, never, lost, lifts, long)
+	t.Logf("%d steps: %d denials, %d delayed, %d never, %d leases lost, %d settles that may lift a denial, %d settles of calls longer than the window, %d reservations moved by an extend",
+		len(schedule), denied, delayed, never, lost, lifts, long, moved)
+	if denied == 0 || delayed == 0 || never == 0 || lost == 0 || lifts == 0 || long == 0 || moved == 0 {
+		t.Errorf("the schedule missed a case: %d denials, %d delayed, %d never, %d leases lost, %d lifts, %d long calls, %d reservations moved", denied, delayed, never, lost, lifts, long, moved)
 	}
 }

@@ -184,9 +184,20 @@ func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Dec
 	return s.spend(ctx, methodSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
 }
 
-// Extend implements Store.
+// Extend implements Store: one script call extends the leases, another
+// moves the log zones' reservations, as a Settle of each to what it
+// reserved (holdReservations); the script finds a moved record again by
+// the time that settle recorded it at, as it finds an admission. A store
+// error on the leases is returned before the reservations are moved.
 func (s *RedisStore) Extend(ctx context.Context, checks []Check, decisions []Decision) error {
-	return s.spend(ctx, methodExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
+	lost := s.spend(ctx, methodExtend, checks, decisions, func(d Decision) bool { return d.held.lease != 0 })
+	if lost != nil && !errors.Is(lost, ErrLeaseLost) {
+		return lost
+	}
+	if err := holdReservations(ctx, checks, decisions, s.Settle); err != nil {
+		return err
+	}
+	return lost
 }
 
 // spend runs m, a settle or an extend, for the checks whose decisions hold
