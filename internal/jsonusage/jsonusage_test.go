@@ -8,8 +8,8 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
 
-// TestJSONUsageReader: the paths' last numbers, summed, in documents and
-// event streams, whatever the pieces the body comes in.
+// TestJSONUsageReader: the paths' last numbers from the top of each
+// document or event, summed, whatever the pieces the body comes in.
 func TestJSONUsageReader(t *testing.T) {
 	const sse = "text/event-stream; charset=utf-8"
 	anthropic := []string{"usage.input_tokens", "usage.output_tokens"}
@@ -23,11 +23,17 @@ func TestJSONUsageReader(t *testing.T) {
 		why         string
 	}{
 		{"a document", total, "application/json", `{"id": "x", "usage": {"prompt_tokens": 3, "total_tokens": 42}}`, 42, ""},
-		{"at any depth", total, "application/json", `{"response": {"output": [{"usage": {"total_tokens": 1}}], "usage": {"total_tokens": 77}}}`, 77, ""},
+		{"from the top only", total, "application/json", `{"response": {"output": [{"usage": {"total_tokens": 1}}], "usage": {"total_tokens": 77}}}`, 0, strictnum.Missing},
+		{"a path that names the nesting", []string{"response.usage.total_tokens"}, "application/json", `{"response": {"output": [{"usage": {"total_tokens": 1}}], "usage": {"total_tokens": 77}}}`, 77, ""},
 		{"keys of consecutive objects only", total, "application/json", `{"usage": {"x": {"total_tokens": 5}}, "total_tokens": 6}`, 0, strictnum.Missing},
 		{"through an array, no", total, "application/json", `{"usage": [{"total_tokens": 5}]}`, 0, strictnum.Missing},
-		{"the last number", total, "application/json", `{"usage": {"total_tokens": 5}, "more": {"usage": {"total_tokens": 9}}}`, 9, ""},
-		{"strings and nulls are no numbers", total, "application/json", `{"usage": {"total_tokens": 5}, "x": {"usage": {"total_tokens": "99"}}, "y": {"usage": {"total_tokens": null}}}`, 5, ""},
+		{"a nested zero usage after the real one", total, "application/json", `{"usage": {"total_tokens": 42}, "choices": [{"usage": {"total_tokens": 0}}], "x": {"usage": {"total_tokens": 0}}}`, 42, ""},
+		{"a nested zero usage in a later event", total, sse,
+			"data: {\"usage\": {\"total_tokens\": 42}}\n\ndata: {\"choices\": [{\"delta\": {\"usage\": {\"total_tokens\": 0}}}], \"x\": {\"usage\": {\"total_tokens\": 0}}}\n\n", 42, ""},
+		{"a nested usage before the real one", total, "application/json", `{"more": {"usage": {"total_tokens": 9}}, "usage": {"total_tokens": 5}}`, 5, ""},
+		{"the elements of a top-level array", []string{"usageMetadata.totalTokenCount"}, "application/json",
+			"[{\"usageMetadata\": {\"totalTokenCount\": 9}}\n,\r\n{\"usageMetadata\": {\"totalTokenCount\": 58}, \"candidates\": [{\"usageMetadata\": {\"totalTokenCount\": 0}}]}\n]", 58, ""},
+		{"strings and nulls are no numbers", total, "application/json", `{"usage": {"total_tokens": 5}, "usage": {"total_tokens": "99"}, "usage": {"total_tokens": null}}`, 5, ""},
 		{"a usage in a string is text", total, "application/json", `{"content": "{\"usage\": {\"total_tokens\": 999}}", "usage": {"total_tokens": 3}}`, 3, ""},
 		{"an escaped key matches nothing", total, "application/json", `{"usage": {"total\u005ftokens": 50}}`, 0, strictnum.Missing},
 		{"negative", total, "application/json", `{"usage": {"total_tokens": -5}}`, 0, strictnum.NotWhole},
@@ -39,32 +45,37 @@ func TestJSONUsageReader(t *testing.T) {
 		{"a document cut short", total, "application/json", `{"usage": {"total_tokens": 42}`, 0, strictnum.Missing},
 		{"not JSON after the number", total, "application/json", `{"usage": {"total_tokens": 42 x}}`, 0, strictnum.Missing},
 		{"too deep", total, "application/json", strings.Repeat(`{"a": `, 70) + `{"usage": {"total_tokens": 1}}` + strings.Repeat("}", 70), 0, strictnum.Missing},
-		{"a long key", total, "application/json", `{"` + strings.Repeat("k", 100) + `": {"usage": {"total_tokens": 8}}}`, 8, ""},
+		{"a long key", total, "application/json", `{"` + strings.Repeat("k", 100) + `": {"usage": {"total_tokens": 1}}, "usage": {"total_tokens": 8}}`, 8, ""},
 		{"two paths", anthropic, "application/json", `{"usage": {"input_tokens": 10, "output_tokens": 32}}`, 42, ""},
 		{"one path of two", anthropic, "application/json", `{"usage": {"output_tokens": 32}}`, 32, ""},
 		{"newline-delimited documents", []string{"eval_count", "prompt_eval_count"}, "application/x-ndjson",
 			"{\"message\": {\"content\": \"a\"}}\n{\"done\": true, \"prompt_eval_count\": 5, \"eval_count\": 7}\n", 12, ""},
-		{"events", anthropic, sse,
+		{"events", append(anthropic, "message.usage.input_tokens"), sse,
 			"event: message_start\ndata: {\"type\": \"message_start\", \"message\": {\"usage\": {\"input_tokens\": 25, \"output_tokens\": 1}}}\n\n" +
 				"event: content_block_delta\ndata: {\"delta\": {\"text\": \"usage\"}}\n\n" +
 				": a comment\n\nevent: message_delta\r\ndata: {\"type\": \"message_delta\", \"usage\": {\"output_tokens\": 15}}\r\n\r\n" +
 				"event: message_stop\rdata: {\"type\": \"message_stop\"}\r\r", 40, ""},
+		{"message_start's usage is not at the top", anthropic, sse,
+			"data: {\"type\": \"message_start\", \"message\": {\"usage\": {\"input_tokens\": 25, \"output_tokens\": 1}}}\n\n" +
+				"data: {\"type\": \"message_delta\", \"usage\": {\"output_tokens\": 15}}\n\n", 15, ""},
 		{"data over lines", total, sse, "data: {\"usage\":\ndata: {\"total_tokens\": 6}}\n\n", 6, ""},
 		{"data without a space", total, sse, "data:{\"usage\":{\"total_tokens\":6}}\n\ndata: [DONE]\n\n", 6, ""},
 		{"an event cut short", total, sse, "data: {\"usage\": {\"total_tokens\": 6}}\n\ndata: {\"usage\": {\"total_tokens\": 9}", 6, ""},
 		{"another field is no data", total, sse, "id: {\"usage\": {\"total_tokens\": 6}}\ndatas: {\"usage\": {\"total_tokens\": 7}}\n\n", 0, strictnum.Missing},
 		{"an event read whole, then a broken one", total, sse, "data: {\"usage\": {\"total_tokens\": 6}}\n\ndata: {\"usage\": {\"total_tokens\": 9}} }\n\n", 9, ""},
 		{"a stream without usage", total, sse, "data: {\"choices\": [{\"delta\": {\"content\": \"hi\"}}], \"usage\": null}\n\ndata: [DONE]\n\n", 0, strictnum.Missing},
-		{"an event stream read as JSON", total, "application/json", "data: {\"usage\": {\"total_tokens\": 6}}\n\n", 0, strictnum.Missing},
+		{"an event stream typed as JSON is read as events", total, "application/json", "data: {\"usage\": {\"total_tokens\": 6}}\n\n", 6, ""},
+		{"a document typed as events is read as JSON", total, sse, `{"usage": {"total_tokens": 6}}`, 6, ""},
 	}
 	for _, c := range cases {
-		for seed := range int64(20) {
-			got, why := readUsage(t, c.paths, c.contentType, c.body, rand.New(rand.NewSource(seed)))
-			if got != c.want || why != c.why {
-				t.Errorf("%s (seed %d): %d %q, want %d %q", c.name, seed, got, why, c.want, c.why)
-				break
+		t.Run(c.name, func(t *testing.T) {
+			for seed := range int64(20) {
+				got, why := readUsage(t, c.paths, c.contentType, c.body, rand.New(rand.NewSource(seed)))
+				if got != c.want || why != c.why {
+					t.Fatalf("seed %d: %d %q, want %d %q", seed, got, why, c.want, c.why)
+				}
 			}
-		}
+		})
 	}
 	u := New([][]string{{"usage", "total_tokens"}}, "application/json", "gzip")
 	u.Write([]byte(`{"usage": {"total_tokens": 6}}`))

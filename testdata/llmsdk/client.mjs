@@ -1,99 +1,400 @@
-// A client of the AI gateway recipe, written with the official OpenAI and
-// Anthropic SDKs as their users write one. aigateway_test.go runs it with a
-// JSON plan as its argument:
+// A client of LLM APIs, written with each vendor's official SDK as its
+// users write one: OpenAI (openai), Anthropic (@anthropic-ai/sdk), Gemini
+// (@google/genai), Ollama (ollama) and Bedrock
+// (@aws-sdk/client-bedrock-runtime). The tests run it with a JSON plan as
+// its argument:
 //
-//   {"calls": [{"api": "chat" | "responses" | "messages", "baseURL": "...",
-//     "apiKey": "...", "stream": false, "includeUsage": false,
-//     "maxTokens": 30, "content": "...", "drop": false, "headers": {}}],
+//   {"calls": [{"api": "chat" | "completions" | "responses" | "messages" |
+//       "gemini" | "ollama-chat" | "ollama-generate" | "converse" |
+//       "converse-stream",
+//     "baseURL": "http://127.0.0.1:port", "apiKey": "...", "model": "...",
+//     "stream": false, "includeUsage": false, "maxTokens": 30,
+//     "n": 1, "bestOf": 1, "candidateCount": 1, "content": "...",
+//     "drop": false, "headers": {}, "extraBody": {} | "{...}",
+//     "http2": false, "sigv4": false}],
 //    "parallel": false}
 //
-// and reads, on stdout, one JSON result per call: its status, its
-// rate-limit headers, and the tokens the SDK saw reported (input + output).
-// A call with drop reads the first event of its stream and hangs up.
+// and reads, on stdout, one JSON result per call: {status, retryAfter,
+// rateLimit, rateLimitPolicy, tokens, final, text, choices, usage,
+// error, message}.
+// tokens is the vendor's whole usage as the SDK saw it (OpenAI's
+// total_tokens; Anthropic's input_tokens + cache_creation_input_tokens +
+// cache_read_input_tokens + output_tokens; Gemini's totalTokenCount;
+// Ollama's prompt_eval_count + eval_count; Bedrock's totalTokens), the
+// latest the stream gave (a stream dropped after Anthropic's
+// message_start has seen its input tokens, after Gemini's first chunk its
+// running totals); final is whether that was the answer's final usage
+// (the whole document's, the usage chunk, response.completed,
+// message_delta, the chunk with a finishReason, Ollama's done object,
+// Bedrock's metadata); usage is that usage object; text is the first
+// choice's; choices counts the choices seen; error is the class name of
+// the error that ended the call, if one did, and message its message (a
+// refused call has the status of its refusal; a stream that broke off
+// keeps its status and what it got; any other error has status -1).
+//
+// maxTokens is each API's output bound (max_tokens, max_output_tokens,
+// generationConfig.maxOutputTokens, options.num_predict,
+// inferenceConfig.maxTokens), left out when 0. n, bestOf and
+// candidateCount go where their API takes them. A call with drop reads
+// the first event of its stream and hangs up. extraBody is raw fields put
+// at the end of the request body's top-level object, after the SDK's own
+// (an object, or a JSON text, which may hold duplicate keys:
+// '{"max_tokens":1,"Max_Tokens":50000}'), through each SDK's own hook:
+// the fetch option of OpenAI, Anthropic, Gemini (httpOptions.fetch) and
+// Ollama, a build-step middleware for Bedrock.
+//
+// The header each SDK sends its key in, at these versions:
+//   openai 6.30.1                         Authorization: Bearer <apiKey>
+//   @anthropic-ai/sdk 1.15.0              Authorization: Bearer <apiKey> (no x-api-key)
+//   @google/genai 3.3.0                   x-goog-api-key: <apiKey>
+//   ollama 0.6.4                          none of its own (it adds one only for
+//                                         https://ollama.com from OLLAMA_API_KEY): this client
+//                                         passes Authorization: Bearer <apiKey> in its headers
+//                                         option, as a gateway's user would
+//   @aws-sdk/client-bedrock-runtime 3.1178.0  Authorization: Bearer <apiKey>: a Bedrock API key,
+//                                         given as the client's token option with
+//                                         authSchemePreference ["httpBearerAuth"] (what
+//                                         AWS_BEARER_TOKEN_BEDROCK sets up); with sigv4, a SigV4
+//                                         signature of the access key ID <apiKey> and a fixed
+//                                         secret
+// Bedrock's client speaks HTTP/1.1 here (@smithy/node-http-handler's
+// NodeHttpHandler), which a proxy in front takes; with http2 it speaks
+// the SDK's default, HTTP/2 (NodeHttp2Handler: cleartext to an http://
+// endpoint).
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
+import { GoogleGenAI } from "@google/genai";
+import { Ollama } from "ollama";
+import { BedrockRuntimeClient, ConverseCommand, ConverseStreamCommand } from "@aws-sdk/client-bedrock-runtime";
+import { NodeHttpHandler, NodeHttp2Handler } from "@smithy/node-http-handler";
 
 const plan = JSON.parse(process.argv[2]);
 
+const defaultModels = {
+  chat: "chat-model-mini",
+  completions: "text-model-instruct",
+  responses: "chat-model-mini",
+  messages: "messages-model",
+  gemini: "gen-model-flash",
+  "ollama-chat": "local-model",
+  "ollama-generate": "local-model",
+  converse: "vendor.text-model-v1:0",
+  "converse-stream": "vendor.text-model-v1:0",
+};
+
+// headersOf reads the rate-limit headers of a Headers, or of a plain
+// object of lower-case names.
 function headersOf(h) {
-  return {
-    status: 0,
-    retryAfter: h?.get("retry-after") ?? "",
-    rateLimit: h?.get("ratelimit") ?? "",
-    rateLimitPolicy: h?.get("ratelimit-policy") ?? "",
+  const get = (name) => (typeof h?.get === "function" ? h.get(name) : h?.[name]) ?? "";
+  return { retryAfter: get("retry-after"), rateLimit: get("ratelimit"), rateLimitPolicy: get("ratelimit-policy") };
+}
+
+// withExtra puts the members of extra at the end of the JSON object body.
+function withExtra(body, extra) {
+  if (extra === undefined || extra === null || typeof body !== "string") return body;
+  const raw = (typeof extra === "string" ? extra : JSON.stringify(extra)).trim();
+  const members = raw.replace(/^\{/, "").replace(/\}$/, "").trim();
+  const head = body.trimEnd();
+  if (members === "" || !head.endsWith("}")) return body;
+  const open = head.slice(0, -1).trimEnd();
+  return open + (open.endsWith("{") ? "" : ",") + members + "}";
+}
+
+// hookedFetch is a fetch that adds c.extraBody to the body and keeps the
+// last response's status and headers in seen.
+function hookedFetch(c, seen) {
+  return async (url, init) => {
+    if (init && c.extraBody !== undefined) init = { ...init, body: withExtra(init.body, c.extraBody) };
+    const res = await fetch(url, init);
+    seen.status = res.status;
+    seen.headers = res.headers;
+    return res;
   };
 }
 
-async function openaiCall(c) {
-  const client = new OpenAI({ baseURL: c.baseURL + "/v1", apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers });
-  if (c.api === "chat") {
-    const params = { model: "m", max_tokens: c.maxTokens, messages: [{ role: "user", content: c.content }] };
+// openaiCall runs chat, completions and responses.
+async function openaiCall(c, seen, r) {
+  const client = new OpenAI({ baseURL: c.baseURL + "/v1", apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
+  const model = c.model ?? defaultModels[c.api];
+  const sawUsage = (u) => {
+    if (u) {
+      r.usage = u;
+      r.tokens = u.total_tokens;
+      r.final = true;
+    }
+  };
+  if (c.api === "chat" || c.api === "completions") {
+    const params = c.api === "chat" ? { model, messages: [{ role: "user", content: c.content }] } : { model, prompt: c.content };
+    if (c.maxTokens) params.max_tokens = c.maxTokens;
+    if (c.n) params.n = c.n;
+    if (c.bestOf) params.best_of = c.bestOf;
+    const create = (p) => (c.api === "chat" ? client.chat.completions.create(p) : client.completions.create(p));
     if (!c.stream) {
-      const { data, response } = await client.chat.completions.create(params).withResponse();
-      return { ...headersOf(response.headers), status: response.status, tokens: data.usage.prompt_tokens + data.usage.completion_tokens, text: data.choices[0].message.content };
+      const { data, response } = await create(params).withResponse();
+      sawUsage(data.usage);
+      const first = data.choices[0];
+      Object.assign(r, headersOf(response.headers), { status: response.status, text: (c.api === "chat" ? first.message.content : first.text) ?? "", choices: data.choices.length });
+      return;
     }
     if (c.includeUsage) params.stream_options = { include_usage: true };
-    const { data: stream, response } = await client.chat.completions.create({ ...params, stream: true }).withResponse();
-    const r = { ...headersOf(response.headers), status: response.status, tokens: 0, text: "" };
+    const { data: stream, response } = await create({ ...params, stream: true }).withResponse();
+    Object.assign(r, headersOf(response.headers), { status: response.status });
+    const indexes = new Set();
     for await (const chunk of stream) {
-      if (chunk.choices.length > 0) r.text += chunk.choices[0].delta.content ?? "";
-      if (chunk.usage) r.tokens = chunk.usage.prompt_tokens + chunk.usage.completion_tokens;
+      for (const choice of chunk.choices) {
+        indexes.add(choice.index);
+        if (choice.index === 0) r.text += (c.api === "chat" ? choice.delta.content : choice.text) ?? "";
+      }
+      sawUsage(chunk.usage);
       if (c.drop) {
         stream.controller.abort();
         break;
       }
     }
-    return r;
+    r.choices = indexes.size;
+    return;
   }
-  const params = { model: "m", max_output_tokens: c.maxTokens, input: c.content };
+  const params = { model, input: c.content };
+  if (c.maxTokens) params.max_output_tokens = c.maxTokens;
   if (!c.stream) {
     const { data, response } = await client.responses.create(params).withResponse();
-    return { ...headersOf(response.headers), status: response.status, tokens: data.usage.input_tokens + data.usage.output_tokens, text: data.output_text };
+    sawUsage(data.usage);
+    Object.assign(r, headersOf(response.headers), { status: response.status, text: data.output_text, choices: 1 });
+    return;
   }
   const { data: stream, response } = await client.responses.create({ ...params, stream: true }).withResponse();
-  const r = { ...headersOf(response.headers), status: response.status, tokens: 0, text: "" };
+  Object.assign(r, headersOf(response.headers), { status: response.status });
   for await (const event of stream) {
-    if (event.type === "response.output_text.delta") r.text += event.delta;
-    if (event.type === "response.completed") r.tokens = event.response.usage.input_tokens + event.response.usage.output_tokens;
+    if (event.type === "response.output_text.delta") {
+      r.text += event.delta;
+      r.choices = 1;
+    }
+    if (event.type === "response.completed") sawUsage(event.response.usage);
     if (c.drop) {
       stream.controller.abort();
       break;
     }
   }
-  return r;
 }
 
-async function anthropicCall(c) {
-  const client = new Anthropic({ baseURL: c.baseURL, apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers });
-  const params = { model: "m", max_tokens: c.maxTokens, messages: [{ role: "user", content: c.content }] };
+// anthropicTokens is the whole of an Anthropic usage.
+function anthropicTokens(u) {
+  return (u.input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0) + (u.cache_read_input_tokens ?? 0) + (u.output_tokens ?? 0);
+}
+
+async function anthropicCall(c, seen, r) {
+  const client = new Anthropic({ baseURL: c.baseURL, apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
+  const params = { model: c.model ?? defaultModels.messages, messages: [{ role: "user", content: c.content }] };
+  if (c.maxTokens) params.max_tokens = c.maxTokens;
   if (!c.stream) {
     const { data, response } = await client.messages.create(params).withResponse();
-    return { ...headersOf(response.headers), status: response.status, tokens: data.usage.input_tokens + data.usage.output_tokens, text: data.content[0].text };
+    Object.assign(r, headersOf(response.headers), { status: response.status, tokens: anthropicTokens(data.usage), usage: data.usage, final: true, text: data.content[0].text, choices: 1 });
+    return;
   }
   const { data: stream, response } = await client.messages.create({ ...params, stream: true }).withResponse();
-  const r = { ...headersOf(response.headers), status: response.status, tokens: 0, text: "" };
-  let input = 0;
+  Object.assign(r, headersOf(response.headers), { status: response.status });
+  // message_start holds the input usage, message_delta the usage so far,
+  // its null members standing for those of message_start.
+  let usage = null;
   for await (const event of stream) {
-    if (event.type === "message_start") input = event.message.usage.input_tokens;
-    if (event.type === "content_block_delta") r.text += event.delta.text;
-    if (event.type === "message_delta") r.tokens = input + event.usage.output_tokens;
+    if (event.type === "message_start") usage = { ...event.message.usage };
+    if (event.type === "message_delta") {
+      usage = { ...(usage ?? {}) };
+      for (const [k, v] of Object.entries(event.usage)) if (v !== null && v !== undefined) usage[k] = v;
+      r.final = true;
+    }
+    if (usage) {
+      r.usage = usage;
+      r.tokens = anthropicTokens(usage);
+    }
+    if (event.type === "content_block_delta") {
+      r.text += event.delta.text;
+      r.choices = 1;
+    }
     if (c.drop) {
       stream.controller.abort();
       break;
     }
   }
-  return r;
 }
 
-async function call(c) {
-  try {
-    return await (c.api === "messages" ? anthropicCall(c) : openaiCall(c));
-  } catch (err) {
-    if (err?.status) {
-      return { ...headersOf(err.headers), status: err.status, tokens: 0, text: "", error: err.constructor.name };
+async function geminiCall(c, seen, r) {
+  const ai = new GoogleGenAI({ apiKey: c.apiKey, httpOptions: { baseUrl: c.baseURL, headers: c.headers, timeout: 30000, fetch: hookedFetch(c, seen) } });
+  const config = {};
+  if (c.maxTokens) config.maxOutputTokens = c.maxTokens;
+  if (c.candidateCount) config.candidateCount = c.candidateCount;
+  const params = { model: c.model ?? defaultModels.gemini, contents: c.content, config };
+  const sawUsage = (resp) => {
+    if (resp.usageMetadata) {
+      r.usage = resp.usageMetadata;
+      r.tokens = resp.usageMetadata.totalTokenCount ?? 0;
+      r.final = !!resp.candidates?.[0]?.finishReason;
     }
-    return { status: -1, tokens: 0, text: "", error: String(err) };
+  };
+  const firstText = (resp) => (resp.candidates?.[0]?.content?.parts ?? []).map((p) => p.text ?? "").join("");
+  if (!c.stream) {
+    const resp = await ai.models.generateContent(params);
+    sawUsage(resp);
+    Object.assign(r, headersOf(seen.headers), { status: seen.status, text: firstText(resp), choices: resp.candidates?.length ?? 0 });
+    return;
   }
+  const abort = new AbortController();
+  config.abortSignal = abort.signal;
+  const stream = await ai.models.generateContentStream(params);
+  Object.assign(r, headersOf(seen.headers), { status: seen.status });
+  for await (const chunk of stream) {
+    r.text += firstText(chunk);
+    r.choices = Math.max(r.choices, chunk.candidates?.length ?? 0);
+    sawUsage(chunk);
+    if (c.drop) {
+      abort.abort();
+      break;
+    }
+  }
+}
+
+async function ollamaCall(c, seen, r) {
+  const headers = { ...(c.headers ?? {}) };
+  if (c.apiKey && !Object.keys(headers).some((h) => h.toLowerCase() === "authorization")) headers.Authorization = `Bearer ${c.apiKey}`;
+  const client = new Ollama({ host: c.baseURL, headers, fetch: hookedFetch(c, seen) });
+  const params = { model: c.model ?? defaultModels[c.api], stream: !!c.stream };
+  if (c.maxTokens) params.options = { num_predict: c.maxTokens };
+  const chat = c.api === "ollama-chat";
+  if (chat) params.messages = [{ role: "user", content: c.content }];
+  else params.prompt = c.content;
+  const piece = (part) => (chat ? part.message?.content : part.response) ?? "";
+  const sawDone = (part) => {
+    if (part.done) {
+      r.usage = { prompt_eval_count: part.prompt_eval_count, eval_count: part.eval_count };
+      r.tokens = (part.prompt_eval_count ?? 0) + (part.eval_count ?? 0);
+      r.final = true;
+    }
+  };
+  if (!c.stream) {
+    const resp = chat ? await client.chat(params) : await client.generate(params);
+    sawDone(resp);
+    Object.assign(r, headersOf(seen.headers), { status: seen.status, text: piece(resp), choices: 1 });
+    return;
+  }
+  const stream = chat ? await client.chat(params) : await client.generate(params);
+  Object.assign(r, headersOf(seen.headers), { status: seen.status });
+  for await (const part of stream) {
+    r.text += piece(part);
+    r.choices = 1;
+    sawDone(part);
+    if (c.drop) {
+      stream.abort();
+      break;
+    }
+  }
+}
+
+// capturing wraps a request handler, keeping each response's status and
+// headers in seen.
+function capturing(inner, seen) {
+  return {
+    handle: async (request, options) => {
+      const out = await inner.handle(request, options);
+      seen.status = out.response.statusCode;
+      seen.headers = out.response.headers;
+      return out;
+    },
+    updateHttpClientConfig: (key, value) => inner.updateHttpClientConfig(key, value),
+    httpHandlerConfigs: () => inner.httpHandlerConfigs(),
+    destroy: () => inner.destroy(),
+  };
+}
+
+async function bedrockCall(c, seen, r) {
+  const inner = c.http2 ? new NodeHttp2Handler({ requestTimeout: 30000 }) : new NodeHttpHandler({ requestTimeout: 30000 });
+  const auth = c.sigv4
+    ? { credentials: { accessKeyId: c.apiKey, secretAccessKey: "llmsdk-secret" }, authSchemePreference: ["sigv4"] }
+    : { token: { token: c.apiKey }, authSchemePreference: ["httpBearerAuth"] };
+  const client = new BedrockRuntimeClient({ region: "us-east-1", endpoint: c.baseURL, maxAttempts: 1, requestHandler: capturing(inner, seen), ...auth });
+  client.middlewareStack.add(
+    (next) => async (args) => {
+      if (c.headers) Object.assign(args.request.headers, c.headers);
+      let body = args.request.body;
+      if (body instanceof Uint8Array) body = new TextDecoder().decode(body);
+      if (c.extraBody !== undefined && typeof body === "string") {
+        args.request.body = withExtra(body, c.extraBody);
+        for (const h of Object.keys(args.request.headers)) if (h.toLowerCase() === "content-length") delete args.request.headers[h];
+        args.request.headers["content-length"] = String(Buffer.byteLength(args.request.body));
+      }
+      return next(args);
+    },
+    { step: "build", name: "llmsdkRequestEdits", priority: "low" },
+  );
+  const input = { modelId: c.model ?? defaultModels[c.api], messages: [{ role: "user", content: [{ text: c.content }] }] };
+  if (c.maxTokens) input.inferenceConfig = { maxTokens: c.maxTokens };
+  const sawUsage = (u) => {
+    if (u) {
+      r.usage = u;
+      r.tokens = u.totalTokens ?? 0;
+      r.final = true;
+    }
+  };
+  try {
+    if (c.api === "converse") {
+      const out = await client.send(new ConverseCommand(input));
+      sawUsage(out.usage);
+      const text = (out.output?.message?.content ?? []).map((b) => b.text ?? "").join("");
+      Object.assign(r, headersOf(seen.headers), { status: out.$metadata.httpStatusCode, text, choices: 1 });
+      return;
+    }
+    const abort = new AbortController();
+    const out = await client.send(new ConverseStreamCommand(input), { abortSignal: abort.signal });
+    Object.assign(r, headersOf(seen.headers), { status: out.$metadata.httpStatusCode });
+    for await (const event of out.stream) {
+      if (event.contentBlockDelta) {
+        r.text += event.contentBlockDelta.delta?.text ?? "";
+        r.choices = 1;
+      }
+      if (event.metadata) sawUsage(event.metadata.usage);
+      if (c.drop) {
+        abort.abort();
+        break;
+      }
+    }
+  } finally {
+    client.destroy();
+  }
+}
+
+const calls = {
+  chat: openaiCall,
+  completions: openaiCall,
+  responses: openaiCall,
+  messages: anthropicCall,
+  gemini: geminiCall,
+  "ollama-chat": ollamaCall,
+  "ollama-generate": ollamaCall,
+  converse: bedrockCall,
+  "converse-stream": bedrockCall,
+};
+
+async function call(c) {
+  const seen = {};
+  const r = { status: 0, retryAfter: "", rateLimit: "", rateLimitPolicy: "", tokens: 0, final: false, text: "", choices: 0, usage: null };
+  try {
+    const run = calls[c.api];
+    if (!run) throw new Error(`no api ${c.api}`);
+    await run(c, seen, r);
+  } catch (err) {
+    // A refused call has the SDK's status (OpenAI, Anthropic, Gemini:
+    // status; Ollama: status_code; Bedrock: $metadata.httpStatusCode); a
+    // stream that broke off keeps what it got, and its status; any other
+    // error has status -1.
+    const status = err?.status ?? err?.status_code ?? err?.$metadata?.httpStatusCode;
+    if (status) {
+      Object.assign(r, headersOf(err?.headers ?? seen.headers), { status, tokens: 0, final: false, text: "", choices: 0, usage: null });
+    } else if (!r.status) {
+      r.status = -1;
+    }
+    r.error = err?.constructor?.name ?? "Error";
+    r.message = String(err?.message ?? err);
+  }
+  return r;
 }
 
 let results;
