@@ -34,8 +34,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	sliding_ratelimit [<matcher>] {
 //		window       <duration>
 //		max_requests <n> | <placeholder> <fallback>
-//		cost         <n> | <placeholder>
-//		settle       header <name> | bytes
+//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>]
+//		settle       header <name> | bytes | json <path>... | llm
 //		key          <string>
 //		algorithm    log|counter
 //		count_status <code|class>...
@@ -43,8 +43,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		zone <name> [<window> <max_requests>] {
 //			window       <duration>
 //			max_requests <n> | <placeholder> <fallback>
-//			cost         <n> | <placeholder>
-//			settle       header <name> | bytes
+//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>]
+//			settle       header <name> | bytes | json <path>... | llm
 //			key          <string>
 //			algorithm    log|counter
 //			count_status <code|class>...
@@ -111,7 +111,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.LogKeys = true
 		default:
-			handled, err := parseUnitsOption(d, name, unitsFields{&h.MaxRequests, &h.MaxRequestsFrom, &h.Cost, &h.Settle, &h.CostJSON})
+			handled, err := parseUnitsOption(d, name, unitsFields{&h.MaxRequests, &h.MaxRequestsFrom, &h.Cost, &h.Settle, &h.CostJSON, &h.CostLLM})
 			if err == nil && !handled {
 				handled, err = parseLimitOption(d, name, &h.Window, &h.Key, &h.Algorithm, &h.CountStatus)
 			}
@@ -147,6 +147,12 @@ func (h *Handler) checkLimitsGiven(d *caddyfile.Dispenser, window, maxRequests b
 		return d.Err(err.Error())
 	}
 	if err := checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom); window && err != nil {
+		return d.Err(err.Error())
+	}
+	if err := checkCostLLM(h.CostLLM, h.Cost, h.CostJSON != nil); err != nil {
+		return d.Err(err.Error())
+	}
+	if err := checkCostLLMFits(h.CostLLM, h.MaxRequests, h.MaxRequestsFrom); window && err != nil {
 		return d.Err(err.Error())
 	}
 	return nil
@@ -289,7 +295,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			z.MatchersRaw = caddyhttp.RawMatcherSets{matchers}
 			continue
 		}
-		handled, err := parseUnitsOption(d, name, unitsFields{&z.MaxRequests, &z.MaxRequestsFrom, &z.Cost, &z.Settle, &z.CostJSON})
+		handled, err := parseUnitsOption(d, name, unitsFields{&z.MaxRequests, &z.MaxRequestsFrom, &z.Cost, &z.Settle, &z.CostJSON, &z.CostLLM})
 		if err == nil && !handled {
 			handled, err = parseLimitOption(d, name, &z.Window, &z.Key, &z.Algorithm, &z.CountStatus)
 		}
@@ -324,6 +330,8 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
 		checkCostJSON(z.CostJSON, z.Cost),
 		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
+		checkCostLLM(z.CostLLM, z.Cost, z.CostJSON != nil),
+		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	} {
 		if err != nil {
@@ -448,12 +456,25 @@ func positiveDuration(d *caddyfile.Dispenser, name string, dst *caddy.Duration) 
 	return err
 }
 
+// parseDuration reads the duration argument of subdirective name and
+// applies its rule: window and lease are spans the engine keeps
+// (checkWindow), a wait at most two years, the others greater than zero.
 func parseDuration(d *caddyfile.Dispenser, name, arg string) (caddy.Duration, error) {
 	dur, err := caddy.ParseDuration(arg)
 	if err != nil {
 		return 0, d.Errf("%s: invalid duration %q: %s", name, arg, durationHint(arg, err))
 	}
-	if err := checkPositive(name, dur); err != nil {
+	switch name {
+	case "window", "lease":
+		err = checkWindow(name, dur)
+	case "wait":
+		if err = checkPositive(name, dur); err == nil {
+			err = checkWait(dur, 0, "")
+		}
+	default:
+		err = checkPositive(name, dur)
+	}
+	if err != nil {
 		return 0, d.Err(err.Error())
 	}
 	return caddy.Duration(dur), nil
@@ -504,16 +525,18 @@ type unitsFields struct {
 	cost     *string
 	settle   **Settle
 	costJSON **CostJSON
+	costLLM  **CostLLM
 }
 
 // parseUnitsOption parses a subdirective of units, which both the handler
 // and a zone take:
 //
 //	max_requests <n> | <placeholder> <fallback>
-//	cost         <n> | <placeholder> | json <path>... <default> [+body]
-//	settle       header <name> | bytes | json <path>...
+//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>]
+//	settle       header <name> | bytes | json <path>... | llm
 //
-// It reports false for any other name.
+// It reports false for any other name. Of cost's forms, the last one given
+// stands alone: a cost of each form is checked against the others.
 func parseUnitsOption(d *caddyfile.Dispenser, name string, f unitsFields) (bool, error) {
 	switch name {
 	case "max_requests":
@@ -523,6 +546,11 @@ func parseUnitsOption(d *caddyfile.Dispenser, name string, f unitsFields) (bool,
 		if len(args) > 0 && args[0] == "json" {
 			c, err := parseCostJSON(d, args[1:])
 			*f.costJSON = c
+			return true, err
+		}
+		if len(args) > 0 && args[0] == "llm" {
+			c, err := parseCostLLM(d, args[1:])
+			*f.costLLM = c
 			return true, err
 		}
 		if len(args) != 1 {
@@ -576,8 +604,10 @@ func parseSettle(d *caddyfile.Dispenser, args []string) (*Settle, error) {
 		s.Bytes = true
 	case len(args) >= 2 && args[0] == "json":
 		s.JSON = args[1:]
+	case len(args) == 1 && args[0] == "llm":
+		s.LLM = true
 	default:
-		return nil, d.Errf("settle takes header <name> (settle header X-Usage), bytes (settle bytes) or json <path>... (settle json usage.total_tokens), got %q", args)
+		return nil, d.Errf("settle takes header <name> (settle header X-Usage), bytes (settle bytes), json <path>... (settle json usage.total_tokens) or llm (settle llm), got %q", args)
 	}
 	if err := checkSettle(&s); err != nil {
 		return nil, d.Err(err.Error())
@@ -613,6 +643,23 @@ func parseCostJSON(d *caddyfile.Dispenser, args []string) (*CostJSON, error) {
 	c.Paths, c.Default = args[:len(args)-1], n
 	if err := checkCostJSON(&c, ""); err != nil {
 		return nil, d.Err(err.Error())
+	}
+	return &c, nil
+}
+
+// parseCostLLM reads the arguments of cost llm: [<default>].
+func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
+	var c CostLLM
+	switch len(args) {
+	case 0:
+	case 1:
+		n, ok := strictnum.Parse(args[0])
+		if !ok || n < 1 {
+			return nil, d.Errf("cost llm: the default output bound must be a whole number of at least 1 (cost llm 4096), got %q", args[0])
+		}
+		c.Default = n
+	default:
+		return nil, d.Errf("cost llm takes at most one argument, the output bound of a call that names none (cost llm 4096), got %q", args)
 	}
 	return &c, nil
 }

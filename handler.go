@@ -2,6 +2,7 @@ package slidingratelimit
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2"
@@ -26,6 +27,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	var req request
 	if err := req.collect(h.zones, r, repl, h.IPv4Prefix, h.IPv6Prefix); err != nil {
+		var refused *bodyRefusal
+		if errors.As(err, &refused) {
+			return refuseBody(w, r, refused)
+		}
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
 	if len(req.checks) == 0 {
@@ -131,6 +136,22 @@ func refuse(w http.ResponseWriter, r *http.Request, status int, err error) error
 		return nil
 	}
 	return caddyhttp.Error(status, err)
+}
+
+// refuseBody answers a request refused for its body, as refuse answers a
+// denial; a body that did not arrive closes the connection, whose rest of
+// the request would otherwise be read as the next one.
+func refuseBody(w http.ResponseWriter, r *http.Request, b *bodyRefusal) error {
+	if b.reason == refusedSlow {
+		w.Header().Set("Connection", "close")
+	}
+	if !hasErrorRoutes(r) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.WriteHeader(b.status())
+		_, _ = fmt.Fprintln(w, b.Error())
+		return nil
+	}
+	return caddyhttp.Error(b.status(), b)
 }
 
 // hasErrorRoutes reports whether the server has handle_errors routes, which

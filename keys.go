@@ -52,7 +52,9 @@ func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer
 		}
 		c := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit}
 		if z.units != nil {
-			z.units.price(r, repl, &c)
+			if err := z.units.price(r, repl, &c); err != nil {
+				return err
+			}
 		}
 		req.checks = append(req.checks, c)
 		req.zones = append(req.zones, z)

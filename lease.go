@@ -22,6 +22,13 @@ import (
 // gives it back when its response ends (the after-response settle, see
 // Zone.counts), and the leaseKeeper extends it while the response runs, so
 // that only the leases of an instance that died expire.
+//
+// A request of a zone that settles holds its reservation the same way: it
+// counts until the call is settled, however long the call runs. Recorded
+// at the admission, it would leave the window after one window, and a
+// stream longer than that would stop holding its room before it is
+// charged; the keeper moves it to now (limiter's Extend) as it extends a
+// lease, so that it never ages out while its call runs.
 
 // leaseKeeper extends the leases of one handler's running requests, from one
 // goroutine, every sixth of the shortest lease time of its zones: a lease
@@ -55,6 +62,13 @@ type runningLease struct {
 	check    limiter.Check
 	decision limiter.Decision
 	src      source
+	// index is the check's in its request, whose decision a moved
+	// reservation replaces when the request ends.
+	index int
+	// extending counts the keeper's extensions in flight, which the
+	// request's end waits for: a reservation moved meanwhile is the one
+	// its settle must take back.
+	extending sync.WaitGroup
 	// due is when the lease is next extended; renewed is when it was
 	// taken or last extended, so that it runs until renewed plus its lease
 	// time; lost is set when it was gone first. All are guarded by the
@@ -86,17 +100,21 @@ func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper 
 		dataLostLog: newFailureLog(logger, "a running request's lease was gone from the store before its lease time ran out: the store lost its data (a restart without persistence, a FLUSHALL, an eviction), and another request may take its slot", time.Second),
 		dataLost:    limiterMetrics.storeErrors.WithLabelValues(reasonDataLost),
 	}
+	kept := 0
 	for _, z := range zones {
-		if z.limit.Algorithm != limiter.Concurrency {
+		if !z.holdsWhileRunning() {
 			continue
 		}
+		kept++
 		if k.every == 0 || z.limit.Window/6 < k.every {
 			k.every = z.limit.Window / 6
 		}
-		k.inUse[z] = limiterMetrics.leasesInUse.WithLabelValues(z.Name)
-		k.lost[z] = limiterMetrics.leasesLost.WithLabelValues(z.Name)
+		if z.limit.Algorithm == limiter.Concurrency {
+			k.inUse[z] = limiterMetrics.leasesInUse.WithLabelValues(z.Name)
+			k.lost[z] = limiterMetrics.leasesLost.WithLabelValues(z.Name)
+		}
 	}
-	if len(k.inUse) == 0 {
+	if kept == 0 {
 		return nil
 	}
 	k.every = max(k.every, time.Millisecond)
@@ -104,17 +122,26 @@ func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper 
 	return k
 }
 
-// around returns next, wrapped so that the leases req holds are kept while
-// next runs: from when it starts (after any wait) until it returns, which is
-// before the after-response settle releases them. Without a lease it is next.
+// holdsWhileRunning reports whether the zone's admissions are kept while
+// their requests run: a concurrency zone's leases, and the reservations of
+// a log zone that settles.
+func (z *Zone) holdsWhileRunning() bool {
+	return z.limit.Algorithm == limiter.Concurrency ||
+		z.limit.Algorithm == limiter.SlidingLog && z.units != nil && z.units.settle != nil
+}
+
+// around returns next, wrapped so that the leases and reservations req
+// holds are kept while next runs: from when it starts (after any wait)
+// until it returns, which is before the after-response settle releases
+// them. Without either it is next.
 func (k *leaseKeeper) around(next caddyhttp.Handler, req *request, src source) caddyhttp.Handler {
 	if k == nil {
 		return next
 	}
 	var leases []*runningLease
 	for i, z := range req.zones {
-		if z.limit.Algorithm == limiter.Concurrency {
-			leases = append(leases, &runningLease{zone: z, check: req.checks[i], decision: req.decisions[i], src: src})
+		if z.holdsWhileRunning() {
+			leases = append(leases, &runningLease{zone: z, check: req.checks[i], decision: req.decisions[i], src: src, index: i})
 		}
 	}
 	if len(leases) == 0 {
@@ -122,7 +149,7 @@ func (k *leaseKeeper) around(next caddyhttp.Handler, req *request, src source) c
 	}
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		k.add(leases)
-		defer k.remove(leases)
+		defer k.remove(leases, req)
 		return next.ServeHTTP(w, r)
 	})
 }
@@ -134,16 +161,31 @@ func (k *leaseKeeper) add(leases []*runningLease) {
 	for _, l := range leases {
 		l.due, l.renewed = now.Add(l.check.Limit.Window/3), now
 		k.running[l] = struct{}{}
-		k.inUse[l.zone].Inc()
+		if g := k.inUse[l.zone]; g != nil {
+			g.Inc()
+		}
 	}
 }
 
-func (k *leaseKeeper) remove(leases []*runningLease) {
+// remove ends the keeping of req's leases and reservations, once the
+// extensions in flight are answered, and hands req the reservations as
+// they were last moved, for its settle.
+func (k *leaseKeeper) remove(leases []*runningLease, req *request) {
 	k.mu.Lock()
-	defer k.mu.Unlock()
 	for _, l := range leases {
 		delete(k.running, l)
-		k.inUse[l.zone].Dec()
+		if g := k.inUse[l.zone]; g != nil {
+			g.Dec()
+		}
+	}
+	k.mu.Unlock()
+	for _, l := range leases {
+		l.extending.Wait()
+		if l.zone.limit.Algorithm != limiter.Concurrency {
+			k.mu.Lock()
+			req.decisions[l.index] = l.decision
+			k.mu.Unlock()
+		}
 	}
 }
 
@@ -207,6 +249,7 @@ func (k *leaseKeeper) extendDue(now time.Time) {
 	k.mu.Lock()
 	for l := range k.running {
 		if !l.lost && !now.Before(l.due) {
+			l.extending.Add(1)
 			due = append(due, l)
 		}
 	}
@@ -239,11 +282,21 @@ func (k *leaseKeeper) extendDue(now time.Time) {
 	wg.Wait()
 }
 
-// extend extends the leases of one store in one call and notes the
-// outcome: each due again a third of its lease time later; or, when the
-// store says that one expired first, each extended alone to find which; or,
-// on a store error, all due at the next tick.
+// extend extends the leases and moves the reservations of one store in one
+// call, and notes the outcome: each due again a third of its lease time
+// later; or, when the store says that a lease expired first, each lease
+// extended alone to find which; or, on a store error, all due at the next
+// tick. Each is marked done with extending.
 func (k *leaseKeeper) extend(batch []*runningLease) {
+	defer func() {
+		for _, l := range batch {
+			l.extending.Done()
+		}
+	}()
+	k.extendOnce(batch)
+}
+
+func (k *leaseKeeper) extendOnce(batch []*runningLease) {
 	start := time.Now()
 	checks := make([]limiter.Check, len(batch))
 	decisions := make([]limiter.Decision, len(batch))
@@ -253,9 +306,25 @@ func (k *leaseKeeper) extend(batch []*runningLease) {
 		checks[i], decisions[i] = l.check, l.decision
 	}
 	err := k.backend.extend(context.Background(), checks, decisions, batch[0].src)
+	{
+		// Each decision holds the record its reservation has now: moved,
+		// even when a lease was lost, or where it was when the call
+		// failed before it.
+		k.mu.Lock()
+		for i, l := range batch {
+			if l.zone.limit.Algorithm != limiter.Concurrency {
+				l.decision = decisions[i]
+			}
+		}
+		k.mu.Unlock()
+	}
 	if errors.Is(err, limiter.ErrLeaseLost) && len(batch) > 1 {
 		for _, l := range batch {
-			k.extend([]*runningLease{l})
+			if l.zone.limit.Algorithm == limiter.Concurrency {
+				k.extendOnce([]*runningLease{l})
+			} else {
+				k.noteExtended(l, start)
+			}
 		}
 		return
 	}
@@ -268,6 +337,9 @@ func (k *leaseKeeper) extend(batch []*runningLease) {
 		_, running := k.running[l]
 		switch {
 		case err == nil:
+			l.due, l.renewed = start.Add(l.check.Limit.Window/3), start
+		case l.zone.limit.Algorithm != limiter.Concurrency && errors.Is(err, limiter.ErrLeaseLost):
+			// A reservation is never lost: the batch's lease was.
 			l.due, l.renewed = start.Add(l.check.Limit.Window/3), start
 		case !running:
 			// Its request ended meanwhile, and gave the lease back.
@@ -285,6 +357,14 @@ func (k *leaseKeeper) extend(batch []*runningLease) {
 			k.failures.record(k.backend.failMode, err)
 		}
 	}
+}
+
+// noteExtended marks l, a moved reservation, due again a third of its
+// window after start.
+func (k *leaseKeeper) noteExtended(l *runningLease, start time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l.due, l.renewed = start.Add(l.check.Limit.Window/3), start
 }
 
 // leaseRetryAfter is what a denial by a concurrency zone tells the client to

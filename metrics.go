@@ -51,6 +51,9 @@ var limiterMetrics struct {
 	costFallbacks   *prometheus.CounterVec
 	quotaFallbacks  *prometheus.CounterVec
 	settleFallbacks *prometheus.CounterVec
+	// bodyRefusals counts requests refused before the upstream because
+	// their body could not be priced (units.go).
+	bodyRefusals *prometheus.CounterVec
 	// circuitState is the connections' (see redisconn.CircuitState).
 	circuitState *prometheus.GaugeVec
 	// storeErrors counts store errors that have a reason of their own (see
@@ -111,6 +114,10 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Requests whose max_requests placeholder gave no whole number from 1 to 2^48-1, so that the zone's fallback max_requests applied.")
 		m.settleFallbacks = perZone("settle_fallbacks_total",
 			"Responses whose settle header or trailer held no whole number, so that the request's reservation stood.")
+		m.bodyRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "body_refusals_total",
+			Help: "Requests of zones with cost json or cost llm refused before they reached the next handler, by reason: slow (408, the body did not arrive whole in time), not_json (400, cost llm could not read the body as one JSON value).",
+		}, []string{"zone", "reason"})
 		m.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 			Help: "Store errors by reason: oom (Redis refused a call for lack of memory, maxmemory reached with noeviction: the fail mode applied), data_lost (a running request's lease was gone from Redis before its lease time: Redis lost its data, by a restart, a FLUSHALL or an eviction).",
@@ -125,7 +132,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
-		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.storeErrors, m.configWarnings} {
+		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -75,6 +75,11 @@ type Handler struct {
 	// (see CostJSON). Default: none.
 	CostJSON *CostJSON `json:"cost_json,omitempty"`
 
+	// CostLLM reads what a request reserves from its body as the LLM API
+	// its path names reads it, instead of Cost, in the "default" zone and
+	// in each zone that sets no cost (see CostLLM). Default: none.
+	CostLLM *CostLLM `json:"cost_llm,omitempty"`
+
 	// Key identifies the client, with placeholders expanded per request; it
 	// is also the key of every zone that sets none. Default:
 	// "{http.vars.client_ip}" (the Caddyfile's {client_ip}), the client
@@ -336,7 +341,7 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.afterResponse = false
-	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, CostJSON: h.CostJSON, Settle: h.Settle, Wait: h.Wait}
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, CostJSON: h.CostJSON, CostLLM: h.CostLLM, Settle: h.Settle, Wait: h.Wait}
 	for _, z := range h.zones {
 		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
@@ -357,9 +362,10 @@ func (h *Handler) Validate() error {
 	}
 	var errs []error
 	if hasDefault {
-		errs = append(errs, checkPositive("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
+		errs = append(errs, checkWindow("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
 			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), time.Duration(h.Window), h.Algorithm),
-			checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom))
+			checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom),
+			checkCostLLMFits(h.CostLLM, h.MaxRequests, h.MaxRequestsFrom))
 	}
 	// Provision has set the defaults of the optional fields.
 	errs = append(errs,
@@ -377,6 +383,7 @@ func (h *Handler) Validate() error {
 		checkCountStatus(h.CountStatus),
 		checkCost(h.Cost),
 		checkCostJSON(h.CostJSON, h.Cost),
+		checkCostLLM(h.CostLLM, h.Cost, h.CostJSON != nil),
 		checkSettle(h.Settle),
 		checkMaxRequestsFrom(h.MaxRequestsFrom),
 		checkWait(time.Duration(h.Wait), 0, ""),

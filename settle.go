@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/jsonusage"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -37,7 +38,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 	m := newResponseMeter(w)
 	for _, z := range req.zones {
 		if z.units != nil && z.units.settle != nil {
-			z.units.settle.follow(m)
+			z.units.settle.follow(m, r)
 		}
 	}
 	defer func() {
@@ -88,7 +89,7 @@ func (req *request) settlement(m *responseMeter, status int) *settlement {
 		case !z.counts(status):
 			cost = 0
 		case z.units != nil && z.units.settle != nil:
-			if n, ok, why := z.units.settle.cost(m, c.Limit.Max); ok {
+			if n, ok, why := z.units.settle.cost(m); ok {
 				cost = n
 			} else {
 				z.units.settleFallbacks.record(z.units.settleSource, why)
@@ -183,15 +184,18 @@ func (z *Zone) sameReservations() bool {
 	return z.limit.Algorithm != limiter.Concurrency && z.MaxRequestsFrom == "" && (z.units == nil || z.units.cost.from == nil)
 }
 
-// cost returns what the response m metered cost, at most max. ok is false
-// when it says nothing usable: the reservation then stands, and why says
-// why.
-func (s *Settle) cost(m *responseMeter, max int64) (cost int64, ok bool, why string) {
-	if s.Bytes {
-		return min(m.bytes, max), true, ""
-	}
-	if len(s.JSON) > 0 {
-		return s.jsonCost(m, max)
+// cost returns what the response m metered cost, in full: a usage above
+// the call's max is charged, and the client waits until it ages out. ok is
+// false when it says nothing usable: the reservation then stands, and why
+// says why.
+func (s *Settle) cost(m *responseMeter) (cost int64, ok bool, why string) {
+	switch {
+	case s.Bytes:
+		return min(m.bytes, strictnum.Max), true, ""
+	case len(s.JSON) > 0:
+		return s.jsonCost(m)
+	case s.LLM:
+		return m.llmCost()
 	}
 	v := usage(m, s.header)
 	n, ok := strictnum.Parse(v)
@@ -201,7 +205,7 @@ func (s *Settle) cost(m *responseMeter, max int64) (cost int64, ok bool, why str
 		}
 		return 0, false, strictnum.NotWhole
 	}
-	return min(n, max), true, ""
+	return n, true, ""
 }
 
 // usage reads the value of header name (canonical) once the response that m
@@ -220,19 +224,22 @@ func usage(m *responseMeter, name string) string {
 	return m.sentValue(name)
 }
 
-// follow makes m keep what s reads: a header, or the body's usage.
-func (s *Settle) follow(m *responseMeter) {
+// follow makes m keep what s reads of the response to r: a header, or the
+// body's usage.
+func (s *Settle) follow(m *responseMeter, r *http.Request) {
 	switch {
 	case s.header != "":
 		m.watch(s.header)
 	case len(s.paths) > 0:
 		m.readJSON(s.paths)
+	case s.LLM:
+		m.readLLM(llmapi.Detect(r.URL.Path))
 	}
 }
 
 // jsonCost is the usage that the paths of JSON add up to in the body that
 // m read, when the response was whole.
-func (s *Settle) jsonCost(m *responseMeter, max int64) (int64, bool, string) {
+func (s *Settle) jsonCost(m *responseMeter) (int64, bool, string) {
 	u := m.jsonUsage(s.paths)
 	if u == nil {
 		// No body began (an error before any byte).
@@ -246,7 +253,23 @@ func (s *Settle) jsonCost(m *responseMeter, max int64) (int64, bool, string) {
 	if why != "" {
 		return 0, false, why
 	}
-	return min(n, max), true, ""
+	return n, true, ""
+}
+
+// llmCost is the whole usage the LLM API reported in the body that m read,
+// when the response was whole.
+func (m *responseMeter) llmCost() (int64, bool, string) {
+	if m.llm == nil {
+		return 0, false, strictnum.Missing
+	}
+	if !m.whole {
+		return 0, false, jsonusage.Cut
+	}
+	u, why := m.llm.Usage()
+	if why != "" {
+		return 0, false, why
+	}
+	return min(u.Total(), strictnum.Max), true, ""
 }
 
 // responseMeter records what the client gets of a response: its status and
@@ -268,6 +291,11 @@ type responseMeter struct {
 	// (settle json), and usages what each read, from the first byte on.
 	readers [][][]string
 	usages  []*jsonusage.Usage
+	// llmAPI is the API whose usage settle llm reads, when readsLLM, and
+	// llm its reader, from the first byte on.
+	llmAPI   llmapi.API
+	readsLLM bool
+	llm      *llmapi.UsageReader
 	// whole is true when the response ended as its handlers meant it to:
 	// they returned no error, nothing failed to reach the client, and
 	// the client had not left (served).
@@ -291,6 +319,11 @@ func (m *responseMeter) watch(name string) {
 // body.
 func (m *responseMeter) readJSON(paths [][]string) {
 	m.readers = append(m.readers, paths)
+}
+
+// readLLM makes the meter read the usage that api reports in the body.
+func (m *responseMeter) readLLM(api llmapi.API) {
+	m.llmAPI, m.readsLLM = api, true
 }
 
 // jsonUsage is what the meter read at paths (as given to readJSON) of the
@@ -330,6 +363,10 @@ func (m *responseMeter) final(status int) {
 			m.usages = append(m.usages, jsonusage.New(paths, h.Get("Content-Type"), h.Get("Content-Encoding")))
 		}
 	}
+	if m.readsLLM {
+		h := m.Header()
+		m.llm = llmapi.NewUsageReader(m.llmAPI, h.Get("Content-Type"), h.Get("Content-Encoding"))
+	}
 	if len(m.watched) == 0 {
 		return
 	}
@@ -368,6 +405,9 @@ func (m *responseMeter) Write(b []byte) (int, error) {
 	for _, u := range m.usages {
 		u.Write(b[:n])
 	}
+	if m.llm != nil {
+		m.llm.Write(b[:n])
+	}
 	return n, err
 }
 
@@ -378,7 +418,7 @@ func (m *responseMeter) ReadFrom(r io.Reader) (int64, error) {
 	if m.status == 0 {
 		m.final(http.StatusOK)
 	}
-	if len(m.usages) > 0 {
+	if len(m.usages) > 0 || m.readsLLM {
 		// The body is read as it goes: through Write.
 		return io.Copy(writerOnly{m}, r)
 	}

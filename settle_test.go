@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -30,8 +31,8 @@ import (
 // request reserves 1 unit and is settled to the usage its upstream reports
 // in a header or a trailer (announced or not; a trailer wins over the
 // header of its name). An upstream that reports nothing or garbage leaves
-// the reservation, counted in the metric; an enormous number is capped at
-// max_requests, which blocks the client for the window; 0 is a refund.
+// the reservation, counted in the metric; a usage above max_requests is
+// charged in full, and blocks the client until it ages out; 0 is a refund.
 func TestSettleHeaderFromUpstream(t *testing.T) {
 	upstream := usageUpstream(t)
 	zone := uniqueZone("tokens")
@@ -61,7 +62,7 @@ func TestSettleHeaderFromUpstream(t *testing.T) {
 		{"garbage", map[string][]string{"X-Test-Usage": {"lots"}}, 1, true},
 		{"negative", map[string][]string{"X-Test-Usage": {"-5"}}, 1, true},
 		{"fraction", map[string][]string{"X-Test-Usage": {"1.5"}}, 1, true},
-		{"enormous", map[string][]string{"X-Test-Usage": {"99999999999999999999"}}, 100, false},
+		{"above-max", map[string][]string{"X-Test-Usage": {"150"}}, 150, false},
 	} {
 		client := "c-" + c.name
 		res := send(t, site, from("127.0.0.2"), withHeader("X-Client", client), withHeaders(c.ask))
@@ -78,10 +79,10 @@ func TestSettleHeaderFromUpstream(t *testing.T) {
 	if got := testutil.ToFloat64(limiterMetrics.settleFallbacks.WithLabelValues(zone)); got != float64(fallbacks) {
 		t.Errorf("settle_fallbacks_total %v, want %d", got, fallbacks)
 	}
-	// A charge of the whole budget blocks the client for the window.
-	res := send(t, site, from("127.0.0.2"), withHeader("X-Client", "c-enormous"))
-	if retry, _ := strconv.Atoi(res.header.Get("Retry-After")); res.status != http.StatusTooManyRequests || retry < 55 {
-		t.Errorf("after a charge of the whole budget: %d, Retry-After %q; want 429 for about the window", res.status, res.header.Get("Retry-After"))
+	// A charge above the budget blocks the client until it ages out.
+	res := send(t, site, from("127.0.0.2"), withHeader("X-Client", "c-above-max"))
+	if retry, _ := strconv.Atoi(res.header.Get("Retry-After")); res.status != http.StatusTooManyRequests || retry < 55 || retry > 60 {
+		t.Errorf("after a charge of 150 of a budget of 100: %d, Retry-After %q; want 429 for about the window", res.status, res.header.Get("Retry-After"))
 	}
 	if s := adminState(t, zone, "c-header"); s.Unit != "units" || s.Remaining != 70 {
 		t.Errorf("admin state %+v, want 70 units remaining", s)
@@ -413,7 +414,8 @@ func TestSettleDownAnnouncesOnlyWhenFull(t *testing.T) {
 // breaks off, one the client leaves, and a compressed body keep their
 // reservation and count as fallbacks.
 func TestSettleJSONThroughCaddy(t *testing.T) {
-	api, upstream := newLLMAPI(t)
+	api := llmtest.Start(t)
+	upstream := api.Addr()
 	gz := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Encoding", "gzip")
@@ -438,7 +440,7 @@ func TestSettleJSONThroughCaddy(t *testing.T) {
 			key {http.request.header.Authorization}
 			zone sjtokens 1m 100000 {
 				cost 500
-				settle json usage.prompt_tokens usage.completion_tokens usage.input_tokens usage.output_tokens
+				settle json usage.prompt_tokens usage.completion_tokens usage.input_tokens usage.output_tokens response.usage.input_tokens response.usage.output_tokens
 			}
 		}
 		reverse_proxy `+upstream+`
@@ -461,7 +463,7 @@ servers {
 			key := fmt.Sprintf("Bearer sk-%d", n)
 			before := fallbacks()
 			a := send(t, site+strings.TrimPrefix(path, "/"), withMethod(http.MethodPost), withHeader("Authorization", key), withBody("application/json", fmt.Sprintf(body, stream)))
-			reported, _ := api.usage(key)
+			reported, _ := api.Usage(key)
 			if a.status != http.StatusOK || reported == 0 {
 				t.Fatalf("%s%s: status %d, %d tokens reported; body %s", path, stream, a.status, reported, a.body)
 			}
@@ -891,12 +893,12 @@ func TestBandwidthRecipe(t *testing.T) {
 	if res := send(t, big, b); res.status != http.StatusOK || len(res.body) != 30000 {
 		t.Errorf("a file larger than the budget: %d, %d bytes; want it whole (admitted on a reservation of 1)", res.status, len(res.body))
 	}
-	if got := unitsUsed(t, zone, "127.0.0.3", 10000); got != 10000 {
-		t.Errorf("a 30,000-byte file was charged %d, want the budget, 10000", got)
+	if got := unitsUsed(t, zone, "127.0.0.3", 30000); got != 30000 {
+		t.Errorf("a 30,000-byte file was charged %d, want all of it, 30000", got)
 	}
 	res = send(t, small, b)
 	if retry, _ := strconv.Atoi(res.header.Get("Retry-After")); res.status != http.StatusTooManyRequests || retry < 3500 {
-		t.Errorf("after a charge of the whole budget: %d, Retry-After %q; want 429 for about the hour", res.status, res.header.Get("Retry-After"))
+		t.Errorf("after a charge above the budget: %d, Retry-After %q; want 429 for about the hour", res.status, res.header.Get("Retry-After"))
 	}
 	if s := adminState(t, zone, "127.0.0.3"); s.Unit != "content-bytes" || s.Identity != zone+":1h:10000:bytes" {
 		t.Errorf("admin state %+v, want unit content-bytes and identity %s:1h:10000:bytes", s, zone)
@@ -939,5 +941,54 @@ func TestBandwidthKeyStaysSmall(t *testing.T) {
 	}
 	if used := unitsUsed(t, zone, "127.0.0.9", requests); used != requests {
 		t.Errorf("%d bytes charged, want %d", used, requests)
+	}
+}
+
+// TestReservationHoldsPastWindow: a call longer than its zone's window
+// keeps its reservation until it is settled, in both stores: while a 3 s
+// response of a 2 s window runs, another call that fits only without its
+// reservation is refused, after the reservation's admission has left the
+// window; once it ends, its usage counts from then.
+func TestReservationHoldsPastWindow(t *testing.T) {
+	upstream := usageUpstream(t)
+	for _, store := range []string{"redis", "memory"} {
+		t.Run(store, func(t *testing.T) {
+			zone := uniqueZone("long")
+			block := `
+	sliding_ratelimit {
+		zone ` + zone + ` 2s 100 {
+			cost 60
+			settle header X-Usage
+			key {http.request.header.X-Client}
+		}
+	}
+	reverse_proxy ` + upstream
+			if store == "redis" {
+				startCaddy(t, siteBlock(":9080", uniquePrefix(t), block))
+			} else {
+				startCaddy(t, "\n:9080 {"+block+"\n}")
+			}
+			start := time.Now()
+			done := make(chan answer, 1)
+			go func() {
+				// Three bytes a second apart, then a usage of 50.
+				done <- send(t, site, withHeader("X-Client", "streamer"), withHeader("X-Test-Trailer", "50"),
+					withHeader("X-Test-Bytes", "3"), withHeader("X-Test-Chunk", "1"), withHeader("X-Test-Chunk-Delay", "1s"))
+			}()
+			time.Sleep(2500*time.Millisecond - time.Since(start))
+			if res := send(t, site, withHeader("X-Client", "streamer")); res.status != http.StatusTooManyRequests {
+				t.Errorf("2.5 s into a 3 s call of a 2 s window: %d, want 429: its reservation of 60 still holds room", res.status)
+			}
+			if res := <-done; res.status != http.StatusOK {
+				t.Fatalf("the long call: %d", res.status)
+			}
+			ended := time.Now()
+			if got := unitsUsed(t, zone, "streamer", 50); got != 50 {
+				t.Errorf("after the long call: %d units used, want its usage, 50", got)
+			}
+			if res := send(t, site, withHeader("X-Client", "streamer")); res.status != http.StatusTooManyRequests && time.Since(ended) < 2*time.Second {
+				t.Errorf("just after the long call: %d, want 429 (50 used + 60 > 100)", res.status)
+			}
+		})
 	}
 }

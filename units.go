@@ -2,11 +2,8 @@ package slidingratelimit
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math"
 	"net/http"
 	"net/textproto"
 	"strconv"
@@ -19,6 +16,7 @@ import (
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/jsonusage"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -60,8 +58,8 @@ type zoneUnits struct {
 // newZoneUnits returns what zone needs per request for its config values
 // cost or costJSON, maxRequestsFrom (with the fallback maxRequests) and settle, nil when
 // they are all empty; it binds their metrics.
-func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string, maxRequests int64, settle *Settle, logger *zap.Logger) *zoneUnits {
-	if cost == "" && costJSON == nil && maxRequestsFrom == "" && settle == nil {
+func newZoneUnits(zone, cost string, costJSON *CostJSON, costLLM *CostLLM, maxRequestsFrom string, maxRequests int64, settle *Settle, logger *zap.Logger) *zoneUnits {
+	if cost == "" && costJSON == nil && costLLM == nil && maxRequestsFrom == "" && settle == nil {
 		return nil
 	}
 	m := &limiterMetrics
@@ -70,7 +68,7 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string,
 		msg = "cost json found no usable body: the request reserves the default"
 	}
 	u := &zoneUnits{
-		cost:     newZoneCost(cost, costJSON, newValueFallbacks(logger, zone, msg, m.costFallbacks.WithLabelValues(zone))),
+		cost:     newZoneCost(cost, costJSON, costLLM, newValueFallbacks(logger, zone, msg, m.costFallbacks.WithLabelValues(zone))),
 		settle:   settle,
 		unit:     unitRequests,
 		admitted: m.unitsAdmitted.WithLabelValues(zone),
@@ -84,7 +82,11 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string,
 			fallbacks: newValueFallbacks(logger, zone, "max_requests placeholder gave no whole number from 1 to 2^48-1: the fallback applies", m.quotaFallbacks.WithLabelValues(zone)),
 		}
 	}
-	if u.cost.from != nil || u.cost.json != nil || u.cost.fixed > 1 {
+	u.cost.refusals = [2]prometheus.Counter{
+		m.bodyRefusals.WithLabelValues(zone, refusalReasons[refusedSlow]),
+		m.bodyRefusals.WithLabelValues(zone, refusalReasons[refusedNotJSON]),
+	}
+	if u.cost.from != nil || u.cost.json != nil || u.cost.llm != nil || u.cost.fixed > 1 {
 		u.unit = unitUnits
 	}
 	if settle != nil {
@@ -95,6 +97,9 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, maxRequestsFrom string,
 		}
 		if len(settle.JSON) > 0 {
 			u.settleSource = "json " + strings.Join(settle.JSON, " ")
+		}
+		if settle.LLM {
+			u.settleSource = "llm"
 		}
 		u.settleFallbacks = newValueFallbacks(logger, zone, "settle found no whole number: the reservation stands", m.settleFallbacks.WithLabelValues(zone))
 	}
@@ -122,12 +127,15 @@ func (u *zoneUnits) placeholders() []*numberPlaceholder {
 	return ps
 }
 
-// price sets what r costs in the zone, and the max of its call.
-func (u *zoneUnits) price(r *http.Request, repl *caddy.Replacer, c *limiter.Check) {
+// price sets what r costs in the zone, and the max of its call; an error
+// is a *bodyRefusal: r is answered without going on.
+func (u *zoneUnits) price(r *http.Request, repl *caddy.Replacer, c *limiter.Check) error {
 	if u.quota != nil {
 		c.Limit.Max = u.quota.of(r, repl)
 	}
-	c.Cost = u.cost.of(r, repl)
+	var err error
+	c.Cost, err = u.cost.of(r, repl, c.Limit.Max)
+	return err
 }
 
 // name is what the zone counts in; a zone without units counts requests.
@@ -208,19 +216,27 @@ func (f *valueFallbacks) record(source, why string) {
 // large ("99999999999999999999"), is a request that no wait admits: the
 // engine denies it as never admitted.
 type zoneCost struct {
-	// fixed is the cost of every request when from and json are nil.
+	// fixed is the cost of every request when from, json and llm are nil.
 	fixed int64
 	from  *numberPlaceholder
-	// json reads the cost from the request's body (cost json).
+	// json reads the cost from the request's body (cost json), llm from
+	// an LLM API call's (cost llm).
 	json *CostJSON
+	llm  *CostLLM
 	// fallbacks counts requests whose value reserved 1 instead.
 	fallbacks *valueFallbacks
+	// refusals count the requests refused for their body, by reason
+	// (refusedSlow, refusedNotJSON).
+	refusals [2]prometheus.Counter
 }
 
 // newZoneCost returns the cost of the config value cost, which the rules
 // have checked: "" (1), a whole number, or a placeholder alone; or, when
-// costJSON is set, the cost that it reads.
-func newZoneCost(cost string, costJSON *CostJSON, fallbacks *valueFallbacks) zoneCost {
+// costJSON or costLLM is set, the cost that it reads.
+func newZoneCost(cost string, costJSON *CostJSON, costLLM *CostLLM, fallbacks *valueFallbacks) zoneCost {
+	if costLLM != nil {
+		return zoneCost{llm: costLLM, fallbacks: fallbacks}
+	}
 	if costJSON != nil {
 		costJSON.provision()
 		return zoneCost{json: costJSON, fallbacks: fallbacks}
@@ -235,30 +251,42 @@ func newZoneCost(cost string, costJSON *CostJSON, fallbacks *valueFallbacks) zon
 	return zoneCost{fixed: n}
 }
 
-// of returns what r reserves, from 1 to strictnum.Max.
-func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer) int64 {
-	if c.json != nil {
-		n, why := c.json.of(r)
+// of returns what r reserves under the call's max (budget), from 1 to
+// strictnum.Max, or the refusal of a body that cannot be priced.
+func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer, budget int64) (int64, error) {
+	switch {
+	case c.llm != nil:
+		return c.refused(c.llm.of(r, budget))
+	case c.json != nil:
+		n, why, err := c.json.of(r, budget)
 		if why != "" {
 			c.fallbacks.record(c.json.source(), why)
 		}
-		return n
-	}
-	if c.from == nil {
-		return c.fixed
+		return c.refused(n, err)
+	case c.from == nil:
+		return c.fixed, nil
 	}
 	v := c.from.value(r, repl)
 	if n, ok := strictnum.Parse(v); ok && n >= 1 {
-		return n
+		return n, nil
 	}
 	c.fallbacks.record(c.from.raw, strictnum.WhyNot(v))
-	return 1
+	return 1, nil
+}
+
+// refused counts a refusal of a body.
+func (c *zoneCost) refused(n int64, err error) (int64, error) {
+	var b *bodyRefusal
+	if errors.As(err, &b) {
+		c.refusals[b.reason].Inc()
+	}
+	return n, err
 }
 
 // largest is the most a request of the zone can reserve under max: the
 // fixed cost, or max itself when requests say their own.
 func (c *zoneCost) largest(max int64) int64 {
-	if c.from == nil && c.json == nil {
+	if c.from == nil && c.json == nil && c.llm == nil {
 		return c.fixed
 	}
 	return max
@@ -271,52 +299,36 @@ type CostJSON struct {
 	// generation_config.max_output_tokens): only the client's own top
 	// level, never a field nested deeper, so that no nested field can
 	// lower what a request reserves. The cost is the sum of their
-	// values; a key that the body repeats counts by its largest value,
-	// since servers differ on which one they take (most the last, some
-	// the first) and the largest bounds them all. A value counts when it
-	// is a number of at least 0, however written (a fraction rounded up:
-	// 1e3, 1000.0 and "1000" are 1000, as lenient servers read them);
-	// null counts as missing.
+	// values. Keys match as the most lenient server matches them: with
+	// Unicode simple case folding, escapes decoded (Max_Tokens, and
+	// max_to\u212aens with a Kelvin sign, are max_tokens, as Go's
+	// encoding/json reads them), and a key that the body repeats, in any
+	// spelling, counts by its largest value, since servers differ on
+	// which one they take and the largest bounds them all. A value counts
+	// when it is a number of at least 0, however written (a fraction
+	// rounded up: 1e3, 1000.0 and "1000" are 1000, as lenient servers
+	// read them); null counts as missing.
 	Paths []string `json:"paths,omitempty"`
 
 	// Default is the cost of a request whose body has none of the paths,
-	// or cannot be read: not JSON, larger than 1 MiB, not sent within 10
-	// seconds, or a value at a path that is no number of at least 0
-	// (negative, a word, an object); all but the missing value are
+	// or is not JSON, or has a value at a path that is no number of at
+	// least 0 (negative, a word, an object); all but the missing value are
 	// counted in cost_fallbacks_total and logged at most once a minute
 	// per zone. It should be the most the upstream gives a request that
-	// names none. At least 1.
+	// names none. At least 1. A body that does not arrive whole within 10
+	// seconds is never passed on with a smaller reservation than it asks
+	// for: the request is answered 408 without reaching the next handler
+	// (body_refusals_total{reason="slow"}). A body above 1 MiB is not read:
+	// it reserves the call's whole max_requests.
 	Default int64 `json:"default,omitempty"`
 
 	// Body adds the size of the request body in bytes (+body): a text
 	// prompt has no more tokens than bytes, so the sum bounds a call's
-	// input and output tokens. A body that is not read whole adds its
-	// Content-Length (the most its next handler can read), or, when it
-	// has none, what was read of it, at least 1 MiB.
+	// input and output tokens.
 	Body bool `json:"body,omitempty"`
 
 	paths [][]string
 }
-
-const (
-	// costJSONMaxBody is the most of a request body that cost json
-	// reads: a chat request with a long conversation fits; a larger one
-	// reserves the default.
-	costJSONMaxBody = 1 << 20
-)
-
-// costJSONReadTime is how long a body may take to arrive before the request
-// reserves the default and goes on (its body follows as it comes): a slow
-// client holds a reader, not the request. Tests shorten it.
-var costJSONReadTime = 10 * time.Second
-
-// Why cost json took the default.
-const (
-	costNotJSON  = "not JSON"
-	costTooLarge = "body above 1 MiB"
-	costSlow     = "body not read in time"
-	costUnread   = "body not readable"
-)
 
 func (c *CostJSON) provision() {
 	c.paths = make([][]string, len(c.Paths))
@@ -357,243 +369,51 @@ func checkCostJSONFits(c *CostJSON, maxRequests int64, maxRequestsFrom string) e
 	return nil
 }
 
-// of returns what r reserves, at least 1, and why it took the default
-// ("" when it did not, or the body has none of the paths).
-func (c *CostJSON) of(r *http.Request) (int64, string) {
+// of returns what r reserves under the call's max, at least 1, and why it
+// took the default ("" when it did not, or the body has none of the paths),
+// or the refusal of a body that did not arrive whole.
+func (c *CostJSON) of(r *http.Request, budget int64) (int64, string, error) {
 	body := peekBody(r)
-	cost, why := c.Default, body.why
-	size := body.size
-	if why == "" {
-		var found bool
-		var n int64
-		n, found, why = c.read(body.data)
-		if found && why == "" {
-			cost = n
-		}
+	switch body.why {
+	case "":
+	case costSlow, costUnread:
+		return 0, "", &bodyRefusal{reason: refusedSlow}
+	case costTooLarge:
+		// Unread, it may ask for anything: the whole budget.
+		return budget, costTooLarge, nil
 	}
-	if why != "" {
-		cost = c.Default
+	cost := c.Default
+	n, found, why := c.read(body.data)
+	if found && why == "" {
+		cost = n
 	}
 	if c.Body {
-		cost = min(cost+size, strictnum.Max)
+		cost = min(cost+body.size, strictnum.Max)
 	}
-	return max(cost, 1), why
+	return max(cost, 1), why, nil
 }
 
-// read sums the values at the paths in the JSON document doc; found is
+// read sums the values at the paths in the JSON document doc, each path's
+// largest (llmapi.ReadPaths matches keys as lenient servers do); found is
 // false when it has none of them.
 func (c *CostJSON) read(doc []byte) (sum int64, found bool, why string) {
 	if len(bytes.TrimSpace(doc)) == 0 {
 		return 0, false, ""
 	}
-	largest := make([]int64, len(c.paths))
-	seen := make([]bool, len(c.paths))
-	dec := json.NewDecoder(bytes.NewReader(doc))
-	dec.UseNumber()
-	var keys []string
-	depth := 0
-	var walk func() error
-	walk = func() error {
-		t, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		switch t := t.(type) {
-		case json.Delim:
-			if depth++; depth > jsonusage.MaxDepth {
-				return errors.New("too deep")
-			}
-			defer func() { depth-- }()
-			switch t {
-			case '{':
-				for dec.More() {
-					k, err := dec.Token()
-					if err != nil {
-						return err
-					}
-					keys = append(keys, k.(string))
-					if err := walk(); err != nil {
-						return err
-					}
-					keys = keys[:len(keys)-1]
-				}
-			case '[':
-				// A path does not go through arrays: what is inside
-				// counts for none of them.
-				saved := keys
-				keys = append(keys[:len(keys):len(keys)], "[")
-				for dec.More() {
-					if err := walk(); err != nil {
-						return err
-					}
-				}
-				keys = saved
-			}
-			_, err := dec.Token()
-			return err
-		default:
-			for i, p := range c.paths {
-				if !equalPath(p, keys) || t == nil {
-					continue
-				}
-				n, ok := wholeAtLeast(t)
-				if !ok {
-					return errNotWhole
-				}
-				largest[i], seen[i] = max(largest[i], n), true
-			}
-		}
-		return nil
-	}
-	err := walk()
-	if err == nil {
-		if _, err = dec.Token(); err == io.EOF {
-			err = nil
-		} else if err == nil {
-			err = errors.New("more than one document")
-		}
-	}
-	switch {
-	case errors.Is(err, errNotWhole):
-		return 0, false, strictnum.NotWhole
-	case err != nil:
+	vals, err := llmapi.ReadPaths(doc, c.paths)
+	if err != nil {
 		return 0, false, costNotJSON
 	}
-	for i := range c.paths {
-		if seen[i] {
+	for _, v := range vals {
+		if v.Odd {
+			return 0, false, strictnum.NotWhole
+		}
+		if v.Found {
 			found = true
-			sum = min(sum+largest[i], strictnum.Max)
+			sum = min(sum+v.N, strictnum.Max)
 		}
 	}
 	return sum, found, ""
-}
-
-var errNotWhole = errors.New("not a whole number")
-
-func equalPath(p, keys []string) bool {
-	if len(p) != len(keys) {
-		return false
-	}
-	for i := range p {
-		if p[i] != keys[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// wholeAtLeast reads a value at a path: a number, or a string that holds
-// one, of at least 0, rounded up, at most strictnum.Max.
-func wholeAtLeast(v json.Token) (int64, bool) {
-	var s string
-	switch v := v.(type) {
-	case json.Number:
-		s = string(v)
-	case string:
-		s = strings.TrimSpace(v)
-	default:
-		return 0, false
-	}
-	if n, ok := strictnum.Parse(s); ok {
-		return n, true
-	}
-	f, err := strconv.ParseFloat(s, 64)
-	if err != nil && !errors.Is(err, strconv.ErrRange) || math.IsNaN(f) || f < 0 {
-		return 0, false
-	}
-	if f >= strictnum.Max {
-		return strictnum.Max, true
-	}
-	return int64(math.Ceil(f)), true
-}
-
-// peekedBody is what cost json read of a request body: its bytes, its
-// size (a bound, when it was not read whole), and why it is not usable.
-type peekedBody struct {
-	data []byte
-	size int64
-	why  string
-}
-
-// bodyPeek is a request body that was read ahead (by a goroutine, so that
-// a slow client costs a wait of costJSONReadTime at most), then handed on:
-// what was read, then the rest.
-type bodyPeek struct {
-	rest io.ReadCloser
-	done chan struct{}
-	buf  []byte
-	err  error
-	off  int
-	// peeked is what the reading gave, for the zones after the first.
-	peeked peekedBody
-}
-
-// peekBody reads r's body, up to costJSONMaxBody bytes and for
-// costJSONReadTime at most, and puts it back, whole, for the handlers
-// after; a second zone gets what the first read.
-func peekBody(r *http.Request) peekedBody {
-	if p, ok := r.Body.(*bodyPeek); ok {
-		return p.peeked
-	}
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return peekedBody{}
-	}
-	p := &bodyPeek{rest: r.Body, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		var b bytes.Buffer
-		if r.ContentLength > 0 {
-			b.Grow(int(min(r.ContentLength, costJSONMaxBody+1)))
-		}
-		_, p.err = b.ReadFrom(io.LimitReader(p.rest, costJSONMaxBody+1))
-		p.buf = b.Bytes()
-	}()
-	r.Body = p
-	unread := func(why string) peekedBody {
-		size := r.ContentLength
-		if size < 0 {
-			size = costJSONMaxBody
-		}
-		return peekedBody{size: size, why: why}
-	}
-	timer := time.NewTimer(costJSONReadTime)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-		switch {
-		case p.err != nil:
-			p.peeked = unread(costUnread)
-		case len(p.buf) > costJSONMaxBody:
-			p.peeked = unread(costTooLarge)
-			p.peeked.size = max(p.peeked.size, int64(len(p.buf)))
-		default:
-			p.peeked = peekedBody{data: p.buf, size: int64(len(p.buf))}
-		}
-	case <-timer.C:
-		p.peeked = unread(costSlow)
-	case <-r.Context().Done():
-		p.peeked = unread(costUnread)
-	}
-	return p.peeked
-}
-
-// Read reads what was read ahead, then the rest of the body.
-func (p *bodyPeek) Read(b []byte) (int, error) {
-	<-p.done
-	if p.off < len(p.buf) {
-		n := copy(b, p.buf[p.off:])
-		p.off += n
-		return n, nil
-	}
-	if p.err != nil {
-		return 0, p.err
-	}
-	return p.rest.Read(b)
-}
-
-// Close closes the body, once its reading ahead is over.
-func (p *bodyPeek) Close() error {
-	return p.rest.Close()
 }
 
 // zoneQuota is a zone's max_requests taken per request from a placeholder (a
@@ -697,36 +517,48 @@ type Settle struct {
 	// a trailer wins over a header of the same name; a header that a handler
 	// before this one deletes as the status goes out (header -X-Usage, to
 	// keep it from clients) is read as it was then. The value is a whole
-	// number of units, 0 included; a value above the call's max_requests
-	// counts as max_requests (a charge above it blocks for one window,
-	// whatever its size). No value, or one that is not a whole number
+	// number of units, 0 included. No value, or one that is not a whole number
 	// ("-5", "1.5", "abc"): the reservation stands, and the request is
-	// counted and logged at most once a minute per zone.
+	// counted and logged at most once a minute per zone. A value above the
+	// call's max_requests is charged in full: the client is then refused,
+	// with a Retry-After that says when, until it ages out.
 	Header string `json:"header,omitempty"`
 
 	// Bytes settles a request to the bytes of its response body as they
 	// leave this handler (compressed, when encode runs after it, as it does
-	// in Caddy's directive order), at most the call's max_requests. A
-	// response with no body (HEAD, 304) costs 0; bytes after a protocol
+	// in Caddy's directive order), in full. A response with no body (HEAD, 304) costs 0; bytes after a protocol
 	// switch (a WebSocket) are not counted.
 	Bytes bool `json:"bytes,omitempty"`
 
 	// JSON names the numbers of the response body that make its real
-	// cost, as LLM APIs report usage: the cost is the sum, over these
-	// dotted paths ("usage.total_tokens"), of the last number found at
-	// each, in the body's JSON document (or each of a sequence, as
-	// newline-delimited JSON), or in the data of each event of a
-	// text/event-stream. A path matches at any depth: its names are the
-	// keys of consecutive objects, the last one the number's own, so
-	// "usage.total_tokens" finds response.usage.total_tokens too. The
-	// body passes through as it comes, read as it goes without being
+	// cost, as APIs report usage: the cost is the sum, over these dotted
+	// paths ("usage.total_tokens"), of the last number found at each, in
+	// the body's JSON document (or each of a sequence, as
+	// newline-delimited JSON, or each element of a top-level array), or in
+	// the data of each event of a text/event-stream. A path is matched
+	// from the top of each document or event: "usage.total_tokens" is the
+	// document's own usage, never one nested in its content; name a
+	// deeper place in full ("response.usage.total_tokens"). The body
+	// passes through as it comes, read as it goes without being
 	// kept; a document or event counts once it is whole. No number at
 	// any path, a last number that is not a whole number ("-5", "1.5",
 	// "1e3"), a compressed body (a Content-Encoding), or a response cut
 	// short (the client left, the upstream broke off, the handler
 	// failed): the reservation stands, counted and logged as for header.
-	// A sum above the call's max_requests counts as max_requests.
+	// A sum above the call's max_requests is charged in full.
 	JSON []string `json:"json,omitempty"`
+
+	// LLM settles a request to the whole usage its LLM API reports, read
+	// as the body passes, only where the API puts it (see CostLLM for the
+	// APIs): OpenAI's total_tokens, the Responses API's response.usage of
+	// its final event, Anthropic's input, cache creation, cache read and
+	// output tokens (cumulative in a stream), Gemini's totalTokenCount
+	// (running totals), Ollama's prompt_eval_count and eval_count,
+	// Bedrock's usage, in a JSON answer or in its stream (AWS's event
+	// stream for ConverseStream). A response without usage, compressed, or
+	// cut short pays its reservation, as for json. A usage above the
+	// call's max_requests is charged in full.
+	LLM bool `json:"llm,omitempty"`
 
 	// header is Header in canonical form.
 	header string
@@ -795,16 +627,16 @@ func checkSettle(s *Settle) error {
 		return nil
 	}
 	set := 0
-	for _, on := range []bool{s.Bytes, s.Header != "", len(s.JSON) > 0} {
+	for _, on := range []bool{s.Bytes, s.Header != "", len(s.JSON) > 0, s.LLM} {
 		if on {
 			set++
 		}
 	}
 	switch {
 	case set > 1:
-		return errors.New("settle takes a header, bytes or json paths, not more than one")
+		return errors.New("settle takes a header, bytes, json paths or llm, not more than one")
 	case set == 0:
-		return errors.New("settle needs a header (settle header X-Usage) or bytes (settle bytes) or json paths (settle json usage.total_tokens)")
+		return errors.New("settle needs a header (settle header X-Usage), bytes (settle bytes), json paths (settle json usage.total_tokens) or llm (settle llm)")
 	case s.Header != "" && !isToken(s.Header):
 		return fmt.Errorf("settle header: %q is not a header name", s.Header)
 	}

@@ -33,7 +33,7 @@ func unitZone(t *testing.T, z *Zone) *Zone {
 		t.Fatal(err)
 	}
 	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
-	z.units = newZoneUnits(z.Name, z.Cost, nil, z.MaxRequestsFrom, z.MaxRequests, z.Settle, zap.NewNop())
+	z.units = newZoneUnits(z.Name, z.Cost, nil, nil, z.MaxRequestsFrom, z.MaxRequests, z.Settle, zap.NewNop())
 	z.prepareHeaders()
 	return z
 }
@@ -97,19 +97,25 @@ func TestUnitsConfigErrors(t *testing.T) {
 		{`{"window": "1m", "max_requests": 5, "cost": "0"}`, `cost must be a whole number of at least 1, or a placeholder alone such as {http.request.header.X-Cost}, got "0"`},
 		{`{"window": "1m", "max_requests": 5, "cost": "6"}`, `cost 6 is above max_requests 5: no request would ever be admitted`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "cost": "{http.request.header.X-Cost"}]}`, `zone z: cost must be a whole number`},
-		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "bytes": true}}`, `settle takes a header, bytes or json paths, not more than one`},
-		{`{"window": "1m", "max_requests": 5, "settle": {}}`, `settle needs a header (settle header X-Usage) or bytes (settle bytes)`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "bytes": true}}`, `settle takes a header, bytes, json paths or llm, not more than one`},
+		{`{"window": "1m", "max_requests": 5, "settle": {}}`, `settle needs a header (settle header X-Usage), bytes (settle bytes)`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "settle": {"header": "X Usage"}}]}`, `zone z: settle header: "X Usage" is not a header name`},
 		{`{"window": "1m", "max_requests": 5, "max_requests_from": "X-Quota"}`, `max_requests_from must be a placeholder alone, such as {http.request.header.X-Quota}, got "X-Quota"`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5}], "max_requests_from": "{http.request.header.X-Quota}"}`, `max_requests_from needs window and max_requests (its fallback); a zone has its own`},
 		{`{"window": "1m", "max_requests": 281474976710656}`, `max_requests must be at most 2^48-1 (281474976710655), got 281474976710656`},
-		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "json": ["usage.total_tokens"]}}`, `settle takes a header, bytes or json paths, not more than one`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"header": "X-Usage", "json": ["usage.total_tokens"]}}`, `settle takes a header, bytes, json paths or llm, not more than one`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5, "settle": {"json": ["usage..total_tokens"]}}]}`, `zone z: settle json: "usage..total_tokens" is not a dotted path`},
 		{`{"window": "1m", "max_requests": 5000, "cost": "5", "cost_json": {"paths": ["max_tokens"], "default": 4096}}`, `cost and cost json are one setting: set one (cost "5")`},
 		{`{"window": "1m", "max_requests": 5000, "cost_json": {"default": 4096}}`, `cost json needs at least one path and a default`},
 		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 5000, "cost_json": {"paths": ["max_tokens"]}}]}`, `zone z: cost json: the default must be a whole number of at least 1, got 0`},
 		{`{"window": "1m", "max_requests": 1000, "cost_json": {"paths": ["max_tokens"], "default": 4096}}`, `cost json: the default 4096 is above max_requests 1000`},
 		{`{"zones": [{"name": "z", "concurrent": 2, "cost_json": {"paths": ["max_tokens"], "default": 1}}]}`, `cost_json`},
+		{`{"window": "1m", "max_requests": 100000, "cost": "5", "cost_llm": {}}`, `cost and cost llm are one setting: set one (cost "5")`},
+		{`{"window": "1m", "max_requests": 100000, "cost_json": {"paths": ["max_tokens"], "default": 4096}, "cost_llm": {}}`, `cost json and cost llm are one setting`},
+		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 100000, "cost_llm": {"default": -1}}]}`, `zone z: cost llm: the default output bound must be a whole number of at least 1, got -1`},
+		{`{"zones": [{"name": "z", "window": "1m", "max_requests": 1000, "cost_llm": {}}]}`, `zone z: cost llm: the default output bound 4096 is above max_requests 1000`},
+		{`{"zones": [{"name": "z", "concurrent": 2, "cost_llm": {}}]}`, `cost_llm`},
+		{`{"window": "1m", "max_requests": 5, "settle": {"llm": true, "bytes": true}}`, `settle takes a header, bytes, json paths or llm, not more than one`},
 	} {
 		err := provisionError(t, c.config)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -487,8 +493,11 @@ func TestCostJSONRead(t *testing.T) {
 		{`{"max_tokens": -5}`, 0, false, strictnum.NotWhole},
 		{`{"max_tokens": "lots"}`, 0, false, strictnum.NotWhole},
 		{`{"max_tokens": true}`, 0, false, strictnum.NotWhole},
-		{`{"max_tokens": [1, 2]}`, 0, false, ""},
-		{`{"max_tokens": {"n": 5}}`, 0, false, ""},
+		{`{"max_tokens": [1, 2]}`, 0, false, strictnum.NotWhole},
+		{`{"max_tokens": {"n": 5}}`, 0, false, strictnum.NotWhole},
+		{`{"max_tokens": 1, "Max_Tokens": 50000}`, 50000, true, ""},
+		{`{"max_to\u212aens": 7000, "max_tokens": 1}`, 7000, true, ""},
+		{`{"max_tokens": 5, "x": NaN}`, 0, false, costNotJSON},
 		{`{"max_tokens": 5`, 0, false, costNotJSON},
 		{`{"max_tokens": 5} {"max_tokens": 1}`, 0, false, costNotJSON},
 		{`max_tokens=5`, 0, false, costNotJSON},
@@ -527,11 +536,11 @@ func digest(body string) string {
 // TestCostJSONThroughCaddy: real Caddy reserves max_tokens and the body's
 // size from each request's JSON body, and passes the body on intact,
 // chunked, large or not JSON; what no path gives, or gives badly, reserves
-// the default; a body that never comes reserves the default and its
-// Content-Length once its time is up.
+// the default; a body above 1 MiB the zone's whole max; a body that never
+// comes is answered 408 once its time is up, and never passed on.
 func TestCostJSONThroughCaddy(t *testing.T) {
 	defer func(d time.Duration) { costJSONReadTime = d }(costJSONReadTime)
-	costJSONReadTime = 500 * time.Millisecond
+	costJSONReadTime = 2 * time.Second
 	upstream := echoServer(t)
 	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
@@ -560,13 +569,15 @@ servers {
 		{"max_tokens", `{"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}`, false, 100, false},
 		{"chunked", `{"model": "m", "max_tokens": 100}`, true, 100, false},
 		{"a repeated key", `{"max_tokens": 1, "max_tokens": 90000}`, false, 90000, false},
+		{"another spelling", `{"max_tokens": 1, "Max_Tokens": 50000}`, false, 50000, false},
+		{"a Kelvin sign", `{"max_tokens": 1, "max_to\u212aens": 60000}`, false, 60000, false},
 		{"nested only", `{"messages": [{"max_tokens": 1}], "options": {"max_tokens": 1}}`, false, 4096, false},
 		{"none", `{"model": "m"}`, false, 4096, false},
 		{"negative", `{"max_tokens": -100000}`, false, 4096, true},
 		{"a word", `{"max_tokens": "few"}`, false, 4096, true},
 		{"not JSON", `max_tokens=1`, false, 4096, true},
-		{"above 1 MiB", big, false, 4096, true},
-		{"above 1 MiB, chunked", big, true, 4096, true},
+		{"above 1 MiB", big, false, -1, true},
+		{"above 1 MiB, chunked", big, true, -1, true},
 	}
 	for i, c := range cases {
 		key := "cj-" + strconv.Itoa(i)
@@ -587,15 +598,16 @@ servers {
 		if res.StatusCode != http.StatusOK || string(got) != digest(c.body) {
 			t.Errorf("%s: status %d, the upstream got %q, want the body intact (%s)", c.name, res.StatusCode, got, digest(c.body))
 		}
-		size := int64(len(c.body))
-		if c.chunked && size > costJSONMaxBody {
-			size = costJSONMaxBody + 1 // no Content-Length: what was read
+		// Unread, a body above 1 MiB reserves the zone's whole max.
+		withBody, plain := c.tokens+int64(len(c.body)), c.tokens
+		if c.tokens < 0 {
+			withBody, plain = 10000000, 1000000
 		}
-		if used := adminState(t, "cjtokens", key).Count; used != c.tokens+size {
-			t.Errorf("%s: %d reserved with +body, want %d", c.name, used, c.tokens+size)
+		if used := adminState(t, "cjtokens", key).Count; used != withBody {
+			t.Errorf("%s: %d reserved with +body, want %d", c.name, used, withBody)
 		}
-		if used := adminState(t, "cjplain", key).Count; used != c.tokens {
-			t.Errorf("%s: %d reserved, want %d", c.name, used, c.tokens)
+		if used := adminState(t, "cjplain", key).Count; used != plain {
+			t.Errorf("%s: %d reserved, want %d", c.name, used, plain)
 		}
 		if got, want := fallbacks()-before, map[bool]float64{true: 1}[c.fallback]; got != want {
 			t.Errorf("%s: cost_fallbacks_total rose by %v, want %v", c.name, got, want)
@@ -603,20 +615,32 @@ servers {
 	}
 
 	// A body that never comes: 10 of the 5000 bytes its Content-Length
-	// says. The request reserves the default and the 5000 once its time is
-	// up, and goes on.
+	// says. Once its time is up the request is answered 408, reserves
+	// nothing, and never reaches the upstream.
+	refusals := func() float64 {
+		return scrape(t, `caddy_sliding_ratelimit_body_refusals_total{reason="slow",zone="cjtokens"}`)
+	}
+	before := refusals()
 	conn, err := net.Dial("tcp", "127.0.0.1:9080")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: cj-slow\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{\"max_tok")
-	deadline := time.Now().Add(10 * time.Second)
-	for adminState(t, "cjtokens", "cj-slow").Count != 4096+5000 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nAuthorization: cj-slow\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n{\"max_tokens\": 90000, ")
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	answer, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("a body that never comes: no answer: %v", err)
 	}
-	if used := adminState(t, "cjtokens", "cj-slow").Count; used != 4096+5000 {
-		t.Errorf("a body that never comes: %d reserved, want the default and its Content-Length, %d", used, 4096+5000)
+	text, _ := io.ReadAll(answer.Body)
+	if answer.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(text), "did not arrive whole") {
+		t.Errorf("a body that never comes: status %d %q, want 408 saying why", answer.StatusCode, text)
+	}
+	if used := adminState(t, "cjtokens", "cj-slow").Count; used != 0 {
+		t.Errorf("a body that never comes: %d reserved, want none", used)
+	}
+	if got := refusals() - before; got != 1 {
+		t.Errorf("body_refusals_total{reason=\"slow\"} rose by %v, want 1", got)
 	}
 	conn.Close()
 

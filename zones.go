@@ -84,6 +84,11 @@ type Zone struct {
 	// zone sets no cost.
 	CostJSON *CostJSON `json:"cost_json,omitempty"`
 
+	// CostLLM reads what a request reserves from its body as the LLM API
+	// its path names reads it, instead of Cost (see CostLLM). Default: the
+	// handler's cost_llm, when the zone sets no cost.
+	CostLLM *CostLLM `json:"cost_llm,omitempty"`
+
 	// Key identifies the client in this zone, with placeholders expanded per
 	// request (see the handler's key). Default: the handler's key.
 	Key string `json:"key,omitempty"`
@@ -162,8 +167,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	if z.CountStatus == nil && !z.concurrency() {
 		z.CountStatus = defaults.CountStatus
 	}
-	if z.Cost == "" && z.CostJSON == nil && !z.concurrency() {
-		z.Cost, z.CostJSON = defaults.Cost, defaults.CostJSON
+	if z.Cost == "" && z.CostJSON == nil && z.CostLLM == nil && !z.concurrency() {
+		z.Cost, z.CostJSON, z.CostLLM = defaults.Cost, defaults.CostJSON, defaults.CostLLM
 	}
 	if z.Settle == nil && !z.concurrency() {
 		z.Settle = defaults.Settle
@@ -195,7 +200,8 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 				zap.String("zone", z.Name), zap.Int64("max_requests", z.MaxRequests))
 		}
 	}
-	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
+	warnShortWindow(logger, z.Name, z.limit)
+	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.CostLLM, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
 	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
 	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
 	z.key = clientkey.Parse(z.Key)
@@ -253,7 +259,7 @@ func (z *Zone) counts(status int) bool {
 func (z *Zone) validate() error {
 	rules := []error{
 		checkZoneName(z.Name),
-		checkPositive("window", time.Duration(z.Window)),
+		checkWindow("window", time.Duration(z.Window)),
 		checkMaxRequests(z.MaxRequests),
 		checkKeyTemplate(z.Key),
 		algorithmEnum.check(z.Algorithm),
@@ -264,6 +270,8 @@ func (z *Zone) validate() error {
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
 		checkCostJSON(z.CostJSON, z.Cost),
 		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
+		checkCostLLM(z.CostLLM, z.Cost, z.CostJSON != nil),
+		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	}
 	if z.concurrency() {
@@ -308,6 +316,9 @@ func (z *Zone) countingFields() string {
 	}
 	if z.CostJSON != nil {
 		set = append(set, "cost_json")
+	}
+	if z.CostLLM != nil {
+		set = append(set, "cost_llm")
 	}
 	return strings.Join(set, ", ")
 }
@@ -397,6 +408,8 @@ func zoneIdentity(name string, limit limiter.Limit, perTenant bool, countStatus 
 		b.WriteString(":bytes")
 	case len(settle.JSON) > 0:
 		b.WriteString(":json-" + strings.Join(settle.JSON, ","))
+	case settle.LLM:
+		b.WriteString(":llm")
 	default:
 		b.WriteString(":header-" + strings.ToLower(settle.Header))
 	}
@@ -616,12 +629,54 @@ const (
 	maxIPv6Prefix = 128
 )
 
-// checkPositive is the rule of window and timeout.
+// checkPositive is the rule of timeout and wait.
 func checkPositive(field string, d time.Duration) error {
 	if d <= 0 {
 		return fmt.Errorf("%s must be greater than zero, got %v", field, d)
 	}
 	return nil
+}
+
+// The spans the engine keeps, a window or a lease (limiter's Limit.Window):
+// its times are microseconds, kept modulo 2^48 (8.9 years), and a key holds
+// times from three windows back to one ahead.
+const (
+	minWindow = time.Microsecond
+	maxWindow = 2 * 365 * 24 * time.Hour
+)
+
+// checkWindow is the rule of window and lease: from a microsecond to two
+// years, what the engine keeps, so that a config it cannot keep fails to
+// load instead of failing every request. A bare JSON number is nanoseconds
+// (caddy.Duration), and a span that short is almost surely seconds written
+// so: the error says how to write them.
+func checkWindow(field string, d time.Duration) error {
+	switch {
+	case d <= 0:
+		return checkPositive(field, d)
+	case d < minWindow:
+		return fmt.Errorf("%s %v is shorter than a microsecond, the least the limiter keeps (a bare JSON number is nanoseconds: %q: %d is %v; for seconds write \"%ds\")",
+			field, d, field, int64(d), d, int64(d))
+	case d > maxWindow:
+		return fmt.Errorf("%s %v is longer than two years (%s), the most the limiter keeps", field, d, formatWindow(maxWindow))
+	}
+	return nil
+}
+
+// warnShortWindow warns of a window or lease under a millisecond, which the
+// engine keeps but no one means: most likely seconds given as a bare JSON
+// number, which is nanoseconds.
+func warnShortWindow(logger *zap.Logger, zone string, l limiter.Limit) {
+	if l.Window < minWindow || l.Window >= time.Millisecond {
+		// The rules refuse the first; the rest is meant.
+		return
+	}
+	field := "window"
+	if l.Algorithm == limiter.Concurrency {
+		field = "lease"
+	}
+	logger.Warn("a window or lease under a millisecond: a bare JSON number is nanoseconds, so seconds need their unit",
+		zap.String("zone", zone), zap.Duration(field, l.Window), zap.String("for_seconds_write", strconv.FormatInt(int64(l.Window), 10)+"s"))
 }
 
 func checkPrefixBits(field string, n, most int) error {
@@ -706,7 +761,7 @@ func checkCountStatus(list []int) error {
 
 // checkWait is the rule of wait: not negative; at most
 // limiter.MaxWaitWindows windows (window 0: not known here), since the store
-// keeps the admissions of the windows a wait spans; and only a zone of
+// keeps the admissions of the windows a wait spans, and two years; and only a zone of
 // algorithm log (the handler's algorithm when the zone sets none) waits,
 // since a counter cannot promise a slot at a later time.
 func checkWait(wait, window time.Duration, algorithm string) error {
@@ -715,6 +770,9 @@ func checkWait(wait, window time.Duration, algorithm string) error {
 	}
 	if window > 0 && wait > limiter.MaxWaitWindows*window {
 		return fmt.Errorf("wait %v is longer than %d windows of %v, the most a request may wait", wait, limiter.MaxWaitWindows, window)
+	}
+	if wait > maxWindow {
+		return fmt.Errorf("wait %v is longer than two years, the most a request may wait", wait)
 	}
 	if wait > 0 && algorithm == algorithmCounter {
 		return fmt.Errorf("wait needs algorithm log: a counter cannot promise a later slot (wait %v)", wait)
@@ -744,6 +802,8 @@ func checkConcurrencyZone(concurrent int64, lease time.Duration, counts, algorit
 		return fmt.Errorf("a concurrency zone takes no algorithm, got %q", algorithm)
 	case wait != 0:
 		return fmt.Errorf("a concurrency zone takes no wait: a request takes its slot at once or is denied (wait %v)", wait)
+	case lease > 0:
+		return checkWindow("lease", lease)
 	}
 	return nil
 }

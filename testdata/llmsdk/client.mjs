@@ -68,6 +68,9 @@ import { Ollama } from "ollama";
 import { BedrockRuntimeClient, ConverseCommand, ConverseStreamCommand } from "@aws-sdk/client-bedrock-runtime";
 import { NodeHttpHandler, NodeHttp2Handler } from "@smithy/node-http-handler";
 
+// stdout is the results' alone: what an SDK logs goes to stderr.
+console.log = console.info = console.debug = (...args) => console.error(...args);
+
 const plan = JSON.parse(process.argv[2]);
 
 const defaultModels = {
