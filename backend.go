@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -74,8 +75,9 @@ type backend struct {
 	timeout   time.Duration
 	failMode  string
 	zones     []string
-	// failures logs failed decisions, settleFailures failed settles.
-	failures, settleFailures *failureLog
+	// failures logs failed decisions, settleFailures failed settles,
+	// refused the requests whose own figures the engine refuses.
+	failures, settleFailures, refused *failureLog
 	// oomFailures logs decisions that Redis refused for lack of memory,
 	// counted in oom.
 	oomFailures *failureLog
@@ -99,9 +101,10 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
 		oomFailures: newFailureLog(cfg.logger, "redis is out of memory: it refuses the limiter's writes (maxmemory reached with maxmemory-policy noeviction), so the fail mode applies; "+
 			"set maxmemory-policy volatile-ttl or give redis more memory", time.Second),
-		oom:    limiterMetrics.storeErrors.WithLabelValues(reasonOOM),
-		nevers: &throttle{interval: time.Second},
-		logger: cfg.logger,
+		refused: newFailureLog(cfg.logger, "a request the limiter cannot decide, for figures outside the engine's bounds that the config rules let through; applying fail mode without asking the store", time.Second),
+		oom:     limiterMetrics.storeErrors.WithLabelValues(reasonOOM),
+		nevers:  &throttle{interval: time.Second},
+		logger:  cfg.logger,
 	}
 	if cfg.redis == "" || cfg.failMode == failLocal {
 		memory, release := loadMemoryStore()
@@ -214,8 +217,10 @@ func neverFits(checks []limiter.Check, decisions []limiter.Decision) bool {
 		return false
 	}
 	for i, c := range checks {
-		decisions[i] = limiter.Decision{Allowed: max(c.Cost, 1) <= c.Limit.Max, Remaining: c.Limit.Max}
-		decisions[i].Never = !decisions[i].Allowed
+		decisions[i] = limiter.Decision{Remaining: c.Limit.Max, Never: true}
+		if max(c.Cost, 1) <= c.Limit.Max {
+			decisions[i] = limiter.Decision{Allowed: true, Remaining: unread}
+		}
 	}
 	return true
 }
@@ -236,12 +241,19 @@ func (b *backend) neverDenied(zone string, max int64) bool {
 // the store fails and the caller is still there, the failure is logged and,
 // with fail_mode local, the in-process store decides instead: then the
 // source says so and the error is nil. The Redis store ends each call at its
-// own timeout, so a request creates no timer.
+// own timeout, so a request creates no timer. Checks the engine refuses
+// for their own figures reach no store (checkEngineInput), and a denial
+// from the cache leaves the zones it did not read unread (markUnread).
 func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (source, error) {
+	if err := checkEngineInput(checks); err != nil {
+		b.refused.record(b.failMode, err)
+		return fromNoStore, err
+	}
 	hit, err := b.cache.AllowCached(ctx, checks, decisions)
 	src := fromStore
 	if hit {
 		src = fromCache
+		markUnread(decisions)
 	}
 	if err == nil || ctx.Err() != nil {
 		// A caller that went away: nothing failed, and no one waits.
@@ -254,6 +266,51 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 	// The in-process store never fails.
 	_ = b.local.Allow(ctx, checks, decisions)
 	return fromLocal, nil
+}
+
+// checkEngineInput reports the first check whose own figures the engine
+// refuses (limiter's bounds of a Limit and a Check), so that no store is
+// asked for it. The rules refuse such a config at load, and what a request
+// brings (a tenant's max, a cost) is bounded where it is read, so such a
+// check is a figure the rules missed; its error is the request's, not the
+// store's, and must not count for the circuit breaker that every handler on
+// that Redis shares, nor send the request to the in-process fallback,
+// which would refuse it the same.
+func checkEngineInput(checks []limiter.Check) error {
+	for _, c := range checks {
+		l := c.Limit
+		err := checkWindow("window", l.Window)
+		switch {
+		case err != nil:
+		case l.Algorithm > limiter.Concurrency:
+			err = fmt.Errorf("unknown algorithm %v", l.Algorithm)
+		case l.Max < 0 || l.Max > maxMaxRequests:
+			err = fmt.Errorf("max %d is outside 0 to 2^48-1", l.Max)
+		case c.Cost < 0 || c.Cost > strictnum.Max:
+			err = fmt.Errorf("cost %d is outside 0 to 2^53", c.Cost)
+		case c.Cost > 1 && l.Algorithm == limiter.Concurrency:
+			err = fmt.Errorf("a concurrency zone counts requests: cost %d, want 0 or 1", c.Cost)
+		case c.Wait != 0 && l.Algorithm != limiter.SlidingLog:
+			err = fmt.Errorf("a %s zone takes no wait (wait %v)", l.Algorithm, c.Wait)
+		default:
+			err = checkWait(c.Wait, l.Window, "")
+		}
+		if err != nil {
+			return fmt.Errorf("zone %s: %w", c.Zone, err)
+		}
+	}
+	return nil
+}
+
+// markUnread marks the decisions that a denial from the deny cache did not
+// read: the zones that admit, of which the cache knows nothing (the store
+// was not asked), so their headers are left out rather than shown as spent.
+func markUnread(decisions []limiter.Decision) {
+	for i := range decisions {
+		if decisions[i].Allowed {
+			decisions[i].Remaining = unread
+		}
+	}
 }
 
 // lowering says which denials a settle that changes a check's cost may

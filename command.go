@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -116,11 +117,38 @@ func buildSlidingRatelimitCommand(cmd *cobra.Command) {
 		Args:  cobra.NoArgs,
 		RunE:  commandRunner(cmdBlocked),
 	}
-	blocked.Flags().Int("limit", adminapi.BlockedDefaultLimit, "Most clients to list, the longest wait first")
+	limit := listLimit(adminapi.BlockedDefaultLimit)
+	blocked.Flags().Var(&limit, "limit", "Most clients to list, the longest wait first")
 	for _, sub := range []*cobra.Command{zones, status, reset, blocked} {
 		adminFlags(sub)
 		cmd.AddCommand(sub)
 	}
+}
+
+// listLimit is the value of blocked's --limit: a whole number of at least
+// 1. The admin API's limit=0 (the count alone) is not offered, since the
+// table would be empty; every listing ends with the count.
+type listLimit int
+
+func (l *listLimit) String() string { return strconv.Itoa(int(*l)) }
+
+// Type names the value in the help: --limit n.
+func (l *listLimit) Type() string { return "n" }
+
+// Set reads the flag; cobra prints its error after `invalid argument "<value>"
+// for "--limit" flag: `.
+func (l *listLimit) Set(arg string) error {
+	n, err := strconv.Atoi(arg)
+	switch {
+	case err != nil && errors.Is(err, strconv.ErrRange):
+		return fmt.Errorf("--limit is too large (at most %d)", math.MaxInt)
+	case err != nil:
+		return errors.New("--limit must be a whole number of at least 1, the most clients to list")
+	case n < 1:
+		return errors.New("--limit must be at least 1, the most clients to list (the count of all blocked clients ends every listing)")
+	}
+	*l = listLimit(n)
+	return nil
 }
 
 // adminFlags adds the flags that find and read the admin API, named as in
@@ -223,7 +251,7 @@ func cmdReset(fl caddycmd.Flags, out io.Writer) (int, error) {
 }
 
 func cmdBlocked(fl caddycmd.Flags, out io.Writer) (int, error) {
-	path := adminapi.BlockedPath + "?limit=" + strconv.Itoa(fl.Int("limit"))
+	path := adminapi.BlockedPath + "?limit=" + fl.String("limit")
 	return callAdmin(fl, out, "GET", path, func(tw io.Writer, body []byte) error {
 		var b adminapi.BlockedAnswer
 		if err := json.Unmarshal(body, &b); err != nil {

@@ -141,8 +141,11 @@ func TestCommandSubcommands(t *testing.T) {
 	} else if wait, err := time.ParseDuration(fields[len(fields)-1]); err != nil || wait > time.Minute || wait < 50*time.Second {
 		t.Errorf("blocked printed a wait of %v (%v), want about a minute:\n%s", wait, err, out)
 	}
-	if b := commandJSON[adminapi.BlockedAnswer](t, "blocked", "--limit", "0"); b.Count != 1 || len(b.Blocked) != 0 {
-		t.Errorf("blocked --limit 0: %+v, want a count of 1 and no entries", b)
+	// The count alone is the admin API's (limit=0); the command always lists.
+	var count adminapi.BlockedAnswer
+	if res := send(t, adminURL+adminapi.BlockedPath+"?limit=0"); res.status != http.StatusOK || json.Unmarshal([]byte(res.body), &count) != nil ||
+		count.Count != 1 || len(count.Blocked) != 0 {
+		t.Errorf("GET %s?limit=0: %d %s, want a count of 1 and no entries", adminapi.BlockedPath, res.status, res.body)
 	}
 
 	out, err = runCommand(t, "reset", "--zone", "cmd_zone", "--key", "alice", "--address", "localhost:2999")
@@ -225,8 +228,10 @@ func TestCommandErrors(t *testing.T) {
 		{"no caddy, status", []string{"status", "--zone", "z", "--key", "k", "--address", nobody}, "no Caddy admin API answers at " + nobody},
 		{"unknown zone", []string{"status", "--zone", "nope", "--key", "k", "--address", "localhost:2999"}, `unknown zone "nope": no sliding_ratelimit handler has a zone of that name`},
 		{"unknown zone, reset", []string{"reset", "--zone", "nope", "--key", "k", "--address", "localhost:2999"}, `unknown zone "nope"`},
-		{"negative limit", []string{"blocked", "--limit", "-1", "--address", "localhost:2999"}, "limit must be a whole number of at least 0"},
-		{"limit not a number", []string{"blocked", "--limit", "ten"}, `invalid argument "ten" for "--limit" flag`},
+		{"negative limit", []string{"blocked", "--limit", "-1", "--address", "localhost:2999"}, `invalid argument "-1" for "--limit" flag: --limit must be at least 1, the most clients to list`},
+		{"zero limit", []string{"blocked", "--limit", "0", "--address", "localhost:2999"}, `invalid argument "0" for "--limit" flag: --limit must be at least 1, the most clients to list (the count of all blocked clients ends every listing)`},
+		{"limit not a number", []string{"blocked", "--limit", "ten"}, `invalid argument "ten" for "--limit" flag: --limit must be a whole number of at least 1, the most clients to list`},
+		{"limit too large", []string{"blocked", "--limit", "99999999999999999999"}, `--limit is too large`},
 		{"no key", []string{"status", "--zone", "cmd_zone"}, `required flag(s) "key" not set`},
 		{"no zone", []string{"reset", "--key", "k"}, `required flag(s) "zone" not set`},
 		{"empty key", []string{"status", "--zone", "cmd_zone", "--key", ""}, "--zone and --key must not be empty"},

@@ -44,6 +44,14 @@ func (z *Zone) policyItem(maxText string) string {
 	return item + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
 }
 
+// unread is the Remaining of a zone whose state a decision did not read:
+// the other zones of a request denied without a store call (by the deny
+// cache, or for a cost above a zone's max). Its RateLimit item is left
+// out: a figure remembered from an earlier call would be a guess, since
+// other requests and instances spend the zone meanwhile, and r=0;t=0 would
+// tell the client the zone is spent.
+const unread = -1
+
 // maxOf is the text of a call's max, precomputed for the zone's own.
 func (z *Zone) maxOf(max int64) string {
 	if max == z.limit.Max {
@@ -65,7 +73,7 @@ func policyOf(z *Zone, c limiter.Check) string {
 // (draft-ietf-httpapi-ratelimit-headers-11), in each zone's units:
 //
 //	RateLimit-Policy: "<zone>";q=<max>[;qu="<unit>"];w=<window seconds>, ... (every zone applied)
-//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free>, ... (every zone applied, the shown one first)
+//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free>, ... (every zone applied whose state was read, the shown one first)
 //
 // and with mode legacy also X-RateLimit-Limit, X-RateLimit-Remaining and
 // X-RateLimit-Reset (seconds) of the shown zone, the most restrictive. The
@@ -126,14 +134,15 @@ func appendRateLimitItem(item []byte, z *Zone, d limiter.Decision) []byte {
 	return item
 }
 
-// nearestFirst appends to order the indexes of the zones but shown, the
-// least left of their max first (a tie keeps the config's order).
+// nearestFirst appends to order the indexes of the zones but shown and
+// those unread, the least left of their max first (a tie keeps the
+// config's order).
 func nearestFirst(order []int, checks []limiter.Check, decisions []limiter.Decision, shown int) []int {
 	left := func(i int) float64 {
 		return float64(decisions[i].Remaining) / float64(max(checks[i].Limit.Max, 1))
 	}
 	for i := range checks {
-		if i == shown {
+		if i == shown || decisions[i].Remaining == unread {
 			continue
 		}
 		// Insertion: a request has a few zones.

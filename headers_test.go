@@ -1,13 +1,16 @@
 package slidingratelimit
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -125,5 +128,73 @@ func TestPlaceholdersInHeaderNeedDefer(t *testing.T) {
 		if got := h.Get(name); got != "4" {
 			t.Errorf("%s: %q, want 4", name, got)
 		}
+	}
+}
+
+// TestDenialWithoutStoreCallLeavesUnreadZonesOut: a denial answered without
+// a store call (the deny cache's, or a cost above a zone's max) knows
+// nothing of the request's other zones, so their RateLimit items are left
+// out, not shown as spent (r=0;t=0); RateLimit-Policy still lists them.
+func TestDenialWithoutStoreCallLeavesUnreadZonesOut(t *testing.T) {
+	burst, hourly := uniqueZone("burst"), uniqueZone("hourly")
+	in := newInstance(t, `{"zones": [{"name": "`+burst+`", "window": "1m", "max_requests": 2},
+		{"name": "`+hourly+`", "window": "1h", "max_requests": 100, "cost": "{http.request.header.X-Cost}"}]}`)
+	client := from("192.0.2.7")
+	policy := fmt.Sprintf(`%q;q=2;w=60, %q;q=100;srl-qu="units";w=3600`, burst, hourly)
+	expect(t, "within the burst", "/", []int{200, 200}, to(in), client)
+	fromStore := send(t, "/", to(in), client)
+	if want := fmt.Sprintf(`%q;r=0;t=60, %q;r=98;t=3600`, burst, hourly); fromStore.status != http.StatusTooManyRequests || fromStore.header.Get("RateLimit") != want {
+		t.Errorf("the denial from the store: %d, RateLimit %q; want 429 and %s", fromStore.status, fromStore.header.Get("RateLimit"), want)
+	}
+	hits := testutil.ToFloat64(limiterMetrics.denyCacheHits.WithLabelValues(burst))
+	cached := send(t, "/", to(in), client)
+	if testutil.ToFloat64(limiterMetrics.denyCacheHits.WithLabelValues(burst)) != hits+1 {
+		t.Fatal("the second denial did not come from the deny cache")
+	}
+	if want := fmt.Sprintf(`%q;r=0;t=60`, burst); cached.status != http.StatusTooManyRequests || cached.header.Get("RateLimit") != want {
+		t.Errorf("the denial from the deny cache: %d, RateLimit %q; want 429 and %s (the hourly zone was not read)", cached.status, cached.header.Get("RateLimit"), want)
+	}
+	if got := cached.header.Get("RateLimit-Policy"); got != policy {
+		t.Errorf("the denial from the deny cache: RateLimit-Policy %q, want %s", got, policy)
+	}
+
+	never := send(t, "/", to(in), from("192.0.2.8"), withHeader("X-Cost", "101"))
+	if want := fmt.Sprintf(`%q;r=100;t=0`, hourly); never.status != http.StatusTooManyRequests || never.header.Get("RateLimit") != want {
+		t.Errorf("a cost above the max: %d, RateLimit %q; want 429 and %s (the burst zone was not read)", never.status, never.header.Get("RateLimit"), want)
+	}
+}
+
+// TestCounterResetMayOutlastTheWindow: a counter zone's t can be longer
+// than its window (t=3999 on a window of 1h) and is right: the units of the
+// current fixed window leave only once it has ended, and then gradually, as
+// the previous window's weight falls, about window/count apart. So with 9
+// requests in this fixed window and none in the one before, the first unit
+// frees at the end of this window plus 1h/9: up to 4000 s on 1h.
+func TestCounterResetMayOutlastTheWindow(t *testing.T) {
+	zone := uniqueZone("hourly")
+	// Redis's fixed windows start at multiples of the window since the Unix
+	// epoch (the in-process store's, since it started).
+	in := newInstance(t, `{"zones": [{"name": "`+zone+`", "window": "1h", "max_requests": 10, "algorithm": "counter"}],
+		"redis": "`+sharedRedis.URL()+`", "key_prefix": "`+uniquePrefix(t)+`"}`)
+	client := from("192.0.2.9")
+	const window = time.Hour
+	before := time.Now()
+	var last answer
+	for range 9 {
+		last = send(t, "/", to(in), client)
+	}
+	after := time.Now()
+	if before.Truncate(window) != after.Truncate(window) {
+		t.Skip("the requests straddled the end of a fixed window")
+	}
+	// t = the rest of this fixed window + window/9, rounded up.
+	most := ceilSeconds(window - before.Sub(before.Truncate(window)) + window/9)
+	least := ceilSeconds(window - after.Sub(after.Truncate(window)) + window/9)
+	var r, tSeconds int64
+	if _, err := fmt.Sscanf(last.header.Get("RateLimit"), strconv.Quote(zone)+";r=%d;t=%d", &r, &tSeconds); err != nil {
+		t.Fatalf("RateLimit %q: %v", last.header.Get("RateLimit"), err)
+	}
+	if r != 1 || tSeconds < least || tSeconds > most {
+		t.Errorf("after 9 requests: r=%d;t=%d, want r=1 and t from %d to %d (the rest of the fixed window, then 1h/9)", r, tSeconds, least, most)
 	}
 }

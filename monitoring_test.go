@@ -93,8 +93,8 @@ func TestEveryAlertTestedAndDocumented(t *testing.T) {
 			t.Errorf("%s: no promtool case in which it stays silent", name)
 		}
 		anchor := strings.ToLower(name)
-		if !strings.Contains(string(rules), "runbook_url: \"docs/observability.md#"+anchor+"\"") {
-			t.Errorf("%s: no runbook_url to docs/observability.md#%s", name, anchor)
+		if !strings.Contains(string(rules), "runbook_url: \""+runbookBase+"#"+anchor+"\"") {
+			t.Errorf("%s: no runbook_url to %s#%s", name, runbookBase, anchor)
 		}
 		if !regexp.MustCompile(`(?m)^### ` + name + `$`).Match(doc) {
 			t.Errorf("%s: no runbook entry (### %s) in docs/observability.md", name, name)
@@ -102,6 +102,74 @@ func TestEveryAlertTestedAndDocumented(t *testing.T) {
 	}
 	if n := strings.Count(string(rules), "summary: "); n != len(alertNames(t)) {
 		t.Errorf("%d summaries for %d alerts", n, len(alertNames(t)))
+	}
+}
+
+// runbookBase is where every runbook_url links to: the runbook on the
+// project's page, a link that opens from an alert (a path such as
+// docs/observability.md#... opens nothing in Alertmanager or Grafana).
+const runbookBase = "https://github.com/slidingratelimit/caddy-sliding-ratelimit/blob/main/docs/observability.md"
+
+// TestRunbookURLsAreLinks: every runbook_url, of the rules and of the
+// expected alerts of their tests, is an absolute https URL with the one
+// base docs/observability.md tells operators how to replace, and an anchor
+// of a runbook entry.
+func TestRunbookURLsAreLinks(t *testing.T) {
+	doc, err := os.ReadFile("docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), runbookBase) {
+		t.Errorf("docs/observability.md does not name the runbook base %s, which an operator replaces", runbookBase)
+	}
+	for _, file := range []string{rulesFile, rulesTestFile} {
+		rules, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		urls := regexp.MustCompile(`runbook_url: "([^"]*)"`).FindAllSubmatch(rules, -1)
+		if len(urls) == 0 {
+			t.Errorf("%s: no runbook_url", file)
+		}
+		for _, m := range urls {
+			u, err := url.Parse(string(m[1]))
+			if err != nil || u.Scheme != "https" || u.Host == "" || u.Fragment == "" {
+				t.Errorf("%s: runbook_url %q is not an https link with an anchor", file, m[1])
+				continue
+			}
+			if base, anchor, _ := strings.Cut(string(m[1]), "#"); base != runbookBase ||
+				!regexp.MustCompile(`(?mi)^### `+regexp.QuoteMeta(anchor)+`$`).Match(doc) {
+				t.Errorf("%s: runbook_url %q: want %s#<the anchor of a runbook entry>", file, m[1], runbookBase)
+			}
+		}
+	}
+}
+
+// TestRunbookSaysFailModeAlertsOutlastTheOutage: an alert on the rate of
+// fail-mode answers fires on after Redis is back, until the last of them
+// leaves its rate's range; its runbook entry says for how long, read from
+// the rule (the promtool case of SlidingRatelimitFailingOpen shows it).
+func TestRunbookSaysFailModeAlertsOutlastTheOutage(t *testing.T) {
+	rules, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := os.ReadFile("docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"SlidingRatelimitFailingOpen", "SlidingRatelimitFailingClosed", "SlidingRatelimitCountingLocally"} {
+		m := regexp.MustCompile(`- alert: ` + name + `\n\s+expr: .*\[(\d+)m\]`).FindSubmatch(rules)
+		if m == nil {
+			t.Errorf("%s: no rate over a range of minutes in %s", name, rulesFile)
+			continue
+		}
+		_, entry, _ := strings.Cut(string(doc), "### "+name+"\n")
+		entry, _, _ = strings.Cut(entry, "\n### ")
+		entry = strings.Join(strings.Fields(entry), " ")
+		if want := "up to " + string(m[1]) + " minutes after Redis is back"; !strings.Contains(entry, want) {
+			t.Errorf("%s: its runbook entry does not say it fires %q:\n%s", name, want, entry)
+		}
 	}
 }
 

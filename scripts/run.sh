@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Runs the freshly built ./caddy with Caddyfile.example (`make run` builds it first).
+# Runs the freshly built ./caddy with Caddyfile.example, or with the Caddyfile that
+# $CADDYFILE names (`make run` builds it first; `CADDYFILE=my.Caddyfile make run`).
+# Caddyfile.example serves 127.0.0.1:8080, its admin API on localhost:2019.
 # Which Redis, in order:
 #   1. $REDIS_URL, if it is set and answers PING;
-#   2. a throw-away redis-server started here on 127.0.0.1 (no persistence), stopped on exit;
+#   2. a throw-away redis-server started here on 127.0.0.1:6379, or on a free port from
+#      20000 to 49999 when 6379 is taken (no persistence), stopped on exit;
 #   3. none: REDIS_URL is left empty and the module uses its in-process store.
 set -euo pipefail
 
@@ -154,12 +157,20 @@ fi
 
 export REDIS_URL
 
+# What Caddyfile.example serves; another Caddyfile says its own addresses.
+serves=""
+try="the addresses $CADDYFILE serves"
+if [ "$CADDYFILE" = Caddyfile.example ]; then
+	serves=" (serves http://localhost:8080; admin API on localhost:2019)"
+	try="for i in \$(seq 1 12); do curl -si http://localhost:8080/api/hello | grep -iE '^(HTTP|Retry-After|RateLimit)'; done"
+fi
+
 cat <<EOF
 
 === sliding_ratelimit demo ===
 Redis:  ${REDIS_URL:+$(redact "$REDIS_URL") - }${redis_note}
-Config: $CADDYFILE (serves http://localhost:8080)
-Try:    for i in \$(seq 1 12); do curl -si http://localhost:8080/api/hello | grep -iE '^(HTTP|Retry-After|RateLimit)'; done
+Config: $CADDYFILE${serves}
+Try:    ${try}
 Stop:   Ctrl-C
 
 EOF

@@ -98,7 +98,12 @@ type BreakerOptions struct {
 // A failure is any store error, including a context deadline, except a
 // cancellation by the caller: when the caller's context was cancelled and the
 // error wraps context.Canceled, the client went away and says nothing about
-// the store, so the call counts neither as failure nor as success.
+// the store, so the call counts neither as failure nor as success. Nor
+// does the breaker tell a store's refusal of a call's own input (a window
+// the engine cannot keep) from a failure: such a call must not reach it,
+// or one handler's bad input would open the breaker of every handler on
+// that Redis. The Caddy module checks a request's figures against the
+// engine's bounds before any store call.
 //
 // Callers must give every call a deadline: a probe that never returns keeps the
 // breaker half-open. Results of calls that started before a transition are

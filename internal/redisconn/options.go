@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -73,11 +74,17 @@ func (o options) clients() (client, announcer redis.UniversalClient) {
 // Redis Enterprise feature) follow HELLO. With Redis 50ms away and a 100ms
 // timeout, three would leave no time for the first decision.
 func parse(topology, rawURL string) (options, error) {
+	if topology == "" {
+		topology = Standalone
+	}
+	if form, ok := urlForms[topology]; ok && !strings.Contains(rawURL, "://") {
+		return options{}, noScheme(rawURL, form)
+	}
 	switch topology {
-	case "", Standalone:
+	case Standalone:
 		opts, err := redis.ParseURL(rawURL)
 		if err != nil {
-			return options{}, urlError(err, "redis://host:port or rediss://host:port")
+			return options{}, urlError(err, urlForms[Standalone])
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
@@ -100,7 +107,7 @@ func parse(topology, rawURL string) (options, error) {
 	case Cluster:
 		opts, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
-			return options{}, urlError(err, "redis://host:port?addr=host2:port2")
+			return options{}, urlError(err, urlForms[Cluster])
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
@@ -122,7 +129,7 @@ func parse(topology, rawURL string) (options, error) {
 	case Sentinel:
 		opts, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
-			return options{}, urlError(err, "redis://sentinel:26379?master_name=mymaster")
+			return options{}, urlError(err, urlForms[Sentinel])
 		}
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries, opts.DialerRetries = failFast(opts.MaxRetries, opts.DialerRetries)
@@ -188,6 +195,26 @@ func failFast(maxRetries, dialerRetries int) (int, int) {
 // notifications handshake.
 func noMaintNotifications() *maintnotifications.Config {
 	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+}
+
+// urlForms is the form of a URL of each topology, for errors.
+var urlForms = map[string]string{
+	Standalone: "redis://host:port or rediss://host:port",
+	Cluster:    "redis://host:port?addr=host2:port2",
+	Sentinel:   "redis://sentinel:26379?master_name=mymaster",
+}
+
+// noScheme describes a URL without a scheme, such as host:port, which
+// go-redis's parsers refuse in the words of net/url ("first path segment
+// in URL cannot contain colon") or take host for the scheme. It shows the
+// URL with redis:// in front only when it is a bare address, which holds
+// no password.
+func noScheme(rawURL, form string) error {
+	msg := fmt.Sprintf("invalid URL (want %s): it has no scheme; a Redis URL starts with redis://, or rediss:// for TLS", form)
+	if rawURL != "" && strings.Trim(rawURL, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-:[]") == "" {
+		msg += ": redis://" + rawURL
+	}
+	return errors.New(msg)
 }
 
 // urlError describes a URL that go-redis refused, without quoting the URL,

@@ -166,3 +166,22 @@ func TestRedisURLErrorsHideThePassword(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisURLWithoutScheme: host:port alone, the commonest slip, is told to
+// need redis:// (or rediss://), not what net/url makes of it ("first path
+// segment in URL cannot contain colon"); only a bare address is shown back.
+func TestRedisURLWithoutScheme(t *testing.T) {
+	for _, topology := range []string{"", Standalone, Cluster, Sentinel} {
+		for _, c := range []struct{ raw, want string }{
+			{"127.0.0.5:16379", "it has no scheme; a Redis URL starts with redis://, or rediss:// for TLS: redis://127.0.0.5:16379"},
+			{"redis.internal:6379", "it has no scheme; a Redis URL starts with redis://, or rediss:// for TLS: redis://redis.internal:6379"},
+			{"[::1]:6379", "redis://[::1]:6379"},
+			{"user:s3cret@host:6379", "it has no scheme; a Redis URL starts with redis://, or rediss:// for TLS"},
+		} {
+			err := CheckURL(topology, c.raw)
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), "colon") {
+				t.Errorf("%q %s: %v, want an error with %q (and no password)", topology, c.raw, err, c.want)
+			}
+		}
+	}
+}
