@@ -2,12 +2,9 @@ package slidingratelimit
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,91 +15,21 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
 )
 
-// sdkCall is one call of testdata/llmsdk/client.mjs's plan, and sdkResult
-// what it got (see client.mjs).
-type sdkCall struct {
-	API            string            `json:"api"`
-	BaseURL        string            `json:"baseURL"`
-	APIKey         string            `json:"apiKey"`
-	Model          string            `json:"model,omitempty"`
-	Stream         bool              `json:"stream"`
-	IncludeUsage   bool              `json:"includeUsage"`
-	MaxTokens      int64             `json:"maxTokens"`
-	N              int               `json:"n,omitempty"`
-	BestOf         int               `json:"bestOf,omitempty"`
-	CandidateCount int               `json:"candidateCount,omitempty"`
-	Content        string            `json:"content"`
-	Drop           bool              `json:"drop"`
-	Headers        map[string]string `json:"headers,omitempty"`
-	// ExtraBody is JSON text put at the end of the body's top-level
-	// object; it may repeat keys.
-	ExtraBody string `json:"extraBody,omitempty"`
-}
+// sdkDir holds client.mjs and the official SDKs it runs.
+var sdkDir = filepath.Join("testdata", "llmsdk")
 
-type sdkResult struct {
-	Status          int    `json:"status"`
-	RetryAfter      string `json:"retryAfter"`
-	RateLimit       string `json:"rateLimit"`
-	RateLimitPolicy string `json:"rateLimitPolicy"`
-	Tokens          int64  `json:"tokens"`
-	Final           bool   `json:"final"`
-	Text            string `json:"text"`
-	Choices         int    `json:"choices"`
-	Error           string `json:"error"`
-	Message         string `json:"message"`
-}
+type sdkCall = llmtest.SDKCall
+type sdkResult = llmtest.SDKResult
 
-// sdkPackages are the official SDKs client.mjs runs.
-var sdkPackages = []string{"openai", "@anthropic-ai/sdk", "@google/genai", "ollama", "@aws-sdk/client-bedrock-runtime", "@smithy/node-http-handler"}
-
-// needSDKs makes sure the official SDKs are installed (npm ci, as
-// scripts/ensure-node-sdks.sh does). In CI a missing SDK fails the test;
-// elsewhere it skips, saying why, only when npm cannot install them.
-func needSDKs(t *testing.T) {
-	t.Helper()
-	dir := filepath.Join("testdata", "llmsdk")
-	stop := t.Skipf
-	if os.Getenv("CI") != "" {
-		stop = t.Fatalf
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		stop("node is not installed: run scripts/ensure-node-sdks.sh (make test does)")
-	}
-	for _, pkg := range sdkPackages {
-		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err == nil {
-			continue
-		}
-		cmd := exec.Command("npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			stop("the LLM SDKs are not installed and npm could not install them (run scripts/ensure-node-sdks.sh where the npm registry is reachable): %v\n%s", err, out)
-		}
-		break
-	}
-}
+// needSDKs makes sure the official SDKs are installed (scripts/ensure-node-sdks.sh):
+// missing, they fail the test in CI and skip it elsewhere.
+func needSDKs(t *testing.T) { t.Helper(); llmtest.NeedSDKs(t, sdkDir) }
 
 // runSDK runs the plan's calls with the official SDKs, in order or all at
 // once.
 func runSDK(t *testing.T, calls []sdkCall, parallel bool) []sdkResult {
 	t.Helper()
-	plan, err := json.Marshal(map[string]any{"calls": calls, "parallel": parallel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("node", filepath.Join("testdata", "llmsdk", "client.mjs"), string(plan))
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if e, ok := err.(*exec.ExitError); ok {
-			stderr = e.Stderr
-		}
-		t.Fatalf("node client.mjs: %v\n%s", err, stderr)
-	}
-	var results []sdkResult
-	if err := json.Unmarshal(out, &results); err != nil || len(results) != len(calls) {
-		t.Fatalf("node client.mjs answered %q: %v", out, err)
-	}
-	return results
+	return llmtest.RunSDKs(t, sdkDir, calls, parallel)
 }
 
 // runOne runs one call.
@@ -436,7 +363,7 @@ func TestAIGatewayFleet(t *testing.T) {
 			Stream: true, IncludeUsage: i%3 != 0, MaxTokens: 1500, Content: fmt.Sprintf("Story %d", i),
 			Headers: map[string]string{llmtest.HeaderPause: "20ms"}}
 		if c.API == "chat" || c.API == "completions" {
-			c.N = 2 + i%3
+			c.N = int64(2 + i%3)
 		}
 		calls[i%2] = append(calls[i%2], c)
 	}

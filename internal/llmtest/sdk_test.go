@@ -1,11 +1,8 @@
 package llmtest
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,88 +13,14 @@ import (
 // sdkDir holds client.mjs and the official SDKs it runs.
 var sdkDir = filepath.Join("..", "..", "testdata", "llmsdk")
 
-// sdkPackages are the SDKs client.mjs imports.
-var sdkPackages = []string{"openai", "@anthropic-ai/sdk", "@google/genai", "ollama", "@aws-sdk/client-bedrock-runtime", "@smithy/node-http-handler"}
+type sdkCall = SDKCall
+type sdkResult = SDKResult
 
-// sdkCall is one call of client.mjs's plan, and sdkResult what it got.
-type sdkCall struct {
-	API            string            `json:"api"`
-	BaseURL        string            `json:"baseURL"`
-	APIKey         string            `json:"apiKey"`
-	Model          string            `json:"model,omitempty"`
-	Stream         bool              `json:"stream"`
-	IncludeUsage   bool              `json:"includeUsage"`
-	MaxTokens      int64             `json:"maxTokens"`
-	N              int64             `json:"n,omitempty"`
-	BestOf         int64             `json:"bestOf,omitempty"`
-	CandidateCount int64             `json:"candidateCount,omitempty"`
-	Content        string            `json:"content"`
-	Drop           bool              `json:"drop"`
-	Headers        map[string]string `json:"headers,omitempty"`
-	ExtraBody      any               `json:"extraBody,omitempty"`
-	HTTP2          bool              `json:"http2,omitempty"`
-	SigV4          bool              `json:"sigv4,omitempty"`
-}
+func needSDKs(t *testing.T) { t.Helper(); NeedSDKs(t, sdkDir) }
 
-type sdkResult struct {
-	Status          int             `json:"status"`
-	RetryAfter      string          `json:"retryAfter"`
-	RateLimit       string          `json:"rateLimit"`
-	RateLimitPolicy string          `json:"rateLimitPolicy"`
-	Tokens          int64           `json:"tokens"`
-	Final           bool            `json:"final"`
-	Text            string          `json:"text"`
-	Choices         int             `json:"choices"`
-	Usage           json.RawMessage `json:"usage"`
-	Error           string          `json:"error"`
-	Message         string          `json:"message"`
-}
-
-// needSDKs makes sure node and the SDKs are there: it fails the test in CI
-// (CI=true) when they are not, and skips it elsewhere, saying how to get
-// them.
-func needSDKs(t *testing.T) {
-	t.Helper()
-	missing := func(format string, args ...any) {
-		t.Helper()
-		msg := fmt.Sprintf(format, args...) + ": run scripts/ensure-node-sdks.sh (make test does)"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		missing("node is not installed")
-	}
-	for _, pkg := range sdkPackages {
-		if _, err := os.Stat(filepath.Join(sdkDir, "node_modules", pkg, "package.json")); err != nil {
-			missing("the SDK %s is not installed in %s", pkg, sdkDir)
-		}
-	}
-}
-
-// runSDKs runs calls with the official SDKs, in order or all at once.
 func runSDKs(t *testing.T, calls []sdkCall, parallel bool) []sdkResult {
 	t.Helper()
-	plan, err := json.Marshal(map[string]any{"calls": calls, "parallel": parallel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("node", filepath.Join(sdkDir, "client.mjs"), string(plan))
-	cmd.Env = append(os.Environ(), "AWS_EC2_METADATA_DISABLED=true")
-	out, err := cmd.Output()
-	if err != nil {
-		var stderr []byte
-		if e, ok := err.(*exec.ExitError); ok {
-			stderr = e.Stderr
-		}
-		t.Fatalf("node client.mjs: %v\n%s", err, stderr)
-	}
-	var results []sdkResult
-	if err := json.Unmarshal(out, &results); err != nil || len(results) != len(calls) {
-		t.Fatalf("node client.mjs answered %q: %v", out, err)
-	}
-	return results
+	return RunSDKs(t, sdkDir, calls, parallel)
 }
 
 // headerKey counts a request by the header its key came in, named, so
