@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -242,14 +241,16 @@ func (b *backend) neverDenied(zone string, max int64) bool {
 // with fail_mode local, the in-process store decides instead: then the
 // source says so and the error is nil. The Redis store ends each call at its
 // own timeout, so a request creates no timer. Checks the engine refuses
-// for their own figures reach no store (checkEngineInput), and a denial
-// from the cache leaves the zones it did not read unread (markUnread).
+// for their own figures (limiter.ErrInvalidCheck) are no store failure: they
+// are logged apart and go to no fallback, which would refuse them the same;
+// a denial from the cache leaves the zones it did not read unread
+// (markUnread).
 func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision) (source, error) {
-	if err := checkEngineInput(checks); err != nil {
+	hit, err := b.cache.AllowCached(ctx, checks, decisions)
+	if errors.Is(err, limiter.ErrInvalidCheck) {
 		b.refused.record(b.failMode, err)
 		return fromNoStore, err
 	}
-	hit, err := b.cache.AllowCached(ctx, checks, decisions)
 	src := fromStore
 	if hit {
 		src = fromCache
@@ -266,40 +267,6 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 	// The in-process store never fails.
 	_ = b.local.Allow(ctx, checks, decisions)
 	return fromLocal, nil
-}
-
-// checkEngineInput reports the first check whose own figures the engine
-// refuses (limiter's bounds of a Limit and a Check), so that no store is
-// asked for it. The rules refuse such a config at load, and what a request
-// brings (a tenant's max, a cost) is bounded where it is read, so such a
-// check is a figure the rules missed; its error is the request's, not the
-// store's, and must not count for the circuit breaker that every handler on
-// that Redis shares, nor send the request to the in-process fallback,
-// which would refuse it the same.
-func checkEngineInput(checks []limiter.Check) error {
-	for _, c := range checks {
-		l := c.Limit
-		err := checkWindow("window", l.Window)
-		switch {
-		case err != nil:
-		case l.Algorithm > limiter.Concurrency:
-			err = fmt.Errorf("unknown algorithm %v", l.Algorithm)
-		case l.Max < 0 || l.Max > maxMaxRequests:
-			err = fmt.Errorf("max %d is outside 0 to 2^48-1", l.Max)
-		case c.Cost < 0 || c.Cost > strictnum.Max:
-			err = fmt.Errorf("cost %d is outside 0 to 2^53", c.Cost)
-		case c.Cost > 1 && l.Algorithm == limiter.Concurrency:
-			err = fmt.Errorf("a concurrency zone counts requests: cost %d, want 0 or 1", c.Cost)
-		case c.Wait != 0 && l.Algorithm != limiter.SlidingLog:
-			err = fmt.Errorf("a %s zone takes no wait (wait %v)", l.Algorithm, c.Wait)
-		default:
-			err = checkWait(c.Wait, l.Window, "")
-		}
-		if err != nil {
-			return fmt.Errorf("zone %s: %w", c.Zone, err)
-		}
-	}
-	return nil
 }
 
 // markUnread marks the decisions that a denial from the deny cache did not

@@ -307,11 +307,24 @@ const (
 // the check's zone; a Wait is also at most two years.
 const MaxWaitWindows = 16
 
+// ErrInvalidCheck is wrapped by the error of a call whose own input no
+// store can decide: a Limit or Check outside the bounds documented on
+// their fields, or decisions of the wrong length. It says nothing of the
+// store: a caller that counts store failures (a circuit breaker) leaves it
+// out.
+var ErrInvalidCheck = errors.New("check outside the engine's bounds")
+
+// invalidCheck is an error of a call's input, which Is ErrInvalidCheck.
+type invalidCheck string
+
+func (e invalidCheck) Error() string        { return string(e) }
+func (e invalidCheck) Is(target error) bool { return target == ErrInvalidCheck }
+
 // checkInput reports the first check that no store can decide, naming it and
 // what is wrong, or decisions of the wrong length.
 func checkInput(checks []Check, decisions []Decision) error {
 	if len(decisions) != len(checks) {
-		return fmt.Errorf("%d decisions for %d checks", len(decisions), len(checks))
+		return invalidCheck(fmt.Sprintf("%d decisions for %d checks", len(decisions), len(checks)))
 	}
 	for i, c := range checks {
 		l := c.Limit
@@ -341,7 +354,7 @@ func checkInput(checks []Check, decisions []Decision) error {
 			problem = fmt.Sprintf("a concurrency zone counts requests: cost %d, want 0 or 1", c.Cost)
 		}
 		if problem != "" {
-			return fmt.Errorf("check %d (zone %q): %s", i, c.Zone, problem)
+			return invalidCheck(fmt.Sprintf("check %d (zone %q): %s", i, c.Zone, problem))
 		}
 	}
 	return nil

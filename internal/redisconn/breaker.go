@@ -99,11 +99,9 @@ type BreakerOptions struct {
 // cancellation by the caller: when the caller's context was cancelled and the
 // error wraps context.Canceled, the client went away and says nothing about
 // the store, so the call counts neither as failure nor as success. Nor
-// does the breaker tell a store's refusal of a call's own input (a window
-// the engine cannot keep) from a failure: such a call must not reach it,
-// or one handler's bad input would open the breaker of every handler on
-// that Redis. The Caddy module checks a request's figures against the
-// engine's bounds before any store call.
+// does a store's refusal of a call's own input (limiter.ErrInvalidCheck: a
+// window the engine cannot keep), or one handler's bad input would open
+// the breaker of every handler on that Redis.
 //
 // Callers must give every call a deadline: a probe that never returns keeps the
 // breaker half-open. Results of calls that started before a transition are
@@ -304,7 +302,7 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, ch
 // ctx, says something is wrong with the store: everything but a cancellation
 // by the caller, and a lease that had expired.
 func countsAsFailure(ctx context.Context, err error) bool {
-	if errors.Is(err, limiter.ErrLeaseLost) {
+	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) {
 		return false
 	}
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
