@@ -306,18 +306,15 @@ func (k *leaseKeeper) extendOnce(batch []*runningLease) {
 		checks[i], decisions[i] = l.check, l.decision
 	}
 	err := k.backend.extend(context.Background(), checks, decisions, batch[0].src)
-	{
-		// Each decision holds the record its reservation has now: moved,
-		// even when a lease was lost, or where it was when the call
-		// failed before it.
-		k.mu.Lock()
-		for i, l := range batch {
-			if l.zone.limit.Algorithm != limiter.Concurrency {
-				l.decision = decisions[i]
-			}
+	// Each decision holds the record its reservation has now: moved, even
+	// when a lease was lost, or where it was when the call failed before it.
+	k.mu.Lock()
+	for i, l := range batch {
+		if l.zone.limit.Algorithm != limiter.Concurrency {
+			l.decision = decisions[i]
 		}
-		k.mu.Unlock()
 	}
+	k.mu.Unlock()
 	if errors.Is(err, limiter.ErrLeaseLost) && len(batch) > 1 {
 		for _, l := range batch {
 			if l.zone.limit.Algorithm == limiter.Concurrency {
