@@ -101,7 +101,8 @@ type BreakerOptions struct {
 // the store, so the call counts neither as failure nor as success. Nor
 // does a store's refusal of a call's own input (limiter.ErrInvalidCheck: a
 // window the engine cannot keep), or one handler's bad input would open
-// the breaker of every handler on that Redis.
+// the breaker of every handler on that Redis; nor Redis refusing a write
+// for lack of memory (OutOfMemory), since a full Redis answers.
 //
 // Callers must give every call a deadline: a probe that never returns keeps the
 // breaker half-open. Results of calls that started before a transition are
@@ -290,7 +291,8 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, ch
 	}()
 	err := next(ctx, checks, decisions)
 	switch {
-	case err == nil, errors.Is(err, limiter.ErrLeaseLost):
+	case err == nil, errors.Is(err, limiter.ErrLeaseLost), OutOfMemory(err):
+		// Redis answered.
 		b.transition(e, BreakerClosed)
 	case countsAsFailure(ctx, err):
 		b.transition(e, BreakerOpen)
@@ -300,9 +302,12 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, ch
 
 // countsAsFailure reports whether err, returned by the store for a call with
 // ctx, says something is wrong with the store: everything but a cancellation
-// by the caller, and a lease that had expired.
+// by the caller, a lease that had expired, a check the engine refuses for its
+// own figures, and Redis refusing a write for lack of memory: a full Redis
+// still answers, and reads it still serves, so its refusals open the breaker
+// for no one (the backend decides those requests from what Redis holds).
 func countsAsFailure(ctx context.Context, err error) bool {
-	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) {
+	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) || OutOfMemory(err) {
 		return false
 	}
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)

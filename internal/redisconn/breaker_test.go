@@ -1085,3 +1085,43 @@ func TestBreakerLeaseLostIsNoFailure(t *testing.T) {
 		t.Errorf("Settle while open: %v, %d store calls; want ErrBreakerOpen and none", err, store.settles.Load())
 	}
 }
+
+// TestBreakerOutOfMemoryIsNoFailure: a Redis at maxmemory with noeviction
+// refuses the script's writes, but it answers: however many refusals come
+// in a row, the breaker stays closed (and a half-open probe that meets one
+// closes it), so the other handlers on that Redis, and the reads it still
+// serves, go on.
+func TestBreakerOutOfMemoryIsNoFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	store := limiter.NewRedisStore(client, limiter.RedisOptions{KeyPrefix: "test:oom:", Timeout: time.Second})
+	t.Cleanup(func() { store.Close() })
+	ctx := context.Background()
+	for _, cmd := range [][]any{{"config", "set", "maxmemory-policy", "noeviction"}, {"config", "set", "maxmemory", "1"}} {
+		if err := client.Do(ctx, cmd...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = client.ConfigSet(ctx, "maxmemory", "0").Err() })
+
+	clock := &breakerClock{t: time.Unix(1, 0)}
+	b := NewBreaker(BreakerOptions{Failures: 2})
+	b.now = clock.Now
+	g := b.Guard(store)
+	check := []limiter.Check{{Zone: "z", Key: "client", Limit: limiter.Limit{Window: time.Minute, Max: 10}}}
+	for i := range 5 {
+		err := g.Allow(ctx, check, make([]limiter.Decision, 1))
+		if !OutOfMemory(err) {
+			t.Fatalf("Allow %d on a full Redis: %v, want an OOM error", i, err)
+		}
+	}
+	wantState(t, b, BreakerClosed)
+
+	// A probe that meets a full Redis closes the breaker: Redis answered.
+	b.transition(b.epoch.Load(), BreakerOpen)
+	clock.Advance(time.Minute)
+	if err := g.Allow(ctx, check, make([]limiter.Decision, 1)); !OutOfMemory(err) {
+		t.Fatalf("probe on a full Redis: %v, want an OOM error", err)
+	}
+	wantState(t, b, BreakerClosed)
+}
