@@ -159,13 +159,15 @@ func (sh *fallbackShard) makeRoom(now int64) {
 }
 
 // Seeded reports whether a local decision of this outage started from each
-// check's client already: then asking the store again tells no more.
+// check's client already (in log and counter zones; false if checks has
+// none): then asking the store again tells no more.
 func (f *Fallback) Seeded(checks []Check) bool {
-	episode := f.episode.Load()
+	episode, counted := f.episode.Load(), false
 	for _, c := range checks {
 		if c.Limit.Algorithm == Concurrency {
 			continue
 		}
+		counted = true
 		k := memoryKey{c.Zone, c.Key}
 		sh := f.shard(k)
 		sh.mu.Lock()
@@ -175,7 +177,8 @@ func (f *Fallback) Seeded(checks []Check) bool {
 			return false
 		}
 	}
-	return true
+	// A request of concurrency zones only: no store's word to start from.
+	return counted
 }
 
 // share is one instance's part of limit among n: at least 1 of a limit that
