@@ -110,11 +110,3 @@ func MemoryWarning(maxmemory int64, policy string) string {
 	}
 	return ""
 }
-
-// OutOfMemory reports whether err is Redis refusing a command for lack of
-// memory: maxmemory reached with maxmemory-policy noeviction (or nothing
-// left to evict).
-func OutOfMemory(err error) bool {
-	var reply redis.Error
-	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "OOM ")
-}

@@ -121,6 +121,13 @@ func (c *Conn) Subscriptions() int {
 	return b.subscriptions
 }
 
+// Instances returns how many instances share this Redis, this one included,
+// as last counted while Redis answered (see rollCall): those whose
+// heartbeats were heard within three intervals (heartbeatInterval) of the
+// last heartbeat of this connection that came back. It is 1 until this
+// connection's subscriber has heard its own heartbeat.
+func (c *Conn) Instances() int { return c.s.resets.roll.count() }
+
 // AnnounceReset tells every instance that key (a full Redis key) was reset,
 // and waits until this instance's subscriber has received the announcement,
 // which Redis delivers to every subscriber in the same PUBLISH, or until

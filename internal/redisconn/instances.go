@@ -108,16 +108,16 @@ func (r *rollCall) forget(now time.Time) {
 	}
 }
 
-// beat publishes this connection's heartbeat until ctx ends, the first at
-// once.
-func (b *resetBus) beat(ctx context.Context) {
+// beat sends this connection's heartbeat with publish until ctx ends, the
+// first at once.
+func (r *rollCall) beat(ctx context.Context, publish func(ctx context.Context, id string) error) {
 	tick := time.NewTicker(heartbeatInterval)
 	defer tick.Stop()
 	for {
 		// A failed heartbeat is a Redis away: the count stands still, as
 		// it should, until one comes back.
 		pctx, cancel := context.WithTimeout(ctx, heartbeatInterval)
-		_ = b.publisher.Publish(pctx, instanceChannel, b.roll.id).Err()
+		_ = publish(pctx, r.id)
 		cancel()
 		select {
 		case <-ctx.Done():
@@ -126,10 +126,3 @@ func (b *resetBus) beat(ctx context.Context) {
 		}
 	}
 }
-
-// Instances returns how many instances share this Redis, this one included,
-// as last counted while Redis answered (see rollCall): those whose
-// heartbeats were heard within three intervals (heartbeatInterval) of the
-// last heartbeat of this connection that came back. It is 1 until this
-// connection's subscriber has heard its own heartbeat.
-func (c *Conn) Instances() int { return c.s.resets.roll.count() }

@@ -180,7 +180,11 @@ func (b *resetBus) run() {
 	}
 	b.pubsub = ps
 	b.mu.Unlock()
-	beats.Go(func() { b.beat(b.ctx) })
+	beats.Go(func() {
+		b.roll.beat(b.ctx, func(ctx context.Context, id string) error {
+			return b.publisher.Publish(ctx, instanceChannel, id).Err()
+		})
+	})
 	for msg := range ps.ChannelWithSubscriptions() {
 		switch m := msg.(type) {
 		case *redis.Subscription:
