@@ -56,6 +56,8 @@ type fallbackShard struct {
 	seen map[memoryKey]sighting
 	// owed holds the units admitted in process since the outage began.
 	owed map[memoryKey]owedCharge
+	// swept is when makeRoom last dropped what no longer weighs.
+	swept int64
 }
 
 // sighting is what the shared store said of one client in one zone; times
@@ -142,12 +144,16 @@ func (f *Fallback) sight(checks []Check, decisions []Decision, overwrite bool) (
 	return known
 }
 
-// makeRoom drops the sightings that no longer weigh, or one at random if
-// all do; sh.mu must be held.
+// makeRoom drops the sightings that no longer weigh, at most once a second
+// (a scan of the shard), and one at random while the shard is still full;
+// sh.mu must be held.
 func (sh *fallbackShard) makeRoom(now int64) {
-	for k, s := range sh.seen {
-		if s.expires <= now {
-			delete(sh.seen, k)
+	if now-sh.swept >= 1e6 {
+		sh.swept = now
+		for k, s := range sh.seen {
+			if s.expires <= now {
+				delete(sh.seen, k)
+			}
 		}
 	}
 	for k := range sh.seen {

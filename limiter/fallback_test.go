@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -195,4 +197,34 @@ func TestFallbackSightedOncePerOutage(t *testing.T) {
 	if d := peek(); d[0].Remaining != 0 {
 		t.Errorf("Redis has %d left after the outage's 6 were charged, want 0", d[0].Remaining)
 	}
+}
+
+// BenchmarkFallbackObserve is what fail_mode local adds to each decision
+// that Redis answers, and the memory of each client it remembers
+// (bytes/client, over as many clients as it keeps).
+func BenchmarkFallbackObserve(b *testing.B) {
+	local := NewMemoryStore()
+	defer local.Close()
+	f := NewFallback(local, func() int { return 2 })
+	keys := make([]string, fallbackShards*fallbackShardClients)
+	for i := range keys {
+		keys[i] = "198.51." + strconv.Itoa(i>>8) + "." + strconv.Itoa(i&255)
+	}
+	checks := []Check{{Zone: "default", Limit: Limit{Window: time.Minute, Max: 100}}}
+	decisions := []Decision{{Allowed: true, Remaining: 40, Reset: time.Second}}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, k := range keys {
+		checks[0].Key = k
+		f.Observe(checks, decisions)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	perClient := float64(after.HeapAlloc-before.HeapAlloc) / float64(len(keys))
+	for i := 0; b.Loop(); i++ {
+		checks[0].Key = keys[i%len(keys)]
+		f.Observe(checks, decisions)
+	}
+	b.ReportMetric(perClient, "bytes/client")
 }
