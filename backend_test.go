@@ -320,9 +320,9 @@ func TestUnreachableRedisStillLoads(t *testing.T) {
 }
 
 // TestRedisMemoryPolicyWarnings: at start, a Redis whose policy would evict
-// limit state when full (allkeys-*), or that refuses writes once full
-// (noeviction with a maxmemory), is a warning that says what to do; a Redis
-// without a maxmemory, or with volatile-ttl, is none.
+// limit state when full (allkeys-*, volatile-*) is a warning that says what
+// keeps limits (noeviction, and memory); a Redis without a maxmemory, or
+// with noeviction, is none.
 func TestRedisMemoryPolicyWarnings(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
@@ -331,11 +331,11 @@ func TestRedisMemoryPolicyWarnings(t *testing.T) {
 		warning           string
 	}{
 		{"noeviction", "0", ""},
-		{"noeviction", "50mb", "refuses writes once it reaches maxmemory (maxmemory-policy noeviction)"},
-		{"allkeys-lru", "50mb", "evicts any key when it is full (maxmemory-policy allkeys-lru)"},
-		{"allkeys-lfu", "50mb", "evicts any key when it is full (maxmemory-policy allkeys-lfu)"},
+		{"noeviction", "50mb", ""},
+		{"allkeys-lru", "50mb", "evicts the limiter's keys when it is full (maxmemory-policy allkeys-lru)"},
+		{"allkeys-lfu", "50mb", "evicts the limiter's keys when it is full (maxmemory-policy allkeys-lfu)"},
 		{"allkeys-lru", "0", ""},
-		{"volatile-ttl", "50mb", ""},
+		{"volatile-ttl", "50mb", "evicts the limiter's keys when it is full (maxmemory-policy volatile-ttl)"},
 	} {
 		t.Run(c.policy+"/"+c.maxmemory, func(t *testing.T) {
 			ctx := context.Background()
@@ -361,7 +361,7 @@ func TestRedisMemoryPolicyWarnings(t *testing.T) {
 			case c.warning != "" && len(lines) != 1:
 				t.Errorf("%d warnings about maxmemory, want 1: %q", len(lines), lines)
 			case c.warning != "":
-				for _, want := range []string{`"level":"warn"`, c.warning, "volatile-ttl", "more memory"} {
+				for _, want := range []string{`"level":"warn"`, c.warning, "set maxmemory-policy noeviction", "memory of every client"} {
 					if !strings.Contains(lines[0], want) {
 						t.Errorf("warning %s, want it to say %q", lines[0], want)
 					}
