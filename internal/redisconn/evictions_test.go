@@ -110,7 +110,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// read waits until w has read its Redis once more after now.
+// readSince waits until w has read its Redis once more after since.
 func (w *evictionWatch) readSince(t *testing.T, since time.Time) {
 	t.Helper()
 	waitFor(t, "a reading of evicted_keys", func() bool {
