@@ -30,6 +30,7 @@ func TestReloadKeepsState(t *testing.T) {
 	}{
 		{"LeasesAgainstALoweredMax", testLeasesLoweredMax},
 		{"LogWindowChanged", testLogWindowChanged},
+		{"LongerWindowSeesWhatTheKeyKept", testLongerWindowSeesWhatWasKept},
 	}
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
@@ -93,4 +94,23 @@ func testLogWindowChanged(t *testing.T, s clockedStore) {
 	// Shortened to 3s: only those at 3s and 4s lie in (2s, 5s].
 	c.Limit.Window = 3 * sec
 	want(t, "window shortened to 3s", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 2, Reset: sec})
+}
+
+// testLongerWindowSeesWhatWasKept: a write drops the admissions that left
+// the window it was made with, so a longer window later counts what lay in
+// the old window at the key's last write, not all it would have held.
+func testLongerWindowSeesWhatWasKept(t *testing.T, s clockedStore) {
+	c := Check{Zone: "log", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 5}}
+	for i := range 5 {
+		s.at(time.Duration(i) * sec)
+		decide(t, s, false, c)
+	}
+	// At 12s, those at 0s, 1s and 2s have left the window: the write drops
+	// them.
+	s.at(12 * sec)
+	want(t, "at 12s, three in the window", decide(t, s, false, c)[0], Decision{Allowed: true, Remaining: 2, Reset: sec})
+	c.Limit.Window = 20 * sec
+	s.at(12500 * time.Millisecond)
+	// A 20s window would hold all six; the key holds 3s, 4s and 12s.
+	want(t, "window lengthened to 20s", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 2, Reset: 10500 * time.Millisecond})
 }
