@@ -665,8 +665,8 @@ func TestJSONRulesOfWaitsAndLeases(t *testing.T) {
 // that instances with different lease times share its slots.
 func TestConcurrencyZoneIdentity(t *testing.T) {
 	for _, c := range []struct{ config, want string }{
-		{`{"zones": [{"name": "reports", "concurrent": 2}]}`, "reports:concurrent:2"},
-		{`{"zones": [{"name": "reports", "concurrent": 2, "lease": "10s"}]}`, "reports:concurrent:2"},
+		{`{"zones": [{"name": "reports", "concurrent": 2}]}`, "reports:concurrent"},
+		{`{"zones": [{"name": "reports", "concurrent": 2, "lease": "10s"}]}`, "reports:concurrent"},
 		{`{"zones": [{"name": "dl", "concurrent": 10, "key": "{http.request.header.X-Api-Key}"}]}`, "dl:concurrent"},
 	} {
 		in := newInstance(t, c.config)

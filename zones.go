@@ -535,7 +535,8 @@ func implicitSite(ctx caddy.Context) string {
 	case httpApp != nil && len(httpApp.Servers) > 1:
 		site.WriteString("server=" + srv.Name())
 	}
-	site.WriteString(strings.Join(paths, ","))
+	slices.Sort(paths)
+	site.WriteString(strings.Join(slices.Compact(paths), ","))
 
 	implicitZones.mu.Lock()
 	zones := implicitZonesOf(ctx, app)
