@@ -449,9 +449,12 @@ func formatWindow(w time.Duration) string {
 
 // An unnamed zone, the one window and max_requests at the top define, is
 // named "default" without the user writing a name, so its identity names
-// its site instead of its numbers: the hosts and paths of the site's
-// addresses (the matchers of the top-level route around the handler), as in
-// "default@example.com" or "default@example.com/api/*". The same site keeps
+// its site instead of its numbers: the hosts and paths of the top-level
+// route around the handler, as in "default@example.com" or
+// "default@example.com/api/*". That route is the site's (its addresses),
+// or, for the only site of a port that answers every host, whose
+// directives the Caddyfile puts at the top of the server, the handler's own
+// ("default@/api/*" for sliding_ratelimit /api/*). The same site keeps
 // its clients' counts through a reload that changes its numbers, and every
 // instance of a fleet, which runs the same config, names it alike, while the
 // three lines of another site count apart. A site that answers every host
@@ -459,11 +462,12 @@ func formatWindow(w time.Duration) string {
 // several servers, the port is what tells it from another such site, and it
 // is named by its server ("default@server=srv1"), the one name of a server
 // that instances listening on different ports share; where it has one, it
-// is "default" alone. A site's second handler of the three-line form, its
-// third, ... are other limits ("default@example.com~2"). A handler
-// provisioned outside a server has no site: "default". Long names, or names
-// holding what a key or the admin API's path should not (placeholders, IPv6
-// brackets, ports), are hashed (boundSite).
+// is "default" alone. A second handler of the three-line form of the same
+// site name on a server, a third, ... are other limits
+// ("default@example.com~2"). A handler provisioned outside a server has no
+// site: "default". Long names, or names holding what a key or the admin
+// API's path should not (placeholders, IPv6 brackets, ports), are hashed
+// (boundSite).
 
 // implicitZones holds, per config being loaded or running, what its handlers
 // with an unnamed zone need of each other: how many of them each top-level
@@ -475,17 +479,17 @@ var implicitZones = struct {
 
 // configZones is what implicitZones holds of one config.
 type configZones struct {
-	// inRoute counts the handlers with an unnamed zone provisioned so far
-	// in each top-level route (a site on a server).
-	inRoute map[siteRoute]int
+	// onServer counts the handlers with an unnamed zone provisioned so
+	// far for each site name on each server.
+	onServer map[serverSite]int
 	// byState names the handlers by the state of their unnamed zone.
 	byState map[implicitZoneState][]string
 }
 
-// siteRoute is a top-level route of a server.
-type siteRoute struct {
+// serverSite is a site name on a server.
+type serverSite struct {
 	server *caddyhttp.Server
-	route  int
+	site   string
 }
 
 // implicitZonesOf returns what implicitZones holds of config, which the end
@@ -493,7 +497,7 @@ type siteRoute struct {
 func implicitZonesOf(ctx caddy.Context, config any) *configZones {
 	zones, ok := implicitZones.byConfig[config]
 	if !ok {
-		zones = &configZones{inRoute: make(map[siteRoute]int), byState: make(map[implicitZoneState][]string)}
+		zones = &configZones{onServer: make(map[serverSite]int), byState: make(map[implicitZoneState][]string)}
 		implicitZones.byConfig[config] = zones
 		// Provisioning is over when the config is, or failed.
 		context.AfterFunc(ctx, func() {
@@ -506,13 +510,13 @@ func implicitZonesOf(ctx caddy.Context, config any) *configZones {
 }
 
 // implicitSite names the site of the handler being provisioned for the
-// identity of its unnamed zone, and counts the handler in its route: call it
+// identity of its unnamed zone, and counts the handler in its site: call it
 // once per handler with an unnamed zone. Caddy provisions a server's
 // top-level routes in order, each with all the handlers and subroutes inside
 // it before the next, and drops a route's handler JSON once they are done:
 // the route being provisioned is the first that still holds it, and the
-// handlers inside it come in the config's order, the same on every instance
-// and after a reload of the same config.
+// handlers of a server come in the config's order, the same on every
+// instance and after a reload of the same config.
 func implicitSite(ctx caddy.Context) string {
 	app, err := ctx.AppIfConfigured("http")
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
@@ -540,9 +544,9 @@ func implicitSite(ctx caddy.Context) string {
 
 	implicitZones.mu.Lock()
 	zones := implicitZonesOf(ctx, app)
-	at := siteRoute{srv, route}
-	zones.inRoute[at]++
-	n := zones.inRoute[at]
+	at := serverSite{srv, site.String()}
+	zones.onServer[at]++
+	n := zones.onServer[at]
 	implicitZones.mu.Unlock()
 	if n > 1 {
 		site.WriteString("~" + strconv.Itoa(n))

@@ -260,7 +260,8 @@ func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
 
 // TestImplicitZoneNamedAfterItsSite: the identity of each unnamed zone, as
 // the admin API lists it, names its site: its hosts (sorted, in lower case)
-// and paths, a second handler of one site apart, a catch-all site by its
+// and paths, a second handler of one site apart (in a site of hosts, and in
+// one whose directives are routes of their own), a catch-all site by its
 // server where the config has several, and a site whose name a key should
 // not hold by its hash. Loaded again with every port moved, as another
 // instance of a fleet on the same machine would run it, the identities stay.
@@ -282,13 +283,25 @@ func TestImplicitZoneNamedAfterItsSite(t *testing.T) {
 		max_requests 50
 	}
 	respond "ok"`
+	// The only site of its port that answers every host: its directives
+	// are routes of their own at the top of the server.
+	twoUnmatched := `
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+	}
+	sliding_ratelimit {
+		window 1s
+		max_requests 2
+	}
+	respond "ok"`
 	config := func(port1, port2 int) string {
 		p1, p2 := strconv.Itoa(port1), strconv.Itoa(port2)
 		return siteBlock("http://b.localhost:"+p1+", http://A.localhost:"+p1, prefix, threeLines) +
 			siteBlock("http://c.localhost:"+p1+"/api/*", prefix, threeLines) +
 			siteBlock("http://d.localhost:"+p1, prefix, twoHandlers) +
 			siteBlock("http://[::1]:"+p1, prefix, threeLines) +
-			siteBlock(":"+p2, prefix, threeLines)
+			siteBlock(":"+p2, prefix, twoUnmatched)
 	}
 	want := []string{
 		"default@#", // [::1]: brackets and colons are hashed
@@ -297,6 +310,7 @@ func TestImplicitZoneNamedAfterItsSite(t *testing.T) {
 		"default@d.localhost",
 		"default@d.localhost~2",
 		"default@server=srv1",
+		"default@server=srv1~2",
 	}
 	for _, ports := range [][2]int{{9080, 9081}, {9082, 9083}} {
 		startCaddy(t, config(ports[0], ports[1]))
