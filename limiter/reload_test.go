@@ -31,6 +31,7 @@ func TestReloadKeepsState(t *testing.T) {
 		{"LeasesAgainstALoweredMax", testLeasesLoweredMax},
 		{"LogWindowChanged", testLogWindowChanged},
 		{"LongerWindowSeesWhatTheKeyKept", testLongerWindowSeesWhatWasKept},
+		{"CounterAgainstALoweredMax", testCounterLoweredMax},
 	}
 	for name, newStore := range stores {
 		t.Run(name, func(t *testing.T) {
@@ -113,4 +114,29 @@ func testLongerWindowSeesWhatWasKept(t *testing.T, s clockedStore) {
 	s.at(12500 * time.Millisecond)
 	// A 20s window would hold all six; the key holds 3s, 4s and 12s.
 	want(t, "window lengthened to 20s", decide(t, s, true, c)[0], Decision{Allowed: true, Remaining: 2, Reset: 10500 * time.Millisecond})
+}
+
+// testCounterLoweredMax: the counter's sums count against each call's Max:
+// lowered below them, it denies; raised, it admits the difference.
+func testCounterLoweredMax(t *testing.T, s clockedStore) {
+	c := Check{Zone: "ctr", Key: testKey(t), Limit: Limit{Window: 10 * sec, Max: 10, Algorithm: SlidingCounter}}
+	s.at(0)
+	for i := range 8 {
+		if d := decide(t, s, false, c)[0]; !d.Allowed {
+			t.Fatalf("request %d of 10: %+v", i+1, d)
+		}
+	}
+	c.Limit.Max = 5
+	if d := decide(t, s, false, c)[0]; d.Allowed || d.RetryAfter <= 0 {
+		t.Errorf("8 counted, max lowered to 5: %+v, want a denial with a wait", d)
+	}
+	c.Limit.Max = 12
+	for i := range 4 {
+		if d := decide(t, s, false, c)[0]; !d.Allowed || d.Remaining != int64(3-i) {
+			t.Errorf("8 counted, max raised to 12, request %d: %+v, want admitted with %d left", i+1, d, 3-i)
+		}
+	}
+	if d := decide(t, s, false, c)[0]; d.Allowed {
+		t.Errorf("12 counted, max 12: %+v, want a denial", d)
+	}
 }
