@@ -35,10 +35,12 @@ func init() {
 // The paths say {zone} and {key}, not <zone>: Caddy writes an error's
 // message in JSON, which would show '<' as \u003c.
 //
-// {zone} is a zone's name, or its identity ("default:1m:100", see
-// zoneIdentity) where several handlers have zones of that name with
-// different limits: then the name alone is ambiguous and answered with 409
-// Conflict, which lists the identities.
+// {zone} is a zone's name, or its identity ("default@example.com",
+// "login:401", see zoneIdentity), percent-encoded ('/' of a site's path is
+// %2F, '#' of a hashed site %23), where handlers have zones of that name in
+// different states: the unnamed zones of several sites, or zones of one name
+// with another algorithm, count_status or settle. Then the name alone is
+// ambiguous and answered with 409 Conflict, which lists the identities.
 //
 // {key} is the client key: everything after /keys/, so it may hold '/'.
 // Percent-encode '%', '?', '#', and a '/' or '.' that would make "//", "/./"
@@ -113,7 +115,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 	if ids := identities(zones); len(ids) > 1 {
 		return caddy.APIError{
 			HTTPStatus: http.StatusConflict,
-			Err: fmt.Errorf("zone %s is ambiguous: handlers have zones of that name with different limits: %s; name one of them in the path instead of %s",
+			Err: fmt.Errorf("zone %s is ambiguous: handlers have zones of that name that count apart (other sites, or another algorithm, count_status or settle): %s; name one of them in the path instead of %s",
 				zoneName, strings.Join(ids, ", "), zoneName),
 		}
 	}

@@ -124,7 +124,7 @@ func TestAdminGetCountsWithoutConsuming(t *testing.T) {
 	}
 	respond "ok"`))
 	s := adminState(t, "adm_get", "alice")
-	if want := (adminapi.KeyState{Zone: "adm_get", Identity: "adm_get:1m:5", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
+	if want := (adminapi.KeyState{Zone: "adm_get", Identity: "adm_get", Key: "=alice", Limit: 5, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Remaining: 5}); s != want {
 		t.Errorf("fresh key: %+v, want %+v", s, want)
 	}
 
@@ -666,9 +666,9 @@ func TestAdminBlockedList(t *testing.T) {
 		t.Fatalf("blocked: count %d, %d listed, want 3 and 3: %+v", all.Count, len(all.Blocked), all.Blocked)
 	}
 	want := map[string]adminapi.BlockedClient{
-		"127.0.0.2":           {Zone: "blk_ip", Identity: "blk_ip:1m:1", Key: "127.0.0.2"},
-		"=abc":                {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: "=abc"},
-		hashedKey("=" + long): {Zone: "blk_hdr", Identity: "blk_hdr:1m:2", Key: hashedKey("=" + long)},
+		"127.0.0.2":           {Zone: "blk_ip", Identity: "blk_ip", Key: "127.0.0.2"},
+		"=abc":                {Zone: "blk_hdr", Identity: "blk_hdr", Key: "=abc"},
+		hashedKey("=" + long): {Zone: "blk_hdr", Identity: "blk_hdr", Key: hashedKey("=" + long)},
 	}
 	for i, got := range all.Blocked {
 		w, ok := want[got.Key]
@@ -720,8 +720,8 @@ func TestAdminBlockedEnds(t *testing.T) {
 		t.Errorf("Retry-After %g, want 1 in a 1s window", retry)
 	}
 	got, ok := blockedEntry(adminBlocked(t, ""), "blk_short", "="+client)
-	if !ok || got.Identity != "blk_short:1s:1" || got.RetryAfterSeconds <= 0 || got.RetryAfterSeconds > 1 {
-		t.Fatalf("while blocked: %+v listed %v, want blk_short:1s:1 with a wait in (0, 1]", got, ok)
+	if !ok || got.Identity != "blk_short" || got.RetryAfterSeconds <= 0 || got.RetryAfterSeconds > 1 {
+		t.Fatalf("while blocked: %+v listed %v, want blk_short with a wait in (0, 1]", got, ok)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -762,7 +762,7 @@ func TestAdminBlockedSharedZone(t *testing.T) {
 		t.Fatalf("%d handlers with the zone; want 2, each holding the client", len(hs))
 	}
 	answer := adminBlocked(t, "")
-	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared:1m:1" {
+	if answer.Count != 1 || len(answer.Blocked) != 1 || answer.Blocked[0].Key != "127.0.0.2" || answer.Blocked[0].Identity != "blk_shared" {
 		t.Errorf("blocked: %+v, want 127.0.0.2 once", answer)
 	}
 }
@@ -803,8 +803,8 @@ func TestZonesListing(t *testing.T) {
 		t.Fatalf("GET zones: %d %s", res.status, res.body)
 	}
 	want := []adminapi.ZoneInfo{
-		{Name: "api", Identity: "api:1m:100", Limit: 100, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", Handlers: 2},
-		{Name: "reports", Identity: "reports:concurrent:2", Limit: 2, Algorithm: "concurrency", Unit: "concurrent-requests", Key: "{http.request.header.X-Client}", Handlers: 1},
+		{Name: "api", Identity: "api", Limit: 100, WindowSeconds: 60, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", Handlers: 2},
+		{Name: "reports", Identity: "reports:concurrent", Limit: 2, Algorithm: "concurrency", Unit: "concurrent-requests", Key: "{http.request.header.X-Client}", Handlers: 1},
 		{Name: "tenants", Identity: "", Limit: 1000, LimitFrom: "{http.vars.quota}", WindowSeconds: 3600, Algorithm: "log", Unit: "requests", Key: "{http.request.header.X-Client}", WaitSeconds: 2, Handlers: 1},
 	}
 	if len(answer.Zones) != len(want) {
@@ -833,8 +833,8 @@ func TestZonesListing(t *testing.T) {
 	out, status := runCaddy(t, "sliding-ratelimit", "zones", "--address", "localhost:2999")
 	for _, line := range []string{
 		"ZONE     IDENTITY",
-		"api      api:1m:100",
-		"reports  reports:concurrent:2",
+		"api      api ",
+		"reports  reports:concurrent",
 		"tenants ",
 		"{http.vars.quota} (fallback 1000)",
 	} {

@@ -39,11 +39,11 @@ func TestAnnouncedKeys(t *testing.T) {
 		name, key string
 		forgets   bool
 	}{
-		{"another prefix", "other:{" + ip + "}:ann:1m:1", false},
-		{"another zone", prefix + "{" + ip + "}:login:1m:1", false},
-		{"another client", prefix + "{192.0.2.62}:ann:1m:1", false},
+		{"another prefix", "other:{" + ip + "}:ann", false},
+		{"another zone", prefix + "{" + ip + "}:login", false},
+		{"another client", prefix + "{192.0.2.62}:ann", false},
 		{"a layout of another version", prefix + "{" + ip + "}", true},
-		{"the client", prefix + "{" + ip + "}:ann:1m:1", true},
+		{"the client", prefix + "{" + ip + "}:ann", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if status := send(t, "/", to(in), from(ip)).status; status != http.StatusTooManyRequests || cached(in.Handler) != 1 {
@@ -562,7 +562,7 @@ func TestRedisOverTLS(t *testing.T) {
 			}
 		}
 		// The admissions are in Redis: read them over the plain port.
-		n, err := admissionsKept(context.Background(), srv.Client(t), prefix+"{192.0.2.11}:default:1m:3")
+		n, err := admissionsKept(context.Background(), srv.Client(t), prefix+"{192.0.2.11}:default")
 		if err != nil {
 			t.Fatal(err)
 		}

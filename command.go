@@ -47,8 +47,8 @@ its admin API, which must be enabled.
                                      the longest wait first (default 100)
 
 <zone> is a zone's name ("default" for the top-level window and
-max_requests), or its identity ("login:10m:3") where handlers have zones of
-that name with different limits. <key> is the client key as the zone builds
+max_requests), or its identity ("default@example.com", "login:401") where
+handlers have zones of that name that count apart. <key> is the client key as the zone builds
 it: a client address (127.0.0.1, or 2001:db8::/64 with the default
 ipv6_prefix) or a value of the zone's key ("Bearer abc"); "=" before a
 value names a value that looks like an address, and a hashed key ("#...")

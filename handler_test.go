@@ -448,11 +448,11 @@ func TestExampleCaddyfile(t *testing.T) {
 
 	// The admin API by the zone's identity, as docs/admin.md names it: its
 	// count_status is part of it.
-	if s := adminState(t, "login:10m:5:401,403", "127.0.0.2"); s.Zone != "login" || s.Count != 5 {
+	if s := adminState(t, "login:401,403", "127.0.0.2"); s.Zone != "login" || s.Count != 5 {
 		t.Errorf("GET by identity: %+v, want zone login, count 5", s)
 	}
-	if status, _ := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/login:10m:5/keys/127.0.0.2"); status != http.StatusNotFound {
-		t.Errorf("GET login:10m:5: status %d, want 404 (no zone has that identity)", status)
+	if status, _ := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/login:401/keys/127.0.0.2"); status != http.StatusNotFound {
+		t.Errorf("GET login:401: status %d, want 404 (no zone has that identity)", status)
 	}
 }
 

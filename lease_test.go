@@ -292,7 +292,7 @@ func TestLeaseKeptForWebSocket(t *testing.T) {
 		}
 	}
 	reverse_proxy `+strings.TrimPrefix(srv.URL, "http://")+``))
-	key := prefix + "{127.0.0.2}:ws:concurrent:1"
+	key := prefix + "{127.0.0.2}:ws:concurrent"
 	lost := `caddy_sliding_ratelimit_leases_lost_total{zone="ws"}`
 	lostBefore := scrape(t, lost)
 	conn, status := openUpgraded(t, "127.0.0.2")
@@ -432,7 +432,7 @@ func TestLeasesOfAKilledInstanceExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	upstream.waitInside(t, "127.0.0.2", 0)
-	key := prefix + "{127.0.0.2}:jobs:concurrent:2"
+	key := prefix + "{127.0.0.2}:jobs:concurrent"
 	expiries, killed := leaseExpiries(t, key)
 	if len(expiries) != 2 {
 		t.Fatalf("%d leases after the kill, want the 2 it never released", len(expiries))
@@ -510,7 +510,7 @@ func TestLeaseExtensionsAreBatched(t *testing.T) {
 	extensions := calls() - before
 	valid := 0
 	for c := range 20 {
-		expiries, now := leaseExpirieson(t, srv.Client(t), prefix+"{=c"+strconv.Itoa(c)+"}:long:concurrent:1000")
+		expiries, now := leaseExpirieson(t, srv.Client(t), prefix+"{=c"+strconv.Itoa(c)+"}:long:concurrent")
 		for _, e := range expiries {
 			if e > now {
 				valid++
@@ -564,7 +564,7 @@ func TestLostLeaseIsCountedAlone(t *testing.T) {
 	upstream.waitInside(t, "127.0.0.2", 3)
 	lost := limiterMetrics.leasesLost.WithLabelValues("gone")
 	before := counterValue(t, lost)
-	key := func(c string) string { return prefix + "{=" + c + "}:gone:concurrent:5" }
+	key := func(c string) string { return prefix + "{=" + c + "}:gone:concurrent" }
 	if err := srv.Client(t).Del(context.Background(), key("b")).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -604,7 +604,7 @@ func TestLeaseKeptAcrossReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(1800 * time.Millisecond) // three lease times
-	key := prefix + "{127.0.0.2}:held:concurrent:1"
+	key := prefix + "{127.0.0.2}:held:concurrent"
 	if expiries, now := leaseExpiries(t, key); len(expiries) != 1 || expiries[0] <= now {
 		t.Fatalf("the running request's lease: %v at %d, want one, still valid three lease times after the reload", expiries, now)
 	}

@@ -337,7 +337,7 @@ func (h *Handler) setDefaults() {
 func (h *Handler) provisionZones(ctx caddy.Context) error {
 	h.zones = h.zones[:0]
 	if h.Window != 0 || h.MaxRequests != 0 {
-		h.zones = append(h.zones, &Zone{Name: defaultZone, Window: h.Window, MaxRequests: h.MaxRequests, MaxRequestsFrom: h.MaxRequestsFrom, CountStatus: h.CountStatus})
+		h.zones = append(h.zones, &Zone{Name: defaultZone, site: implicitSite(ctx), Window: h.Window, MaxRequests: h.MaxRequests, MaxRequestsFrom: h.MaxRequestsFrom, CountStatus: h.CountStatus})
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.afterResponse = false

@@ -607,8 +607,8 @@ func TestSettleJSONPassesStreamsOn(t *testing.T) {
 	}
 	// The zone's state is named by what it settles to: a zone of that name
 	// that settles otherwise keeps its own.
-	if s := adminState(t, "sjpass", "k"); s.Unit != "units" || s.Identity != "sjpass:1m:1000:json-usage.total_tokens" {
-		t.Errorf("admin state %+v, want unit units and identity sjpass:1m:1000:json-usage.total_tokens", s)
+	if s := adminState(t, "sjpass", "k"); s.Unit != "units" || s.Identity != "sjpass:json-usage.total_tokens" {
+		t.Errorf("admin state %+v, want unit units and identity sjpass:json-usage.total_tokens", s)
 	}
 }
 
@@ -659,7 +659,7 @@ func TestCountStatusBehindBasicAuth(t *testing.T) {
 			t.Fatalf("good login %d on the other instance: %d", i+1, status)
 		}
 	}
-	if n := kept(t, prefix, "127.0.0.2", "login:10m:3:401"); n != 0 {
+	if n := kept(t, prefix, "127.0.0.2", "login:401"); n != 0 {
 		t.Fatalf("24 good logins left %d counted, want 0", n)
 	}
 	expect(t, "bad login 1 on the Caddy", site, []int{401}, client, withHeaders(bad))
@@ -672,7 +672,7 @@ func TestCountStatusBehindBasicAuth(t *testing.T) {
 		t.Errorf("the right password on the other instance: %d, want 429", status)
 	}
 	expect(t, "another client", site, []int{200}, from("127.0.0.3"), withHeaders(good))
-	if n := kept(t, prefix, "127.0.0.2", "login:10m:3:401"); n != 3 {
+	if n := kept(t, prefix, "127.0.0.2", "login:401"); n != 3 {
 		t.Errorf("%d counted, want the 3 failures", n)
 	}
 }
@@ -727,7 +727,7 @@ func TestCountStatusConcurrent(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
-	if n := kept(t, prefix, "192.0.2.30", "c:10m:3:4xx"); n > 3 || n != counted.Load() {
+	if n := kept(t, prefix, "192.0.2.30", "c:4xx"); n > 3 || n != counted.Load() {
 		t.Errorf("%d counted in Redis, %d 403s answered: want the same, at most 3", n, counted.Load())
 	}
 
@@ -746,7 +746,7 @@ func TestCountStatusConcurrent(t *testing.T) {
 		go func() { defer inFlight.Done(); send(t, "/login", to(b), from("192.0.2.31"), withNext(held)) }()
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for kept(t, prefix, "192.0.2.31", "c:10m:3:4xx") < 3 && time.Now().Before(deadline) {
+	for kept(t, prefix, "192.0.2.31", "c:4xx") < 3 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	checkDenialLifted(t, a, "/login", "192.0.2.31", "c", release, &inFlight)
@@ -900,8 +900,8 @@ func TestBandwidthRecipe(t *testing.T) {
 	if retry, _ := strconv.Atoi(res.header.Get("Retry-After")); res.status != http.StatusTooManyRequests || retry < 3500 {
 		t.Errorf("after a charge above the budget: %d, Retry-After %q; want 429 for about the hour", res.status, res.header.Get("Retry-After"))
 	}
-	if s := adminState(t, zone, "127.0.0.3"); s.Unit != "content-bytes" || s.Identity != zone+":1h:10000:bytes" {
-		t.Errorf("admin state %+v, want unit content-bytes and identity %s:1h:10000:bytes", s, zone)
+	if s := adminState(t, zone, "127.0.0.3"); s.Unit != "content-bytes" || s.Identity != zone+":bytes" {
+		t.Errorf("admin state %+v, want unit content-bytes and identity %s:bytes", s, zone)
 	}
 }
 
@@ -930,7 +930,7 @@ func TestBandwidthKeyStaysSmall(t *testing.T) {
 			t.Fatalf("request %d: %d", i+1, res.status)
 		}
 	}
-	key := prefix + "{127.0.0.9}:" + zone + ":1h:1000000000:bytes"
+	key := prefix + "{127.0.0.9}:" + zone + ":bytes"
 	size, err := sharedRedis.Client(t).MemoryUsage(context.Background(), key).Result()
 	if err != nil {
 		t.Fatalf("MEMORY USAGE %s: %v", key, err)

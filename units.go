@@ -421,7 +421,7 @@ func (c *CostJSON) read(doc []byte) (sum int64, found bool, why string) {
 // {http.vars.*}), with the zone's max_requests as the fallback when the value
 // is missing or not a whole number from 1 to maxMaxRequests. The fallback
 // is never "unlimited": a tenant without a quota gets the zone's static limit.
-// The zone's identity says "per tenant", not the value, so a tenant whose
+// The zone's identity holds no max (see zoneIdentity), so a tenant whose
 // quota changes keeps its window; the engine decides each call exactly for
 // its own max.
 type zoneQuota struct {

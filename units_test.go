@@ -765,9 +765,9 @@ func TestTenantsRecipe(t *testing.T) {
 	// A raised quota keeps the window: gold has used 5, so 7 leaves 2.
 	auth.setQuota("gold", "7")
 	expect(t, "gold with its quota raised to 7", api, []int{200, 200, 429}, from("127.0.0.3"), withHeader("Authorization", "Bearer gold"))
-	if s := adminState(t, zone, "gold"); s.Identity != zone+":1h:per-tenant" || s.Count != 7 || s.Limit != 7 || s.Remaining != 0 ||
+	if s := adminState(t, zone, "gold"); s.Identity != zone || s.Count != 7 || s.Limit != 7 || s.Remaining != 0 ||
 		s.LimitFrom != "{http.reverse_proxy.header.X-Quota}" || s.LimitSource != "last_decision" {
-		t.Errorf("admin state of gold %+v, want identity %s:1h:per-tenant, count 7, limit 7 (its last admission's) from the placeholder, remaining 0", s, zone)
+		t.Errorf("admin state of gold %+v, want identity %s, count 7, limit 7 (its last admission's) from the placeholder, remaining 0", s, zone)
 	}
 }
 

@@ -222,7 +222,7 @@ func TestWebhooksRecipe(t *testing.T) {
 			t.Errorf("request %d: status %d, want 200 (held for its slot, not denied)", i+1, s)
 		}
 	}
-	times := admissionsOf(t, prefix+"{127.0.0.2}:default:1s:10", 11, 20)
+	times := admissionsOf(t, prefix+"{127.0.0.2}:default", 11, 20)
 	gaps := checkPacing(t, "sender", times, 10, time.Second)
 	t.Logf("admission i+10 after admission i: %v", gaps)
 	checkHeld(t, "sender", times, append(upstream.of("127.0.0.2"), second.of("127.0.0.2")...))
@@ -283,7 +283,7 @@ func TestWaitsExactAcrossInstances(t *testing.T) {
 			}
 		}
 		// Its 10, none of the other client's.
-		times := admissionsOf(t, prefix+"{"+ip+"}:paced:1s:5", 6, 10)
+		times := admissionsOf(t, prefix+"{"+ip+"}:paced", 6, 10)
 		gaps := checkPacing(t, ip, times, 5, time.Second)
 		t.Logf("%s: admission i+5 after admission i: %v", ip, gaps)
 		checkHeld(t, ip, times, append(upstream.of(ip), second.of(ip)...))
@@ -528,7 +528,7 @@ func TestCommandShowsWaitsAndLeases(t *testing.T) {
 	}
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 5 || strings.Join(strings.Fields(lines[3]), " ") != "LEASES HELD ON THIS INSTANCE" ||
-		strings.Join(strings.Fields(lines[4]), " ") != "1 1" || !strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "jobs jobs:concurrent:3 =cli 1 2 ") {
+		strings.Join(strings.Fields(lines[4]), " ") != "1 1" || !strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "jobs jobs:concurrent =cli 1 2 ") {
 		t.Errorf("status of a concurrency zone with one request running printed:\n%s", out)
 	}
 	upstream.release <- struct{}{}
@@ -608,7 +608,7 @@ func TestReportModeHoldsNothing(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	times := admissionsOf(t, prefix+"{127.0.0.2}:default:10s:2", 4, 4)
+	times := admissionsOf(t, prefix+"{127.0.0.2}:default", 4, 4)
 	// Two admissions wait 10s for the window; every request went on at once.
 	if last := arrived.of("127.0.0.2"); len(last) != 4 || slices.Max(last) >= times[2] {
 		t.Errorf("arrivals %v, admissions %v: want all four gone on before the promised slots", last, times)
@@ -665,9 +665,9 @@ func TestJSONRulesOfWaitsAndLeases(t *testing.T) {
 // that instances with different lease times share its slots.
 func TestConcurrencyZoneIdentity(t *testing.T) {
 	for _, c := range []struct{ config, want string }{
-		{`{"zones": [{"name": "reports", "concurrent": 2}]}`, "reports:concurrent:2"},
-		{`{"zones": [{"name": "reports", "concurrent": 2, "lease": "10s"}]}`, "reports:concurrent:2"},
-		{`{"zones": [{"name": "dl", "concurrent": 10, "key": "{http.request.header.X-Api-Key}"}]}`, "dl:concurrent:10"},
+		{`{"zones": [{"name": "reports", "concurrent": 2}]}`, "reports:concurrent"},
+		{`{"zones": [{"name": "reports", "concurrent": 2, "lease": "10s"}]}`, "reports:concurrent"},
+		{`{"zones": [{"name": "dl", "concurrent": 10, "key": "{http.request.header.X-Api-Key}"}]}`, "dl:concurrent"},
 	} {
 		in := newInstance(t, c.config)
 		if got := in.zones[0].identity; got != c.want {
@@ -726,7 +726,7 @@ func TestWaitLongerThanTheWindow(t *testing.T) {
 	if ok != 8 || denied != 2 {
 		t.Errorf("%d admitted and %d denied, want 8 and 2 (statuses %v)", ok, denied, statuses)
 	}
-	times := admissionsOf(t, prefix+"{"+ip+"}:line:1s:2", 2, 8)
+	times := admissionsOf(t, prefix+"{"+ip+"}:line", 2, 8)
 	gaps := checkPacing(t, ip, times, 2, time.Second)
 	t.Logf("admission i+2 after admission i: %v; held %v", gaps, took)
 	if len(times) == 8 {

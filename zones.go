@@ -3,6 +3,8 @@ package slidingratelimit
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -40,13 +42,16 @@ type Zone struct {
 
 	// Window is the span in which at most MaxRequests requests of one client
 	// are admitted, counted back from each request. Required; greater than
-	// zero.
+	// zero. A reload that changes it keeps the counts of a log zone, and
+	// starts a counter zone's clients over (see zoneIdentity).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window,
 	// or with a Cost or Settle how many units (tokens, bytes). Denied
 	// requests do not count. Required; from 1 to 2^48-1. With
-	// MaxRequestsFrom, the fallback.
+	// MaxRequestsFrom, the fallback. A reload that changes it keeps every
+	// client's count: lowered, a client above it waits until enough ages
+	// out.
 	MaxRequests int64 `json:"max_requests,omitempty"`
 
 	// MaxRequestsFrom is a placeholder alone whose value is each request's
@@ -57,8 +62,8 @@ type Zone struct {
 	// first value. When the value is missing or not a whole number from 1 to
 	// 2^48-1, MaxRequests applies (never "unlimited"), and the request is
 	// counted (max_requests_fallbacks_total) and logged at most once a
-	// minute. The zone's identity says "per-tenant" instead of a number, so a
-	// tenant whose quota changes keeps its window. Default: none.
+	// minute. The zone's identity holds no max_requests, so a tenant whose
+	// quota changes keeps its count. Default: none.
 	MaxRequestsFrom string `json:"max_requests_from,omitempty"`
 
 	// Cost is what one request spends of MaxRequests, which is then a
@@ -130,8 +135,12 @@ type Zone struct {
 	matchers caddyhttp.MatcherSets
 	limit    limiter.Limit
 	key      clientkey.Template
+	// site names the site of an unnamed zone, the three-line form's, in
+	// its identity ("" for a named zone; see implicitSite).
+	site string
 	// identity names the zone's state in stores and deny caches: the name
-	// and what makes it a different limit (see zoneIdentity).
+	// and what makes it a different state, not its numbers (see
+	// zoneIdentity).
 	identity string
 	// fallbacks logs keys that fell back to the client address.
 	fallbacks *fallbackLog
@@ -203,7 +212,7 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	warnShortWindow(logger, z.Name, z.limit)
 	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.CostLLM, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
 	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
-	z.identity = zoneIdentity(z.Name, z.limit, z.MaxRequestsFrom != "", z.CountStatus, z.Settle)
+	z.identity = zoneIdentity(z.Name, z.site, z.limit, z.CountStatus, z.Settle)
 	z.key = clientkey.Parse(z.Key)
 	for _, name := range z.key.PlaceholderNames() {
 		if !clientkey.KnownPlaceholder(name) {
@@ -358,38 +367,44 @@ func (z *Zone) bindMetrics() {
 	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
 }
 
-// zoneIdentity names a zone's state in Redis keys and deny caches: its name,
-// window, max_requests (or "per-tenant" when each request's max comes from
-// a placeholder), then for the counter its algorithm, what its count_status
-// counts, and what it settles to, as in "default:1m:100",
-// "api:1h:1000:counter", "login:10m:3:401,4xx", "tenants:1m:per-tenant" or
-// "downloads:1h:1000000000:bytes"; a concurrency zone's is its name and how
-// many requests may run at once, as in "reports:concurrent:2". Two handlers
-// share a zone's state exactly when their zones agree on all of these (and
-// on the Redis and the key prefix), so two sites that both use the
-// three-line form with different limits never count each other's requests,
-// while handlers that are meant to share one limit say so by giving their
-// zones the same name and limit. Changing a zone's limit, algorithm or unit
-// on a reload starts its clients over; a tenant's quota that changes does
-// not, nor does a cost (requests priced differently still spend one budget).
-func zoneIdentity(name string, limit limiter.Limit, perTenant bool, countStatus []int, settle *Settle) string {
-	if limit.Algorithm == limiter.Concurrency {
-		// The lease time is not part of the limit, so instances with
-		// different lease times share its slots.
-		return name + ":concurrent:" + strconv.FormatInt(limit.Max, 10)
-	}
+// zoneIdentity names a zone's state in Redis keys and deny caches: what
+// makes it a different state, never the numbers each call gives the engine
+// (limiter.Check's Limit). That is its name, for an unnamed zone (the
+// three-line form) "@" and its site (see implicitSite), for the counter
+// ":counter:" and its window (its fixed windows are cut by it), then what
+// its count_status counts and what it settles to, as in "api",
+// "default@example.com", "api:counter:1h", "login:401,4xx" or
+// "downloads:bytes"; a concurrency zone's is its name and ":concurrent", as
+// in "reports:concurrent".
+//
+// So a reload that changes max_requests, or a log zone's window, keeps
+// every client's count, and the engine decides each call with its own max:
+// lowered during an attack, a client above the new max is denied until
+// enough ages out, where a new state would hand everyone a fresh budget. A
+// tenant's quota from a placeholder is the same case. Changing a zone's
+// name, algorithm, count_status or settle, a counter zone's window, or an
+// unnamed zone's site starts its clients over, as a new state should.
+// Handlers share a zone's counts exactly when their zones have the same
+// identity (and the same Redis and key prefix): the instances of one site,
+// and sites that name one zone alike on purpose, each deciding with its own
+// max_requests.
+func zoneIdentity(name, site string, limit limiter.Limit, countStatus []int, settle *Settle) string {
 	var b strings.Builder
 	b.WriteString(name)
-	b.WriteByte(':')
-	b.WriteString(formatWindow(limit.Window))
-	b.WriteByte(':')
-	if perTenant {
-		b.WriteString("per-tenant")
-	} else {
-		b.WriteString(strconv.FormatInt(limit.Max, 10))
+	if site != "" {
+		b.WriteByte('@')
+		b.WriteString(site)
+	}
+	if limit.Algorithm == limiter.Concurrency {
+		// Leases are counted against each call's Max, and the lease time
+		// is not part of the state either, so instances with different
+		// lease times share its slots.
+		b.WriteString(":concurrent")
+		return b.String()
 	}
 	if limit.Algorithm == limiter.SlidingCounter {
-		b.WriteString(":counter")
+		b.WriteString(":counter:")
+		b.WriteString(formatWindow(limit.Window))
 	}
 	for i, status := range countStatus {
 		if i == 0 {
@@ -432,23 +447,139 @@ func formatWindow(w time.Duration) string {
 	return strconv.FormatInt(int64(w), 10) + "ns"
 }
 
-// Two handlers whose zones have the same identity share their clients'
-// counts: that is how the instances of one site share a limit, and how sites
-// share one on purpose (a zone of the same name and limit in each). But the
-// zone of the three-line form (window and max_requests at the top) is named
-// "default" without the user writing a name, so two sites of one config
-// with the same three lines share a budget by surprise: a client's first
-// request to the second site can be answered 429. Provision warns, once a
-// second handler of a config joins the first one's state, naming them.
+// An unnamed zone, the one window and max_requests at the top define, is
+// named "default" without the user writing a name, so its identity names
+// its site instead of its numbers: the hosts and paths of the top-level
+// route around the handler, as in "default@example.com" or
+// "default@example.com/api/*". That route is the site's (its addresses),
+// or, for the only site of a port that answers every host, whose
+// directives the Caddyfile puts at the top of the server, the handler's own
+// ("default@/api/*" for sliding_ratelimit /api/*). The same site keeps
+// its clients' counts through a reload that changes its numbers, and every
+// instance of a fleet, which runs the same config, names it alike, while the
+// three lines of another site count apart. A site that answers every host
+// (":8080", "http://") has no host to be named by: where the config has
+// several servers, the port is what tells it from another such site, and it
+// is named by its server ("default@server=srv1"), the one name of a server
+// that instances listening on different ports share; where it has one, it
+// is "default" alone. A second handler of the three-line form of the same
+// site name on a server, a third, ... are other limits
+// ("default@example.com~2"). A handler provisioned outside a server has no
+// site: "default". Long names, or names holding what a key or the admin
+// API's path should not (placeholders, IPv6 brackets, ports), are hashed
+// (boundSite).
 
-// implicitZones holds, per config being loaded or running, the handlers
-// with an implicit zone, by the state that zone lives in.
+// implicitZones holds, per config being loaded or running, what its handlers
+// with an unnamed zone need of each other: how many of them each top-level
+// route holds so far, and the handlers by the state their zone lives in.
 var implicitZones = struct {
 	mu       sync.Mutex
-	byConfig map[any]map[implicitZoneState][]string
-}{byConfig: make(map[any]map[implicitZoneState][]string)}
+	byConfig map[any]*configZones
+}{byConfig: make(map[any]*configZones)}
 
-// implicitZoneState is where an implicit zone's counts live: the store's
+// configZones is what implicitZones holds of one config.
+type configZones struct {
+	// onServer counts the handlers with an unnamed zone provisioned so
+	// far for each site name on each server.
+	onServer map[serverSite]int
+	// byState names the handlers by the state of their unnamed zone.
+	byState map[implicitZoneState][]string
+}
+
+// serverSite is a site name on a server.
+type serverSite struct {
+	server *caddyhttp.Server
+	site   string
+}
+
+// implicitZonesOf returns what implicitZones holds of config, which the end
+// of ctx drops. The caller holds implicitZones.mu.
+func implicitZonesOf(ctx caddy.Context, config any) *configZones {
+	zones, ok := implicitZones.byConfig[config]
+	if !ok {
+		zones = &configZones{onServer: make(map[serverSite]int), byState: make(map[implicitZoneState][]string)}
+		implicitZones.byConfig[config] = zones
+		// Provisioning is over when the config is, or failed.
+		context.AfterFunc(ctx, func() {
+			implicitZones.mu.Lock()
+			delete(implicitZones.byConfig, config)
+			implicitZones.mu.Unlock()
+		})
+	}
+	return zones
+}
+
+// implicitSite names the site of the handler being provisioned for the
+// identity of its unnamed zone, and counts the handler in its site: call it
+// once per handler with an unnamed zone. Caddy provisions a server's
+// top-level routes in order, each with all the handlers and subroutes inside
+// it before the next, and drops a route's handler JSON once they are done:
+// the route being provisioned is the first that still holds it, and the
+// handlers of a server come in the config's order, the same on every
+// instance and after a reload of the same config.
+func implicitSite(ctx caddy.Context) string {
+	app, err := ctx.AppIfConfigured("http")
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if err != nil || !ok || srv == nil {
+		return ""
+	}
+	route := slices.IndexFunc(srv.Routes, func(r caddyhttp.Route) bool { return r.HandlersRaw != nil })
+	var hosts, paths []string
+	if route >= 0 {
+		hosts, paths = matchedHostsPaths(srv.Routes[route].MatcherSets)
+	}
+	var site strings.Builder
+	switch httpApp, _ := app.(*caddyhttp.App); {
+	case len(hosts) > 0:
+		for i, h := range hosts {
+			hosts[i] = strings.ToLower(h)
+		}
+		slices.Sort(hosts)
+		site.WriteString(strings.Join(slices.Compact(hosts), ","))
+	case httpApp != nil && len(httpApp.Servers) > 1:
+		site.WriteString("server=" + srv.Name())
+	}
+	slices.Sort(paths)
+	site.WriteString(strings.Join(slices.Compact(paths), ","))
+
+	implicitZones.mu.Lock()
+	zones := implicitZonesOf(ctx, app)
+	at := serverSite{srv, site.String()}
+	zones.onServer[at]++
+	n := zones.onServer[at]
+	implicitZones.mu.Unlock()
+	if n > 1 {
+		site.WriteString("~" + strconv.Itoa(n))
+	}
+	return boundSite(site.String())
+}
+
+// maxSiteLen is the longest site name an identity holds as it is.
+const maxSiteLen = 64
+
+// boundSite returns a site name fit for an identity: the name itself when it
+// is at most maxSiteLen bytes of letters, digits and ".-_*,/=~" (hosts,
+// paths, a server's name), so that the Redis key stays short and the admin
+// API's path carries it with at most '/' escaped; otherwise '#' and a hash
+// of it, as limiter.BoundKey marks a hashed client key.
+func boundSite(site string) string {
+	plain := len(site) <= maxSiteLen && !strings.ContainsFunc(site, func(c rune) bool {
+		return !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune(".-_*,/=~", c))
+	})
+	if plain {
+		return site
+	}
+	sum := sha256.Sum256([]byte(site))
+	return "#" + base64.RawURLEncoding.EncodeToString(sum[:12])
+}
+
+// Two handlers of one config share the counts of their unnamed zones when
+// their sites have the same name: the same hosts and paths on several
+// servers (a site on http:// and https://, or on two ports). That may be
+// meant, but nobody said so: Provision warns, once a second handler of a
+// config joins the first one's state, naming them.
+
+// implicitZoneState is where an unnamed zone's counts live: the store's
 // state (backend.state), the zone identity, and the namespace of its keys
 // (address keys never meet value keys, so those zones share nothing).
 type implicitZoneState struct {
@@ -457,7 +588,7 @@ type implicitZoneState struct {
 	address  bool
 }
 
-// warnImplicitSharing records the implicit zone z of the handler being
+// warnImplicitSharing records the unnamed zone z of the handler being
 // provisioned, whose counts live in store (backend.state), and warns when a
 // handler of the same config already keeps its counts in the same state.
 // Handlers provisioned outside a config with an http app (no config to
@@ -468,56 +599,27 @@ func warnImplicitSharing(ctx caddy.Context, logger *zap.Logger, z *Zone, store a
 		return
 	}
 	state := implicitZoneState{store: store, identity: z.identity, address: z.key.Address != ""}
-	name := handlerPlace(ctx)
 
 	implicitZones.mu.Lock()
-	configZones, ok := implicitZones.byConfig[config]
-	if !ok {
-		configZones = make(map[implicitZoneState][]string)
-		implicitZones.byConfig[config] = configZones
-		// Provisioning is over when the config is, or failed.
-		context.AfterFunc(ctx, func() {
-			implicitZones.mu.Lock()
-			delete(implicitZones.byConfig, config)
-			implicitZones.mu.Unlock()
-		})
-	}
-	names := configZones[state]
-	if placeTaken(names, name) {
-		name += " #" + strconv.Itoa(len(names)+1)
-	}
-	names = append(names, name)
-	configZones[state] = names
+	zones := implicitZonesOf(ctx, config)
+	names := append(zones.byState[state], handlerPlace(ctx))
+	zones.byState[state] = names
 	names = append([]string(nil), names...)
 	implicitZones.mu.Unlock()
 
 	if len(names) > 1 {
 		logger.Warn("these handlers share one limit that none of them names: each has window and max_requests at the top, "+
-			"which make a zone named \"default\" with the same limit, so a client's requests to any of them count together. "+
+			"which make a zone named \"default\" after its site, and their sites have the same hosts and paths (on several servers), "+
+			"so a client's requests to any of them count together. "+
 			"To share it on purpose, give the zone the same name in each (zone <name> <window> <max_requests>); "+
 			"to count apart, give each zone a name of its own",
 			zap.Strings("handlers", names), zap.String("zone", z.identity))
 	}
 }
 
-// placeTaken reports whether a place is among names, numbered or not: two
-// handlers in one route get the same place.
-func placeTaken(names []string, place string) bool {
-	for _, n := range names {
-		if n == place || strings.HasPrefix(n, place+" #") {
-			return true
-		}
-	}
-	return false
-}
-
-// handlerPlace names the handler being provisioned by where it sits, as far
-// as a handler can see it: its server, and the hosts and paths that the
-// server's top-level route around it matches (a Caddyfile site's addresses).
-// Caddy provisions a server's top-level routes in order, each with all the
-// handlers and subroutes inside it before the next, and drops a route's
-// handler JSON once they are done: the route being provisioned is the first
-// that still holds it.
+// handlerPlace names the handler being provisioned for a person, as far as
+// a handler can see where it sits: its server, and the hosts and paths that
+// the server's top-level route around it matches (see implicitSite).
 func handlerPlace(ctx caddy.Context) string {
 	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if !ok || srv == nil {
@@ -539,7 +641,20 @@ func handlerPlace(ctx caddy.Context) string {
 // describeMatchers lists the host and path matchers of a route, as in
 // "host a.example b.example, path /api/*".
 func describeMatchers(sets caddyhttp.MatcherSets) string {
-	var hosts, paths []string
+	hosts, paths := matchedHostsPaths(sets)
+	var parts []string
+	if len(hosts) > 0 {
+		parts = append(parts, "host "+strings.Join(hosts, " "))
+	}
+	if len(paths) > 0 {
+		parts = append(parts, "path "+strings.Join(paths, " "))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// matchedHostsPaths returns the hosts and paths that a route's host and path
+// matchers match, as they are written.
+func matchedHostsPaths(sets caddyhttp.MatcherSets) (hosts, paths []string) {
 	for _, set := range sets {
 		for _, m := range set {
 			switch m := m.(type) {
@@ -554,14 +669,7 @@ func describeMatchers(sets caddyhttp.MatcherSets) string {
 			}
 		}
 	}
-	var parts []string
-	if len(hosts) > 0 {
-		parts = append(parts, "host "+strings.Join(hosts, " "))
-	}
-	if len(paths) > 0 {
-		parts = append(parts, "path "+strings.Join(paths, " "))
-	}
-	return strings.Join(parts, ", ")
+	return hosts, paths
 }
 
 // The rules: every rule a configuration must follow, once (those of units

@@ -2,10 +2,15 @@ package slidingratelimit
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 )
 
 func TestZonesAllOrNothing(t *testing.T) {
@@ -123,7 +128,7 @@ func TestReportModePassesAndReports(t *testing.T) {
 			t.Errorf("request %d: retry_after placeholder %q, want 0 only while admitted", i, retryAfter)
 		}
 	}
-	card, err := admissionsKept(context.Background(), sharedRedis.Client(t), prefix+"{=r1}:default:1m:2")
+	card, err := admissionsKept(context.Background(), sharedRedis.Client(t), prefix+"{=r1}:default@localhost")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,10 +196,11 @@ func TestManyZones(t *testing.T) {
 }
 
 // TestSitesShareTheImplicitZoneWithAWarning: two sites of one config with the
-// same three-line form share one limit, as before, and the log says so once,
-// naming both sites and how to share on purpose or count apart. Zones named
-// the same on purpose, and three-line forms with different limits, are not
-// warned about.
+// three-line form count apart, whatever their limits, since each unnamed
+// zone is named after its site; a site of the same hosts on two servers
+// shares it, and the log says so once, naming both and how to share on
+// purpose or count apart. Zones named the same on purpose are not warned
+// about.
 func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
 	prefix := uniquePrefix(t)
 	threeLines := func(max string) string {
@@ -214,20 +220,24 @@ func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
 		siteBlock("http://b.localhost:9080", prefix, threeLines("1"))+
 		siteBlock("http://c.localhost:9080", prefix, named)+
 		siteBlock("http://d.localhost:9080", prefix, named)+
-		siteBlock("http://e.localhost:9080", prefix, threeLines("2")))
+		siteBlock("http://e.localhost:9080", prefix, threeLines("2"))+
+		siteBlock("http://a.localhost:9081", prefix, threeLines("1")))
 	client := newFaultClient(t, 2)
 	for _, c := range []struct {
 		host string
 		want int
 	}{
-		{"a.localhost", http.StatusOK}, {"b.localhost", http.StatusTooManyRequests},
+		{"a.localhost", http.StatusOK}, {"b.localhost", http.StatusOK},
 		{"c.localhost", http.StatusOK}, {"d.localhost", http.StatusTooManyRequests},
-		{"e.localhost", http.StatusOK},
+		{"e.localhost", http.StatusOK}, {"a.localhost", http.StatusTooManyRequests},
 	} {
 		if a := client.get(c.host); a.err != nil || a.status != c.want {
 			t.Errorf("%s: %d %v, want %d", c.host, a.status, a.err, c.want)
 		}
 	}
+	// a.localhost on the other port is the same site: its client has had
+	// its one request.
+	expect(t, "a.localhost on port 9081", "http://127.0.0.1:9081/", []int{429}, from("127.0.0.2"), withHost("a.localhost"))
 
 	warnings := logLines(t, logFile, `"level":"warn"`, "share one limit")
 	if len(warnings) != 1 {
@@ -235,13 +245,164 @@ func TestSitesShareTheImplicitZoneWithAWarning(t *testing.T) {
 	}
 	w := warnings[0]
 	for _, want := range []string{
-		`"handlers":["server srv0, host a.localhost","server srv0, host b.localhost"]`,
-		`"zone":"default:1m:1"`,
+		`"server srv0, host a.localhost"`, `"server srv1, host a.localhost"`,
+		`"zone":"default@a.localhost"`,
 		"give the zone the same name in each", "give each zone a name of its own",
 	} {
 		if !strings.Contains(w, want) {
 			t.Errorf("warning without %s: %s", want, w)
 		}
+	}
+	if strings.Contains(w, "b.localhost") || strings.Contains(w, "e.localhost") {
+		t.Errorf("warning names sites that count apart: %s", w)
+	}
+}
+
+// TestImplicitZoneNamedAfterItsSite: the identity of each unnamed zone, as
+// the admin API lists it, names its site: its hosts (sorted, in lower case)
+// and paths, a second handler of one site apart (in a site of hosts, and in
+// one whose directives are routes of their own), a catch-all site by its
+// server where the config has several, and a site whose name a key should
+// not hold by its hash. Loaded again with every port moved, as another
+// instance of a fleet on the same machine would run it, the identities stay.
+func TestImplicitZoneNamedAfterItsSite(t *testing.T) {
+	prefix := uniquePrefix(t)
+	threeLines := `
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+	}
+	respond "ok"`
+	twoHandlers := `
+	sliding_ratelimit /a* {
+		window 1m
+		max_requests 5
+	}
+	sliding_ratelimit /b* {
+		window 1h
+		max_requests 50
+	}
+	respond "ok"`
+	// The only site of its port that answers every host: its directives
+	// are routes of their own at the top of the server.
+	twoUnmatched := `
+	sliding_ratelimit {
+		window 1m
+		max_requests 5
+	}
+	sliding_ratelimit {
+		window 1s
+		max_requests 2
+	}
+	respond "ok"`
+	config := func(port1, port2 int) string {
+		p1, p2 := strconv.Itoa(port1), strconv.Itoa(port2)
+		return siteBlock("http://b.localhost:"+p1+", http://A.localhost:"+p1, prefix, threeLines) +
+			siteBlock("http://c.localhost:"+p1+"/api/*", prefix, threeLines) +
+			siteBlock("http://d.localhost:"+p1, prefix, twoHandlers) +
+			siteBlock("http://[::1]:"+p1, prefix, threeLines) +
+			siteBlock(":"+p2, prefix, twoUnmatched)
+	}
+	want := []string{
+		"default@#", // [::1]: brackets and colons are hashed
+		"default@a.localhost,b.localhost",
+		"default@c.localhost/api/*",
+		"default@d.localhost",
+		"default@d.localhost~2",
+		"default@server=srv1",
+		"default@server=srv1~2",
+	}
+	for _, ports := range [][2]int{{9080, 9081}, {9082, 9083}} {
+		startCaddy(t, config(ports[0], ports[1]))
+		res := send(t, adminURL+"/sliding_ratelimit/zones")
+		var answer adminapi.ZonesAnswer
+		if res.status != http.StatusOK || json.Unmarshal([]byte(res.body), &answer) != nil {
+			t.Fatalf("GET zones: %d %s", res.status, res.body)
+		}
+		var got []string
+		for _, z := range answer.Zones {
+			got = append(got, z.Identity)
+		}
+		slices.Sort(got)
+		if len(got) != len(want) || !strings.HasPrefix(got[0], want[0]) || len(got[0]) != len("default@#")+16 || !slices.Equal(got[1:], want[1:]) {
+			t.Errorf("ports %v: identities %q, want %q", ports, got, want)
+		}
+	}
+	// The admin API takes an identity percent-encoded.
+	expect(t, "c.localhost/api", "http://127.0.0.1:9082/api/x", []int{200}, from("127.0.0.2"), withHost("c.localhost"))
+	if s := adminState(t, url.PathEscape("default@c.localhost/api/*"), "127.0.0.2"); s.Count != 1 {
+		t.Errorf("GET default@c.localhost/api/*: count %d, want 1", s.Count)
+	}
+}
+
+// TestReloadKeepsCounts: a reload that lowers max_requests keeps each
+// client's count, so a client that made 50 of 100 is denied under 10 and
+// gets the difference under 200; a reload of the same site with other
+// numbers or another response keeps the unnamed zone's counts, and a log
+// zone's window may change too. A counter zone's window is its state: a
+// new one starts over. Each step is checked against what Redis holds.
+func TestReloadKeepsCounts(t *testing.T) {
+	prefix := uniquePrefix(t)
+	config := func(window string, max int, counterWindow, body string) string {
+		return siteBlock("http://localhost:9080", prefix, `
+	sliding_ratelimit {
+		window `+window+`
+		max_requests `+strconv.Itoa(max)+`
+		key {http.request.header.X-Client}
+		zone ctr `+counterWindow+` 1000 {
+			algorithm counter
+			match {
+				path /ctr*
+			}
+		}
+	}
+	respond "`+body+`"`)
+	}
+	c := withHeader("X-Client", "c")
+	okTimes := func(n int) []int { return slices.Repeat([]int{200}, n) }
+	// statusesCounted sends n requests and counts the 200s.
+	statusesCounted := func(what, path string, n int) int {
+		t.Helper()
+		ok := 0
+		for range n {
+			if s := send(t, "http://localhost:9080"+path, c).status; s == http.StatusOK {
+				ok++
+			} else if s != http.StatusTooManyRequests {
+				t.Fatalf("%s: status %d", what, s)
+			}
+		}
+		return ok
+	}
+
+	startCaddy(t, config("1m", 100, "1m", "one"))
+	expect(t, "50 of 100", "http://localhost:9080/", okTimes(50), c)
+	expect(t, "the counter zone", "http://localhost:9080/ctr", okTimes(3), c)
+
+	startCaddy(t, config("1m", 10, "1m", "one"))
+	expect(t, "53 made, max lowered to 10", "http://localhost:9080/", []int{429}, c)
+	expect(t, "another client under 10", "http://localhost:9080/", append(okTimes(10), 429), withHeader("X-Client", "d"))
+
+	startCaddy(t, config("1m", 200, "1m", "one"))
+	if got := statusesCounted("max raised to 200", "/", 160); got != 200-53 {
+		t.Errorf("max raised to 200 after 53: %d admitted, want the difference, %d", got, 200-53)
+	}
+	// The same site, another response and a longer window: the 200 still
+	// count.
+	startCaddy(t, config("2m", 200, "1m", "two"))
+	expect(t, "the same site reloaded with a longer window", "http://localhost:9080/", []int{429}, c)
+	if s := adminState(t, "default@localhost", "=c"); s.Count != 200 || s.Identity != "default@localhost" {
+		t.Errorf("admin state %+v, want the 200 counted in default@localhost", s)
+	}
+	// The counter's estimate of 3 may weigh them less once its fixed
+	// minute turns.
+	if s := adminState(t, "ctr", "=c"); s.Count < 1 || s.Identity != "ctr:counter:1m" {
+		t.Errorf("counter zone %+v, want its 3 in ctr:counter:1m", s)
+	}
+	// A counter zone cuts its fixed windows by its window: another one is
+	// another state.
+	startCaddy(t, config("2m", 200, "2m", "two"))
+	if s := adminState(t, "ctr", "=c"); s.Count != 0 || s.Identity != "ctr:counter:2m" {
+		t.Errorf("counter zone with its window changed %+v, want ctr:counter:2m starting over", s)
 	}
 }
 
@@ -283,20 +444,46 @@ func TestJSONRulesNameTheField(t *testing.T) {
 	}
 }
 
+// TestZoneIdentity: a zone's identity names what makes it a state, never its
+// numbers (a handler provisioned alone has no site: "default").
 func TestZoneIdentity(t *testing.T) {
 	for _, c := range []struct{ config, want string }{
-		{`{"window": "1m", "max_requests": 60}`, "default:1m:60"},
-		{`{"window": "90s", "max_requests": 1}`, "default:90s:1"},
-		{`{"window": "1500ms", "max_requests": 2, "algorithm": "counter"}`, "default:1500ms:2:counter"},
-		{`{"window": "24h", "max_requests": 7}`, "default:24h:7"},
-		{`{"zones": [{"name": "api", "window": 1000, "max_requests": 3}]}`, "api:1us:3"},
-		{`{"zones": [{"name": "login", "window": "10m", "max_requests": 3, "count_status": [401, 4]}]}`, "login:10m:3:401,4xx"},
-		{`{"window": "1m", "max_requests": 3, "count_status": [5]}`, "default:1m:3:5xx"},
+		{`{"window": "1m", "max_requests": 60}`, "default"},
+		{`{"window": "1500ms", "max_requests": 20, "algorithm": "counter"}`, "default:counter:1500ms"},
+		{`{"zones": [{"name": "api", "window": 1000, "max_requests": 3}]}`, "api"},
+		{`{"zones": [{"name": "api", "window": "1h", "max_requests": 1000, "algorithm": "counter"}]}`, "api:counter:1h"},
+		{`{"zones": [{"name": "login", "window": "10m", "max_requests": 3, "count_status": [401, 4]}]}`, "login:401,4xx"},
+		{`{"window": "1m", "max_requests": 3, "count_status": [5]}`, "default:5xx"},
+		{`{"zones": [{"name": "t", "window": "1h", "max_requests": 10, "max_requests_from": "{http.vars.quota}"}]}`, "t"},
+		{`{"zones": [{"name": "dl", "window": "1h", "max_requests": 1000000, "settle": {"bytes": true}}]}`, "dl:bytes"},
+		{`{"zones": [{"name": "reports", "concurrent": 2}]}`, "reports:concurrent"},
 	} {
 		in := newInstance(t, c.config)
 		if got := in.zones[0].identity; got != c.want {
 			t.Errorf("%s: identity %q, want %q", c.config, got, c.want)
 		}
+	}
+}
+
+// TestBoundSite: a site name is kept as it is while it is short and of the
+// characters of hosts and paths, and hashed otherwise, to 17 bytes.
+func TestBoundSite(t *testing.T) {
+	long := strings.Repeat("a", maxSiteLen+1)
+	for _, c := range []struct {
+		site   string
+		hashed bool
+	}{
+		{"example.com", false}, {"a.example,b.example/api/*", false}, {"server=srv1", false}, {"example.com~2", false},
+		{strings.Repeat("a", maxSiteLen), false}, {long, true},
+		{"[::1]", true}, {"{env.HOST}", true}, {"example.com:8080", true}, {"a b", true},
+	} {
+		got := boundSite(c.site)
+		if c.hashed != (got != c.site) || c.hashed && (!strings.HasPrefix(got, "#") || len(got) != 17) {
+			t.Errorf("boundSite(%q) = %q, want hashed %v", c.site, got, c.hashed)
+		}
+	}
+	if boundSite(long) == boundSite(long+"b") {
+		t.Error("two long sites hash alike")
 	}
 }
 

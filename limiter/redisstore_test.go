@@ -44,7 +44,9 @@ func TestRedisStoreKey(t *testing.T) {
 		t.Errorf("Key = %q, want %q", got, want)
 	}
 	for _, c := range [][2]string{
-		{"api", "203.0.113.7"}, {"login:10m:3:4xx", "=Bearer abc"}, {"odd}:zone", "2001:db8::/64"},
+		{"api", "203.0.113.7"}, {"login:4xx", "=Bearer abc"}, {"odd}:zone", "2001:db8::/64"},
+		{"default@example.com/api/*", "192.0.2.1"}, {"default@a.example,b.example~2:counter:1m", "=k"},
+		{"default@#0123456789abcdef", "#" + strings.Repeat("a", 43)}, {"default@server=srv1", "10.0.0.1"},
 		{"z", BoundKey("{client}:with braces")}, {"z", BoundKey("\xff\xfe")}, {"", ""},
 	} {
 		zone, client, ours, ok := s.ParseKey(s.Key(c[0], c[1]))
