@@ -128,6 +128,8 @@ type Breaker struct {
 	nextCooldown time.Duration
 	pending      []breakerChange
 	delivering   bool
+	// openings counts the transitions from closed to open.
+	openings atomic.Int64
 }
 
 // breakerEpoch is one stay in one state. state and until never change.
@@ -173,6 +175,11 @@ func NewBreaker(opts BreakerOptions) *Breaker {
 
 // State returns the current state.
 func (b *Breaker) State() BreakerState { return b.epoch.Load().state }
+
+// Openings returns how many times the breaker has opened from closed since
+// it was made: each an outage as its callers saw it, however many probes
+// failed before it closed again.
+func (b *Breaker) Openings() int64 { return b.openings.Load() }
 
 // Guard returns a Store that calls store through the breaker: every method,
 // so a Settle does not wait for a store that Allow already knows is down.
@@ -341,6 +348,7 @@ func (b *Breaker) transition(from *breakerEpoch, to BreakerState) *breakerEpoch 
 		if from.state == BreakerClosed {
 			// The store answered since the last opening.
 			b.nextCooldown = b.cooldown
+			b.openings.Add(1)
 		}
 		e.until = b.now().Add(b.nextCooldown)
 		b.nextCooldown = min(2*b.nextCooldown, b.maxCooldown)

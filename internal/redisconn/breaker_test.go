@@ -1125,3 +1125,35 @@ func TestBreakerOutOfMemoryIsNoFailure(t *testing.T) {
 	}
 	wantState(t, b, BreakerClosed)
 }
+
+// TestBreakerOpenings: Openings counts the outages callers saw, each time
+// the breaker opened from closed, not the probes that failed while it was
+// open.
+func TestBreakerOpenings(t *testing.T) {
+	store := &breakerStore{}
+	clock := &breakerClock{t: time.Unix(1, 0)}
+	b := NewBreaker(BreakerOptions{Failures: 2})
+	b.now = clock.Now
+	g := b.Guard(store)
+	allow := func() { _ = g.Allow(context.Background(), breakerTestCheck, make([]limiter.Decision, 1)) }
+	store.fail(errBreakerTestStore)
+	allow()
+	allow()
+	wantState(t, b, BreakerOpen)
+	clock.Advance(time.Minute)
+	allow() // a probe that fails
+	wantState(t, b, BreakerOpen)
+	if got := b.Openings(); got != 1 {
+		t.Errorf("after one outage with a failed probe: %d openings, want 1", got)
+	}
+	store.fail(nil)
+	clock.Advance(time.Minute)
+	allow()
+	wantState(t, b, BreakerClosed)
+	store.fail(errBreakerTestStore)
+	allow()
+	allow()
+	if got := b.Openings(); got != 2 {
+		t.Errorf("after two outages: %d openings, want 2", got)
+	}
+}
