@@ -253,13 +253,13 @@ func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []C
 		return fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
 	}
 	r := &request{
-		ctx:      ctx,
-		op:       scriptOps[m],
-		keys:     keys,
-		checks:   checks,
-		wait:     wait,
-		deadline: time.Now().Add(s.timeout),
+		ctx:    ctx,
+		op:     scriptOps[m],
+		keys:   keys,
+		checks: checks,
+		wait:   wait,
 	}
+	deadline := time.Now().Add(s.timeout)
 	if keys == nil {
 		r.keys = s.appendKeys(r.key[:0], checks)
 	}
@@ -288,9 +288,10 @@ func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []C
 		args = make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks))
 	}
 	r.args = appendRequest(args, r.op, r.checks, r.decisions, wait, r.leases)
-	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
-		r.deadline = d
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
 	}
+	r.deadline.Store(deadline)
 	if s.cluster {
 		r.slot = hashSlot(r.keys[0])
 	}
