@@ -99,10 +99,10 @@ var errHostBusy = fmt.Errorf("rate limit decision not made in time: %w (%w)", Er
 // there, unread, its goroutine waiting to run behind the others, or the
 // request waiting for a flusher that is. While the host is busy and Redis
 // answers (a call's reply was read within the last maxGraces timeouts: on
-// a host that busy replies are read far apart), such a request
-// gets a grace of another timeout, up to maxGraces (it moves to a second
-// FIFO, late; the call's own deadline covers its graces), and it is decided
-// when Redis's answer is read. Past its graces, or when Redis has stopped
+// a host that busy replies are read far apart), such a request gets a
+// grace of another timeout, up to maxGraces (it moves to a second FIFO,
+// late; a call sent while the host is busy lasts the graces too), and it
+// is decided when Redis's answer is read. Past its graces, or when Redis has stopped
 // answering, it takes the fail mode with ErrHostBusy, which the breaker
 // leaves uncounted. A request that waited on a slow Redis while the host is
 // not busy times out at its deadline, as before.
@@ -133,7 +133,7 @@ type batcher struct {
 	done      chan struct{}
 	wg        sync.WaitGroup
 
-	// mu guards closed, watch, late, the requests' graced and lag. Requests
+	// mu guards closed, watch, late, the requests' graces and lag. Requests
 	// join watch under it and Close sets closed under it, so Close answers
 	// every request it missed.
 	mu     sync.Mutex
@@ -354,10 +354,12 @@ func (b *batcher) sendLate(r *request, now time.Time) bool {
 	return r.deadline.Load().After(now) || b.overdue(r, now)
 }
 
-// hostBusy reports whether goroutines of this process waited to run, in the
-// last timeout/hostBusyShare or more, for hostBusyShare of a timeout: then
-// the host's CPUs, not Redis, are what a late decision waited for. Called
-// with mu held.
+// hostBusy reports whether the host is busy: whether the slowest of this
+// process's goroutines (hostBusyQuantile) waited a hostBusyShare-th of the
+// timeout or more to run, by the runtime's count since the last look (at
+// most one every timeout/hostBusyShare). A look that finds it busy holds
+// for a timeout. Then the host's CPUs, not Redis, are what a late decision
+// waited for. Called with mu held.
 func (b *batcher) hostBusy(now time.Time) bool {
 	share := b.timeout / hostBusyShare
 	if now.Sub(b.lagAt) >= share {
