@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"regexp"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -499,18 +498,6 @@ func TestSoakStorm(t *testing.T) {
 		time.Sleep(time.Until(closed.Add(after)))
 		samples = append(samples, take(fmt.Sprintf("%v after", after)))
 	}
-	if p := os.Getenv("SOAK_STORM_HEAPPROFILE"); p != "" {
-		f, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runtime.GC()
-		if err := pprof.WriteHeapProfile(f); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-	}
-
 	label := os.Getenv("SOAK_STORM_LABEL")
 	if label == "" {
 		label = "this tree"
