@@ -370,8 +370,10 @@ func quantile(d []time.Duration, q float64) time.Duration {
 // to a zone with a wait, each sending two requests on its connection (the
 // second held about a second for its slot), and records how many decisions
 // took the fail mode, how often the breaker opened, and Caddy's RSS before,
-// at its peak, with the connections held idle and after they close. It
-// writes its section of SOAK.md. Run it with `make soak`.
+// at its peak, with the connections held idle and for five minutes after
+// they close (SOAK_STORM_SHORT: ten seconds). It writes its row, labelled
+// SOAK_STORM_LABEL ("this tree" by default), into its section of SOAK.md,
+// keeping the rows of other labels. Run it with `make soak`.
 func TestSoakStorm(t *testing.T) {
 	clients := 5000
 	if s := os.Getenv(stormCountEnv); s != "" {
