@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -54,7 +56,8 @@ const (
 //
 //	deny cache -> connection's breaker -> timing -> RedisStore
 //	deny cache -> MemoryStore                (no Redis)
-//	MemoryStore                              (fail_mode local, while Redis fails)
+//	Fallback -> MemoryStore                  (fail_mode local, while Redis fails;
+//	                                          any mode, for clients a full Redis holds)
 //
 // The dial gate is inside the go-redis client (internal/redisconn).
 type backend struct {
@@ -63,8 +66,15 @@ type backend struct {
 	cache *limiter.DenyCache
 	// store is the store that records admissions: Redis or in-process.
 	store limiter.Store
-	// local decides while Redis fails, with mode redisWithLocal.
-	local *limiter.MemoryStore
+	// local is the in-process store, and fallback decides in it, from
+	// what Redis last said, while Redis fails (mode redisWithLocal) or
+	// refuses writes for lack of memory (any mode with Redis).
+	local    *limiter.MemoryStore
+	fallback *limiter.Fallback
+	// recovering is the charging to Redis of what fallback admitted,
+	// which close waits for; charging is set while one runs.
+	recovering sync.WaitGroup
+	charging   atomic.Bool
 	// redis and conn are set with Redis: the store (which alone knows its
 	// key layout) and its connection (breaker, reset bus).
 	redis *limiter.RedisStore
@@ -98,23 +108,21 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
-		oomFailures: newFailureLog(cfg.logger, "redis is out of memory: it refuses the limiter's writes (maxmemory reached with maxmemory-policy noeviction), so the fail mode applies; "+
-			"set maxmemory-policy volatile-ttl or give redis more memory", time.Second),
+		oomFailures: newFailureLog(cfg.logger, "redis is out of memory (maxmemory reached with maxmemory-policy noeviction): it refuses the limiter's writes, "+
+			"so clients it holds are decided in process from what it holds, and new clients get the fail mode; give redis more memory (docs/redis.md)", time.Second),
 		refused: newFailureLog(cfg.logger, "a request the limiter cannot decide, for figures outside the engine's bounds that the config rules let through; applying fail mode without asking the store", time.Second),
 		oom:     limiterMetrics.storeErrors.WithLabelValues(reasonOOM),
 		nevers:  &throttle{interval: time.Second},
 		logger:  cfg.logger,
 	}
-	if cfg.redis == "" || cfg.failMode == failLocal {
-		memory, release := loadMemoryStore()
-		b.releases = append(b.releases, release)
-		if cfg.redis == "" {
-			b.mode, b.store = inProcess, memory
-			b.cache = limiter.NewDenyCache(memory, 0)
-			return b, nil
-		}
-		b.local = memory
+	memory, release := loadMemoryStore()
+	b.releases = append(b.releases, release)
+	if cfg.redis == "" {
+		b.mode, b.store = inProcess, memory
+		b.cache = limiter.NewDenyCache(memory, 0)
+		return b, nil
 	}
+	b.local = memory
 	if err := b.connect(cfg); err != nil {
 		_ = b.close()
 		return nil, err
@@ -125,7 +133,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 // connect adds the Redis part of the stack.
 func (b *backend) connect(cfg backendConfig) error {
 	b.mode = redisShared
-	if b.local != nil {
+	if cfg.failMode == failLocal {
 		b.mode = redisWithLocal
 	}
 	conn, err := redisconn.Open(cfg.topology, cfg.redis)
@@ -134,6 +142,7 @@ func (b *backend) connect(cfg backendConfig) error {
 	}
 	b.releases = append(b.releases, conn.Close)
 	b.conn = conn
+	b.fallback = limiter.NewFallback(b.local, conn.Instances)
 	if err := conn.Check(cfg.timeout); errors.Is(err, redisconn.ErrUnreachable) {
 		cfg.logger.Warn(redisSilentAtStart(cfg.failMode),
 			zap.String("fail_mode", cfg.failMode), zap.Error(err))
@@ -256,16 +265,82 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 		src = fromCache
 		markUnread(decisions)
 	}
-	if err == nil || ctx.Err() != nil {
+	if err == nil {
+		if !hit && b.fallback != nil {
+			b.answered(checks, decisions)
+		}
+		return src, nil
+	}
+	if ctx.Err() != nil {
 		// A caller that went away: nothing failed, and no one waits.
 		return src, err
+	}
+	if redisconn.OutOfMemory(err) {
+		return b.decideFull(ctx, checks, decisions, err)
 	}
 	b.failed(err)
 	if b.mode != redisWithLocal {
 		return src, err
 	}
 	// The in-process store never fails.
-	_ = b.local.Allow(ctx, checks, decisions)
+	_ = b.fallback.Allow(ctx, checks, decisions)
+	return fromLocal, nil
+}
+
+// answered takes note of Redis's answer to checks: the fallback starts from
+// it in the next outage (fail_mode local), and the first answer after one
+// charges Redis with what the fallback admitted meanwhile.
+func (b *backend) answered(checks []limiter.Check, decisions []limiter.Decision) {
+	if b.fallback.Active() && b.charging.CompareAndSwap(false, true) {
+		b.recovering.Go(func() {
+			defer b.charging.Store(false)
+			b.recover()
+		})
+	}
+	if b.mode == redisWithLocal {
+		b.fallback.Observe(checks, decisions)
+	}
+}
+
+// recover charges Redis with what the fallback admitted while it was away
+// or full: the charges come after the outage's last local decision, so the
+// windows that span it hold what the instances admitted on both sides.
+func (b *backend) recover() {
+	ctx, cancel := context.WithTimeout(context.Background(), b.operatorTimeout())
+	defer cancel()
+	clients, err := b.fallback.Recovered(ctx, b.redis)
+	if err != nil {
+		b.settleFailures.record(b.failMode, fmt.Errorf("charging redis with what was admitted in process while it was away: %w", err))
+		return
+	}
+	if clients > 0 {
+		b.logger.Info("redis answers again: what was admitted in process meanwhile is charged to it",
+			zap.String("redis", b.conn.Label()), zap.Int("clients", clients))
+	}
+}
+
+// decideFull decides checks that Redis refused to record for lack of
+// memory (maxmemory with noeviction). A full Redis still answers reads:
+// the clients it holds are decided in process from what it holds (once an
+// outage: later, the in-process store knows more), exact as the fallback
+// is; a client it holds nothing of gets the fail mode, or with fail_mode
+// local the in-process store too. Neither counts as a Redis failure.
+func (b *backend) decideFull(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, oom error) (source, error) {
+	b.oom.Inc()
+	b.oomFailures.record(b.failMode, oom)
+	if !b.fallback.Seeded(checks) {
+		peeked := make([]limiter.Decision, len(checks))
+		err := b.redis.Peek(ctx, checks, peeked)
+		if err != nil && ctx.Err() != nil {
+			return fromStore, err
+		}
+		known := err == nil && b.fallback.Sighted(checks, peeked)
+		if !known && b.mode != redisWithLocal {
+			return fromStore, oom
+		}
+	}
+	// The in-process store never fails.
+	_ = b.fallback.Allow(ctx, checks, decisions)
 	return fromLocal, nil
 }
 
@@ -327,7 +402,7 @@ func (b *backend) failed(err error) {
 func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {
 	var store limiter.Store = b.store
 	if src == fromLocal {
-		store = b.local
+		store = b.fallback
 	}
 	if err := store.Settle(ctx, checks, decisions); err != nil {
 		return err
@@ -352,7 +427,7 @@ func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decision
 func (b *backend) extend(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, src source) error {
 	var store limiter.Store = b.store
 	if src == fromLocal {
-		store = b.local
+		store = b.fallback
 	}
 	return store.Extend(ctx, checks, decisions)
 }
@@ -411,8 +486,8 @@ func (b *backend) reset(ctx context.Context, zone, key string, done resetDone) (
 	if reset && b.redis != nil {
 		announce = &announcement{conn: b.conn, key: b.redis.Key(zone, key), timeout: b.operatorTimeout()}
 	}
-	if b.local != nil {
-		_, localErr := b.resetOnce(ctx, b.local, b.local, zone, key, done)
+	if b.fallback != nil {
+		_, localErr := b.resetOnce(ctx, b.local, b.fallback, zone, key, done)
 		err = errors.Join(err, localErr)
 	}
 	return announce, err
@@ -493,9 +568,9 @@ func (b *backend) Announced(key string, what redisconn.Announcement) {
 		return
 	}
 	b.cache.Forget(zone, client)
-	if b.local != nil && what == redisconn.Reset {
+	if b.fallback != nil && what == redisconn.Reset {
 		// The in-process store never fails.
-		_ = b.local.Reset(context.Background(), zone, client)
+		_ = b.fallback.Reset(context.Background(), zone, client)
 	}
 }
 
@@ -507,6 +582,7 @@ func (b *backend) Subscribed() {
 
 // close releases this use of the pooled parts.
 func (b *backend) close() error {
+	b.recovering.Wait()
 	var first error
 	for i := len(b.releases) - 1; i >= 0; i-- {
 		if err := b.releases[i](); err != nil && first == nil {

@@ -16,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
@@ -318,9 +320,9 @@ func TestUnreachableRedisStillLoads(t *testing.T) {
 }
 
 // TestRedisMemoryPolicyWarnings: at start, a Redis whose policy would evict
-// limit state when full (allkeys-*), or that refuses writes once full
-// (noeviction with a maxmemory), is a warning that says what to do; a Redis
-// without a maxmemory, or with volatile-ttl, is none.
+// limit state when full (allkeys-*, volatile-*) is a warning that says what
+// keeps limits (noeviction, and memory); a Redis without a maxmemory, or
+// with noeviction, is none.
 func TestRedisMemoryPolicyWarnings(t *testing.T) {
 	srv := redistest.Start(t)
 	rc := srv.Client(t)
@@ -329,11 +331,11 @@ func TestRedisMemoryPolicyWarnings(t *testing.T) {
 		warning           string
 	}{
 		{"noeviction", "0", ""},
-		{"noeviction", "50mb", "refuses writes once it reaches maxmemory (maxmemory-policy noeviction)"},
-		{"allkeys-lru", "50mb", "evicts any key when it is full (maxmemory-policy allkeys-lru)"},
-		{"allkeys-lfu", "50mb", "evicts any key when it is full (maxmemory-policy allkeys-lfu)"},
+		{"noeviction", "50mb", ""},
+		{"allkeys-lru", "50mb", "evicts the limiter's keys when it is full (maxmemory-policy allkeys-lru)"},
+		{"allkeys-lfu", "50mb", "evicts the limiter's keys when it is full (maxmemory-policy allkeys-lfu)"},
 		{"allkeys-lru", "0", ""},
-		{"volatile-ttl", "50mb", ""},
+		{"volatile-ttl", "50mb", "evicts the limiter's keys when it is full (maxmemory-policy volatile-ttl)"},
 	} {
 		t.Run(c.policy+"/"+c.maxmemory, func(t *testing.T) {
 			ctx := context.Background()
@@ -359,7 +361,7 @@ func TestRedisMemoryPolicyWarnings(t *testing.T) {
 			case c.warning != "" && len(lines) != 1:
 				t.Errorf("%d warnings about maxmemory, want 1: %q", len(lines), lines)
 			case c.warning != "":
-				for _, want := range []string{`"level":"warn"`, c.warning, "volatile-ttl", "more memory"} {
+				for _, want := range []string{`"level":"warn"`, c.warning, "set maxmemory-policy noeviction", "memory of every client"} {
 					if !strings.Contains(lines[0], want) {
 						t.Errorf("warning %s, want it to say %q", lines[0], want)
 					}
@@ -443,6 +445,92 @@ func TestRedisFullOOM(t *testing.T) {
 	if len(all) > 4*seconds {
 		t.Errorf("%d log lines in %v, want at most %d: the log of a full redis must be bounded", len(all), elapsed, 4*seconds)
 	}
+}
+
+// TestRedisFullKeepsKnownClientsExact: a Redis at maxmemory with noeviction
+// refuses every write, but it still answers reads: a client it holds
+// spends exactly what it had left, decided in process from what Redis
+// holds; a client it holds nothing of gets the fail mode (closed: 503;
+// local: the in-process store). When Redis has room again, what was
+// admitted meanwhile is charged to it.
+func TestRedisFullKeepsKnownClientsExact(t *testing.T) {
+	for _, mode := range []string{failClosed, failLocal} {
+		t.Run(mode, func(t *testing.T) {
+			srv := redistest.Start(t)
+			rc := srv.Client(t)
+			ctx := context.Background()
+			startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		window 1m
+		max_requests 10
+		fail_mode `+mode+`
+		redis `+srv.URL()+`
+	}
+	respond "ok"
+}`)
+			count := func(client string, n int) map[int]int {
+				statuses := map[int]int{}
+				for range n {
+					statuses[send(t, site, withHeader("X-Client", client)).status]++
+				}
+				return statuses
+			}
+			if got := count("known", 7); got[http.StatusOK] != 7 {
+				t.Fatalf("before redis filled up: %v, want 7 200s", got)
+			}
+			fillRedis(t, rc)
+
+			if got := count("known", 10); got[http.StatusOK] != 3 || got[http.StatusTooManyRequests] != 7 {
+				t.Errorf("a client redis holds 7 of 10 of, on a full redis: %v, want 3 200s and 7 429s", got)
+			}
+			fresh := count("fresh", 12)
+			switch mode {
+			case failClosed:
+				if fresh[http.StatusServiceUnavailable] != 12 {
+					t.Errorf("a client redis holds nothing of, fail_mode closed: %v, want 12 503s", fresh)
+				}
+			case failLocal:
+				if fresh[http.StatusOK] != 10 || fresh[http.StatusTooManyRequests] != 2 {
+					t.Errorf("a client redis holds nothing of, fail_mode local: %v, want 10 200s and 2 429s", fresh)
+				}
+			}
+
+			// Room again, and no count: what the first answer after the
+			// outage charges is what was admitted in process meanwhile.
+			if err := rc.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := rc.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+				t.Fatal(err)
+			}
+			send(t, site, withHeader("X-Client", "other"))
+			wantUsed := map[string]int64{"known": 3, "fresh": 0}
+			if mode == failLocal {
+				wantUsed["fresh"] = 10
+			}
+			for client, want := range wantUsed {
+				if got := unitsUsed(t, "default", client, want); got != want {
+					t.Errorf("redis holds %d of %q after it had room again, want the %d admitted in process", got, client, want)
+				}
+			}
+		})
+	}
+}
+
+// fillRedis makes rc's Redis full: maxmemory below what it uses, with
+// noeviction, so that it refuses every write (and no write frees enough to
+// let the next one in); the test's end lifts the limit.
+func fillRedis(t *testing.T, rc *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	for _, kv := range [][2]string{{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}} {
+		if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = rc.ConfigSet(ctx, "maxmemory", "0").Err() })
 }
 
 // TestRedisOverTLS: a rediss:// URL reaches Redis over TLS (the server's TLS

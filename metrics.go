@@ -56,6 +56,8 @@ var limiterMetrics struct {
 	bodyRefusals *prometheus.CounterVec
 	// circuitState is the connections' (see redisconn.CircuitState).
 	circuitState *prometheus.GaugeVec
+	// evictedKeys is the connections' (see redisconn.EvictedKeys).
+	evictedKeys *prometheus.CounterVec
 	// storeErrors counts store errors that have a reason of their own (see
 	// backend.go and lease.go).
 	storeErrors *prometheus.CounterVec
@@ -85,6 +87,7 @@ func initMetrics(registry *prometheus.Registry) error {
 			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25},
 		})
 		m.circuitState = redisconn.CircuitState()
+		m.evictedKeys = redisconn.EvictedKeys()
 		m.waitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "wait_seconds",
 			Help:    "How long admitted requests were held for their slot (wait), by the zone with the least room left; its count is the requests that waited.",
@@ -132,7 +135,8 @@ func initMetrics(registry *prometheus.Registry) error {
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
-		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings} {
+		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings,
+		m.evictedKeys} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

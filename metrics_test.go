@@ -2,6 +2,7 @@ package slidingratelimit
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -403,4 +405,112 @@ func BenchmarkTraceDecision(b *testing.B) {
 			traceDecision(r, req, 0, fromStore, modeEnforce)
 		}
 	})
+}
+
+// TestRedisEvictionsSeen: a Redis at its maxmemory with allkeys-lru evicts
+// limit keys without a word to its clients; the connection reads its
+// evicted_keys, so the evictions show on Caddy's /metrics as
+// redis_evicted_keys_total of that Redis, as many as INFO stats says, and
+// Caddy's log says once (at most a line a minute) what they cost and what
+// to do.
+func TestRedisEvictionsSeen(t *testing.T) {
+	srv := redistest.Start(t)
+	rc := srv.Client(t)
+	ctx := context.Background()
+	logFile := startCaddy(t, `
+:9080 {
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		window 1m
+		max_requests 3
+		redis `+srv.URL()+`
+	}
+	respond "ok"
+}`)
+	series := `caddy_sliding_ratelimit_redis_evicted_keys_total{redis="` + srv.Addr() + `"}`
+	if !strings.Contains(scrapeText(t), series+" 0") {
+		t.Fatalf("no %s at 0 on /metrics before any eviction", series)
+	}
+	for i := range 200 {
+		send(t, site, withHeader("X-Client", fmt.Sprintf("client-%d", i)))
+	}
+	used := infoNumber(t, rc, "memory", "used_memory")
+	for _, kv := range [][2]string{{"maxmemory-policy", "allkeys-lru"}, {"maxmemory", strconv.FormatFloat(used+1<<20, 'f', -1, 64)}} {
+		if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Other data fills the Redis: the limit keys, used least recently,
+	// go first.
+	value := strings.Repeat("v", 16<<10)
+	for i := range 200 {
+		if err := rc.Set(ctx, fmt.Sprintf("cache:%d", i), value, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Room again: a Redis over its maxmemory goes on evicting in the
+	// background after the last write.
+	if err := rc.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	evicted := infoNumber(t, rc, "stats", "evicted_keys")
+	if evicted < 100 {
+		t.Fatalf("redis evicted %v keys, want the fill to evict", evicted)
+	}
+	left, err := rc.Keys(ctx, "srl:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("redis evicted %v keys; %d of the 200 clients' limit keys are left", evicted, len(left))
+
+	// The connection reads every 5 seconds.
+	deadline := time.Now().Add(15 * time.Second)
+	for scrape(t, series) < evicted && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if got := scrape(t, series); got != evicted {
+		t.Errorf("%s = %v, INFO stats evicted_keys %v", series, got, evicted)
+	}
+	lines := logLines(t, logFile, "redis evicted keys")
+	if len(lines) != 1 {
+		t.Fatalf("%d eviction warnings, want 1: %q", len(lines), lines)
+	}
+	for _, want := range []string{`"level":"warn"`, `"redis":"` + srv.Addr() + `"`, `"evicted_keys":` + strconv.FormatFloat(evicted, 'f', -1, 64),
+		"restarted a client's limit", "noeviction"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("warning %s does not say %s", lines[0], want)
+		}
+	}
+}
+
+// scrapeText is Caddy's /metrics.
+func scrapeText(t *testing.T) string {
+	t.Helper()
+	res, err := http.Get("http://localhost:2999/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	text, _ := io.ReadAll(res.Body)
+	return string(text)
+}
+
+// infoNumber is the number of field in section of c's INFO.
+func infoNumber(t *testing.T, c redis.Cmdable, section, field string) float64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), section).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		if value, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				t.Fatalf("INFO %s %s: %v", section, field, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("INFO %s has no %s", section, field)
+	return 0
 }

@@ -529,48 +529,26 @@ func stormAfters() []time.Duration {
 	return afters
 }
 
-// soakSections are the sections of SOAK.md, in order: each test writes its
-// own and keeps the others.
-var soakSections = []string{"Mixed load", "Connection storm"}
-
-// writeSoakSection replaces the section title of SOAK.md with body, keeping
-// the others.
-func writeSoakSection(t *testing.T, title, body string) {
-	t.Helper()
-	sections := readSoakSections()
-	sections[title] = body
-	var out strings.Builder
-	out.WriteString("# Soak\n")
-	for _, name := range soakSections {
-		if b, ok := sections[name]; ok {
-			fmt.Fprintf(&out, "\n## %s\n\n%s\n", name, strings.TrimSpace(b))
-		}
-	}
-	if err := os.WriteFile("SOAK.md", []byte(out.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// readSoakSections returns the bodies of SOAK.md's sections by title.
-func readSoakSections() map[string]string {
-	sections := map[string]string{}
+// soakSection returns the body of SOAK.md's section heading, "" without
+// one.
+func soakSection(heading string) string {
 	raw, err := os.ReadFile("SOAK.md")
 	if err != nil {
-		return sections
+		return ""
 	}
-	parts := strings.Split("\n"+string(raw), "\n## ")
-	for _, p := range parts[1:] {
-		title, body, _ := strings.Cut(p, "\n")
-		sections[strings.TrimSpace(title)] = body
+	_, body, ok := strings.Cut(string(raw), "\n## "+heading+"\n")
+	if !ok {
+		return ""
 	}
-	return sections
+	body, _, _ = strings.Cut(body, "\n## ")
+	return body
 }
 
 // stormRows are the table rows of the Connection storm section, by table
 // and by their first cell (the run's label), as earlier runs wrote them.
 func stormRows() (runs, memory map[string]string) {
 	runs, memory = map[string]string{}, map[string]string{}
-	body := readSoakSections()["Connection storm"]
+	body := soakSection("Connection storm")
 	table := 0
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "|") {

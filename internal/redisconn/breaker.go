@@ -5,12 +5,14 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
@@ -324,6 +326,14 @@ func countsAsFailure(ctx context.Context, err error) bool {
 		return false
 	}
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
+}
+
+// OutOfMemory reports whether err is Redis refusing a command for lack of
+// memory: maxmemory reached with maxmemory-policy noeviction (or nothing
+// left to evict).
+func OutOfMemory(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "OOM ")
 }
 
 // IsDialError reports whether err is a failure to connect: refused, no

@@ -92,29 +92,41 @@ func (c *Conn) Memory(timeout time.Duration) (maxmemory int64, policy string, er
 }
 
 // MemoryWarning says what a Redis with maxmemory and policy does to the
-// limits when it is full, and what to do about it; "" when nothing. Every
-// key the limiter writes has a TTL (its window, or its lease time), so
-// volatile-ttl evicts only limit state, the state closest to its end
-// first, and only when memory runs out.
+// limits when it is full, and what to do about it; "" when nothing.
+//
+// Only noeviction keeps every limit: a full Redis then refuses writes,
+// which is not an outage (Redis answers; see OutOfMemory), and a Redis
+// given the memory of every client active in a window is never full. Every
+// other policy evicts limit keys, and each eviction restarts a client's
+// limit. Every key of the limiter has a TTL, so the volatile-* policies
+// evict them as the allkeys-* ones do (and first, on a Redis shared with
+// keys that have none). Which clients go first is what makes it worse: a
+// client at its limit writes nothing while it is denied, and the deny
+// cache answers it without touching Redis, so its key is the oldest
+// written (nearest to expiry: volatile-ttl), the least recently and the
+// least frequently used (LRU, LFU): blocked clients are let through first.
 func MemoryWarning(maxmemory int64, policy string) string {
-	switch {
-	case maxmemory == 0:
+	if maxmemory == 0 {
 		// No limit: Redis neither evicts nor refuses for lack of memory.
 		return ""
-	case strings.HasPrefix(policy, "allkeys-"):
-		return "redis evicts any key when it is full (maxmemory-policy " + policy + "): a client whose window it evicts has its limit reset without a word; " +
-			"set maxmemory-policy volatile-ttl (every key of the limiter has a TTL, the closest to expiry go first) or give redis more memory"
-	case policy == "noeviction":
-		return "redis refuses writes once it reaches maxmemory (maxmemory-policy noeviction): every limit decision then fails and the fail mode applies to every request; " +
-			"set maxmemory-policy volatile-ttl (every key of the limiter has a TTL, the closest to expiry go first) or give redis more memory"
 	}
-	return ""
-}
-
-// OutOfMemory reports whether err is Redis refusing a command for lack of
-// memory: maxmemory reached with maxmemory-policy noeviction (or nothing
-// left to evict).
-func OutOfMemory(err error) bool {
-	var reply redis.Error
-	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "OOM ")
+	var why string
+	switch policy {
+	case "noeviction":
+		return ""
+	case "volatile-ttl":
+		why = "it evicts the keys nearest to expiry first, and a client at its limit has one of them: denied requests write nothing, so its last admission is the oldest"
+	case "allkeys-lru", "volatile-lru":
+		why = "it evicts the least recently used keys first, and a client at its limit has one of them: the deny cache answers it without touching redis"
+	case "allkeys-lfu", "volatile-lfu":
+		why = "it evicts the least frequently used keys first: those of clients seldom seen, and of clients at their limit, which the deny cache answers without touching redis"
+	case "allkeys-random", "volatile-random":
+		why = "it evicts keys at random, any client's"
+	default:
+		return ""
+	}
+	return "redis evicts the limiter's keys when it is full (maxmemory-policy " + policy + "): " + why +
+		"; each eviction restarts a client's limit, letting a client at its limit through again. " +
+		"To keep limits, set maxmemory-policy noeviction and give redis the memory of every client active in a window, with room to spare " +
+		"(docs/redis.md, When Redis is full)"
 }

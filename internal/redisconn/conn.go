@@ -10,6 +10,8 @@
 //     (any limiter.Store), and its circuit_state series, labelled by the
 //     Redis it guards (breaker.go);
 //   - the start-up check (check.go);
+//   - the watch on Redis's evictions, each of which restarts a client's
+//     limit, and its redis_evicted_keys_total series (evictions.go);
 //   - go-redis's own log lines, routed through Caddy's logger (logging.go);
 //   - the reset bus: the subscriber that hears what other instances
 //     announce, and the announcements of this one (resets.go).
@@ -54,12 +56,14 @@ type shared struct {
 	announcer redis.UniversalClient
 	breaker   *Breaker
 	// label names the Redis in metrics and logs: host:port.
-	label  string
-	resets *resetBus
+	label     string
+	resets    *resetBus
+	evictions *evictionWatch
 }
 
 func (s *shared) Destruct() error {
 	s.resets.stop()
+	s.evictions.stop()
 	circuitState.DeleteLabelValues(s.label)
 	if s.announcer != s.client {
 		return errors.Join(s.announcer.Close(), s.client.Close())
@@ -86,6 +90,7 @@ func Open(topology, rawURL string) (*Conn, error) {
 			breaker:   newBreaker(o.label),
 			label:     o.label,
 			resets:    newResetBus(client, announcer),
+			evictions: watchEvictions(client, o.label),
 		}, nil
 	})
 	if err != nil {
@@ -120,6 +125,13 @@ func (c *Conn) Subscriptions() int {
 	defer b.mu.Unlock()
 	return b.subscriptions
 }
+
+// Instances returns how many instances share this Redis, this one included,
+// as last counted while Redis answered (see rollCall): those whose
+// heartbeats were heard within three intervals (heartbeatInterval) of the
+// last heartbeat of this connection that came back. It is 1 until this
+// connection's subscriber has heard its own heartbeat.
+func (c *Conn) Instances() int { return c.s.resets.roll.count() }
 
 // AnnounceReset tells every instance that key (a full Redis key) was reset,
 // and waits until this instance's subscriber has received the announcement,

@@ -88,8 +88,11 @@ type resetBus struct {
 	// ctx is cancelled by stop, to abort a first subscription in progress.
 	ctx    context.Context
 	cancel context.CancelFunc
-	// done is closed when the subscriber goroutine ends.
+	// done is closed when the subscriber goroutine ends, and its
+	// heartbeats with it.
 	done chan struct{}
+	// roll counts the instances heard on the connection (instances.go).
+	roll *rollCall
 
 	mu        sync.Mutex
 	listeners map[Listener]struct{}
@@ -112,6 +115,7 @@ func newResetBus(client, publisher redis.UniversalClient) *resetBus {
 		ctx:       ctx,
 		cancel:    cancel,
 		done:      make(chan struct{}),
+		roll:      newRollCall(),
 		listeners: make(map[Listener]struct{}),
 		echoes:    make(map[string]chan struct{}),
 	}
@@ -160,12 +164,14 @@ func (b *resetBus) stop() {
 	}
 }
 
-// run is the subscriber goroutine.
+// run is the subscriber goroutine; it runs the heartbeats beside it.
 func (b *resetBus) run() {
+	var beats sync.WaitGroup
 	defer close(b.done)
-	// Subscribe records the channel even when Redis is down, and go-redis
+	defer beats.Wait()
+	// Subscribe records the channels even when Redis is down, and go-redis
 	// keeps trying to connect.
-	ps := b.client.Subscribe(b.ctx, resetChannel)
+	ps := b.client.Subscribe(b.ctx, resetChannel, instanceChannel)
 	b.mu.Lock()
 	if b.stopped {
 		b.mu.Unlock()
@@ -174,13 +180,24 @@ func (b *resetBus) run() {
 	}
 	b.pubsub = ps
 	b.mu.Unlock()
+	beats.Go(func() {
+		b.roll.beat(b.ctx, func(ctx context.Context, id string) error {
+			return b.publisher.Publish(ctx, instanceChannel, id).Err()
+		})
+	})
 	for msg := range ps.ChannelWithSubscriptions() {
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			// One reply per channel: the resets' tells of a new
+			// subscription.
+			if m.Kind == "subscribe" && m.Channel == resetChannel {
 				b.subscribed()
 			}
 		case *redis.Message:
+			if m.Channel == instanceChannel {
+				b.roll.heard(m.Payload)
+				continue
+			}
 			b.deliver(m.Payload)
 		}
 	}
