@@ -29,7 +29,7 @@ help:
 	@echo "make lint         go vet"
 	@echo "make clean        remove ./caddy"
 	@echo "make bench        limiter vs plain Caddy with wrk and Redis; writes BENCHMARKS.md and the figures docs quote (BENCH_FLAGS=-quick: smoke test)"
-	@echo "make soak         10 minutes of load with reloads and Redis restarts, then Sentinel failovers; writes SOAK.md (SOAK_DURATION=2m: shorter)"
+	@echo "make soak         10 minutes of load with reloads and Redis restarts, then Sentinel failovers and a connection storm; writes SOAK.md (SOAK_DURATION=2m: shorter)"
 
 build: caddy
 
@@ -69,7 +69,7 @@ fuzz:
 SOAK_DURATION ?= 10m
 soak:
 	bash scripts/ensure-redis.sh
-	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -tags soak -run '^TestSoak$$|^TestSoakFailover$$' -count=1 -timeout 60m -v .
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -tags soak -run '^TestSoak$$|^TestSoakFailover$$|^TestSoakStorm$$' -count=1 -timeout 60m -v .
 
 vet lint:
 	$(GO) vet ./...

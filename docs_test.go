@@ -180,13 +180,16 @@ func TestDocLinks(t *testing.T) {
 var number = regexp.MustCompile(`\d[\d,]*(?:\.\d+)?`)
 
 // TestDocFigures: every benchmark figure in the docs is the BENCHMARKS.md
-// cell it names; with -update, it is rewritten to be.
+// (or SOAK.md) cell it names; with -update, it is rewritten to be.
 func TestDocFigures(t *testing.T) {
-	bench, err := os.ReadFile("BENCHMARKS.md")
-	if err != nil {
-		t.Fatal(err)
+	generated := map[string]map[string]string{}
+	for _, name := range []string{"BENCHMARKS.md", "SOAK.md"} {
+		md, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		generated[name] = benchmarkCells(string(md))
 	}
-	cells := benchmarkCells(string(bench))
 	for _, file := range docFiles(t) {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -196,7 +199,9 @@ func TestDocFigures(t *testing.T) {
 		figures := 0
 		updated := mdLink.ReplaceAllStringFunc(doc, func(link string) string {
 			m := mdLink.FindStringSubmatch(link)
-			if target, _, _ := strings.Cut(m[2], "#"); path.Base(target) != "BENCHMARKS.md" || m[3] == "" {
+			target, _, _ := strings.Cut(m[2], "#")
+			cells, ok := generated[path.Base(target)]
+			if !ok || m[3] == "" {
 				return link
 			}
 			figures++
@@ -212,7 +217,7 @@ func TestDocFigures(t *testing.T) {
 			}
 			if got := m[1][at[0]:at[1]]; got != want {
 				if !*update {
-					t.Errorf("%s: %s says %s; BENCHMARKS.md says %s (go test -run TestDocFigures -update rewrites it)", file, link, got, want)
+					t.Errorf("%s: %s says %s; %s says %s (go test -run TestDocFigures -update rewrites it)", file, link, got, path.Base(target), want)
 				}
 				return strings.Replace(link, "["+m[1]+"]", "["+m[1][:at[0]]+want+m[1][at[1]:]+"]", 1)
 			}
@@ -227,13 +232,13 @@ func TestDocFigures(t *testing.T) {
 			if err := os.WriteFile(file, []byte(updated), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%s: %d figures, rewritten from BENCHMARKS.md", file, figures)
+			t.Logf("%s: %d figures, rewritten from BENCHMARKS.md and SOAK.md", file, figures)
 		}
 	}
 }
 
-// benchmarkCells reads the tables of BENCHMARKS.md: cells by "section | row
-// | column", the row being a table line's first cell.
+// benchmarkCells reads the tables of BENCHMARKS.md (or SOAK.md): cells by
+// "section | row | column", the row being a table line's first cell.
 func benchmarkCells(md string) map[string]string {
 	cells := make(map[string]string)
 	var section string
@@ -281,7 +286,7 @@ func cellNumber(cells map[string]string, title string) (string, error) {
 	}
 	cell, ok := cells[strings.Join(parts, " | ")]
 	if !ok {
-		return "", fmt.Errorf("BENCHMARKS.md has no cell %q", title)
+		return "", fmt.Errorf("no such cell: %q", title)
 	}
 	numbers := number.FindAllString(cell, -1)
 	if len(numbers) < n {

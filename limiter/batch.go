@@ -40,8 +40,14 @@ type request struct {
 	decisions []Decision
 	wait      time.Duration
 	// leases are the ids of the leases an Allow takes; nil without any.
-	leases   []uint64
-	deadline time.Time
+	leases []uint64
+	// deadline is when the request is answered without Redis: set before
+	// the request is queued, moved by the watcher (graced) when the
+	// host's CPUs held it up, read by the flushers without a lock.
+	deadline atomicTime
+	// graces counts the times the deadline was moved; under the
+	// batcher's mu.
+	graces int
 	// slot is the Redis Cluster slot of every key; 0 on a single server.
 	slot  uint16
 	state atomic.Int32
@@ -52,6 +58,16 @@ type request struct {
 	key [1]string
 	arg [requestArgLen + zoneArgLen]byte
 }
+
+// atomicTime is a time read and written atomically: nanoseconds on the
+// monotonic clock after monoBase.
+type atomicTime struct{ ns atomic.Int64 }
+
+// monoBase is the time atomicTime counts from.
+var monoBase = time.Now()
+
+func (t *atomicTime) Load() time.Time   { return monoBase.Add(time.Duration(t.ns.Load())) }
+func (t *atomicTime) Store(v time.Time) { t.ns.Store(int64(v.Sub(monoBase))) }
 
 // abandon answers r with err unless it was answered already.
 func (r *request) abandon(err error) {

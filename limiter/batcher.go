@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,11 @@ const (
 	warmEvery = time.Second
 	// warmBackoff is how long a warm that failed holds off the next.
 	warmBackoff = 10 * time.Second
+	// maxGraces is how many times a deadline moves on by a timeout while
+	// the host is busy and Redis answers. Under 5,000 clients connecting
+	// at once on 2 CPUs, a decision waited up to about 300ms for its
+	// goroutines to run (flushers, their replies' readers).
+	maxGraces = 4
 )
 
 // errClosed is the error of a RedisStore call made after Close.
@@ -61,6 +67,18 @@ var errClosed = errors.New("redis store closed")
 // errTimeout answers a request that Redis did not decide within its
 // deadline.
 var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.DeadlineExceeded)
+
+// ErrHostBusy is wrapped by the error of a call that missed its deadline,
+// and the graces it got, while this host's CPUs were what held it up: its
+// goroutines waited to run, runnable, for a tenth of the timeout or more
+// (the Go runtime's /sched/latencies, 99th percentile). Redis may well have
+// answered in time. A circuit breaker should not count it as Redis failing.
+// The error also wraps context.DeadlineExceeded.
+var ErrHostBusy = errors.New("this host's CPUs were too busy to run the decision in time")
+
+// errHostBusy answers a request that missed its deadline and its grace
+// while the host was busy.
+var errHostBusy = fmt.Errorf("rate limit decision not made in time: %w (%w)", ErrHostBusy, context.DeadlineExceeded)
 
 // batcher sends the requests of concurrent callers to Redis together: one
 // limit.lua call per batch (per slot on a cluster), so a flood of decisions
@@ -75,9 +93,23 @@ var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.Deadline
 // one watcher, with one timer, answers those whose deadline passes. The
 // FIFO is in deadline order but for requests whose context ends sooner, and
 // those wake up by their context.
+//
+// A deadline that passes while the host's own CPUs are behind (thousands of
+// connections arriving at once) says nothing of Redis: the reply may be
+// there, unread, its goroutine waiting to run behind the others, or the
+// request waiting for a flusher that is. While the host is busy and Redis
+// answers (a call's reply was read within the last maxGraces timeouts: on
+// a host that busy replies are read far apart), such a request gets a
+// grace of another timeout, up to maxGraces (it moves to a second FIFO,
+// late; a call sent while the host is busy lasts the graces too), and it
+// is decided when Redis's answer is read. Past its graces, or when Redis has stopped
+// answering, it takes the fail mode with ErrHostBusy, which the breaker
+// leaves uncounted. A request that waited on a slow Redis while the host is
+// not busy times out at its deadline, as before.
 type batcher struct {
 	client  redisClient
 	cluster bool
+	timeout time.Duration
 	// warmTimeout bounds the opening of a connection by warm.
 	warmTimeout time.Duration
 	queue       chan *request
@@ -101,12 +133,25 @@ type batcher struct {
 	done      chan struct{}
 	wg        sync.WaitGroup
 
-	// mu guards closed and watch. Requests join watch under it and Close
-	// sets closed under it, so Close answers every request it missed.
+	// mu guards closed, watch, late, the requests' graces and lag. Requests
+	// join watch under it and Close sets closed under it, so Close answers
+	// every request it missed.
 	mu     sync.Mutex
 	closed bool
 	watch  []*request
-	wake   chan struct{}
+	// late holds the graced requests, in the order of their new deadlines.
+	late []*request
+	wake chan struct{}
+	// lag, read at most every timeout/hostBusyShare (at lagAt), says
+	// whether the host is busy: until busyUntil, a timeout after the last
+	// look that found it busy, since one look sees few goroutines.
+	lag   hostLag
+	lagAt time.Time
+	// waited is lag.waited; tests replace it to make the host busy.
+	waited    func() time.Duration
+	busyUntil atomicTime
+	// replied is when a call's reply was last read (atomicTime).
+	replied atomicTime
 }
 
 // newBatcher starts a batcher for a store whose calls end after timeout.
@@ -114,6 +159,7 @@ func newBatcher(client redisClient, cluster bool, timeout time.Duration) *batche
 	b := &batcher{
 		client:  client,
 		cluster: cluster,
+		timeout: timeout,
 		// A connection whose handshake and first command take longer
 		// than two timeouts could not decide anything in time anyway.
 		warmTimeout: 2 * timeout,
@@ -122,6 +168,7 @@ func newBatcher(client redisClient, cluster bool, timeout time.Duration) *batche
 		done:        make(chan struct{}),
 		wake:        make(chan struct{}, 1),
 	}
+	b.waited = b.lag.waited
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	// Until a call measures: Redis's own time in a small call, at most.
 	b.handOff.Store(int64(time.Millisecond))
@@ -151,7 +198,10 @@ func (b *batcher) close() {
 	for _, r := range b.watch {
 		r.abandon(errClosed)
 	}
-	b.watch = nil
+	for _, r := range b.late {
+		r.abandon(errClosed)
+	}
+	b.watch, b.late = nil, nil
 }
 
 // do queues r and waits for its answer, its deadline or its context.
@@ -210,29 +260,115 @@ func (b *batcher) watchDeadlines() {
 		}
 		now := time.Now()
 		b.mu.Lock()
-		i := 0
-		for ; i < len(b.watch); i++ {
-			r := b.watch[i]
-			if r.state.Load() != pending {
-				continue
-			}
-			if r.deadline.After(now) {
-				break
-			}
-			r.abandon(errTimeout)
-		}
-		n := copy(b.watch, b.watch[i:])
-		clear(b.watch[n:])
-		b.watch = b.watch[:n]
+		var graced []*request
+		b.watch, graced = b.pass(b.watch, false, now, graced)
+		b.late, graced = b.pass(b.late, true, now, graced)
+		b.late = append(b.late, graced...)
 		next := time.Duration(-1)
-		if n > 0 {
-			next = b.watch[0].deadline.Sub(now)
+		for _, q := range [][]*request{b.watch, b.late} {
+			if len(q) > 0 {
+				if d := q[0].deadline.Load().Sub(now); next < 0 || d < next {
+					next = max(d, 0)
+				}
+			}
 		}
 		b.mu.Unlock()
 		if next >= 0 {
 			timer.Reset(next)
 		}
 	}
+}
+
+// pass drops from q, watch or late, the requests answered and those whose
+// deadline passed by now, up to the first that still waits, and returns
+// what is left, and graced with those graced on the way (which join late).
+// Called with mu held.
+func (b *batcher) pass(q []*request, late bool, now time.Time, graced []*request) ([]*request, []*request) {
+	i := 0
+	for ; i < len(q); i++ {
+		r := q[i]
+		if r.state.Load() != pending {
+			continue
+		}
+		if r.graces > 0 && !late {
+			// Graced by a flusher (overdue) while it waited here.
+			graced = append(graced, r)
+			continue
+		}
+		if r.deadline.Load().After(now) {
+			break
+		}
+		if b.overdue(r, now) {
+			graced = append(graced, r)
+		}
+	}
+	n := copy(q, q[i:])
+	clear(q[n:])
+	return q[:n], graced
+}
+
+// overdue deals with r, pending past its deadline at now: it moves the
+// deadline on by one timeout (a grace) if the host is busy, Redis answers
+// and r has graces left, and otherwise answers it with the error that says
+// why it is late. It reports whether r was graced. Called with mu held.
+func (b *batcher) overdue(r *request, now time.Time) (graced bool) {
+	busy := b.hostBusy(now)
+	if busy && r.graces < maxGraces && now.Sub(b.replied.Load()) < maxGraces*b.timeout {
+		r.graces++
+		r.deadline.Store(r.deadline.Load().Add(b.timeout))
+		return true
+	}
+	if busy {
+		r.abandon(errHostBusy)
+	} else {
+		r.abandon(errTimeout)
+	}
+	return false
+}
+
+// callErr returns the error of a call: err, unless it is the call's deadline
+// passing while the host is busy, whose requests are then answered with
+// errHostBusy.
+func (b *batcher) callErr(err error) error {
+	var netErr net.Error
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &netErr) && netErr.Timeout()) {
+		return err
+	}
+	b.mu.Lock()
+	busy := b.hostBusy(time.Now())
+	b.mu.Unlock()
+	if busy {
+		return errHostBusy
+	}
+	return err
+}
+
+// sendLate reports whether r, which a flusher took past its deadline, is
+// to be sent still: the watcher or overdue graced it.
+func (b *batcher) sendLate(r *request, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.state.Load() != pending {
+		return false
+	}
+	return r.deadline.Load().After(now) || b.overdue(r, now)
+}
+
+// hostBusy reports whether the host is busy: whether the slowest of this
+// process's goroutines (hostBusyQuantile) waited a hostBusyShare-th of the
+// timeout or more to run, by the runtime's count since the last look (at
+// most one every timeout/hostBusyShare). A look that finds it busy holds
+// for a timeout. Then the host's CPUs, not Redis, are what a late decision
+// waited for. Called with mu held.
+func (b *batcher) hostBusy(now time.Time) bool {
+	share := b.timeout / hostBusyShare
+	if now.Sub(b.lagAt) >= share {
+		b.lagAt = now
+		if b.waited() >= share {
+			b.busyUntil.Store(now.Add(b.timeout))
+		}
+	}
+	return now.Before(b.busyUntil.Load())
 }
 
 // batchWork is a flusher's buffers, kept from one batch to the next.
@@ -254,12 +390,15 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		if r.state.Load() != pending {
 			continue
 		}
-		if !r.deadline.After(now) {
-			r.abandon(errTimeout)
-			continue
+		deadline := r.deadline.Load()
+		if !deadline.After(now) {
+			if !b.sendLate(r, now) {
+				continue
+			}
+			deadline = r.deadline.Load()
 		}
-		if r.deadline.After(latest) {
-			latest = r.deadline
+		if deadline.After(latest) {
+			latest = deadline
 		}
 		w.live = append(w.live, r)
 	}
@@ -267,8 +406,23 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		return
 	}
 	w.calls = groupCalls(w.calls, w.live, b.cluster)
-	// The call ends when every caller has given up, and never sooner.
-	ctx, cancel := context.WithDeadline(context.Background(), latest)
+	// The call ends when every caller has given up, and never sooner: a
+	// call that outlived them could record admissions no one is told of
+	// (a client that retries, a Redis back from a restart). On a host found
+	// busy, a request may yet be graced (overdue), and a reply read in its
+	// graces decides it: then the call lasts them too. A batch whose oldest
+	// request waited a tenth of a timeout for a flusher is how a host
+	// falling behind shows first, so the lag is looked at then.
+	end := latest
+	if oldest := w.live[0].deadline.Load().Add(-b.timeout); now.Sub(oldest) >= b.timeout/hostBusyShare {
+		b.mu.Lock()
+		b.hostBusy(now)
+		b.mu.Unlock()
+	}
+	if now.Before(b.busyUntil.Load()) {
+		end = latest.Add(maxGraces * b.timeout)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	var redisTime time.Duration
 	var ok bool
@@ -281,7 +435,7 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 			c.cmd, w.args = c.command(ctx, w.args[:0], true, b.now)
 			_ = b.client.Process(ctx, c.cmd)
 		}
-		redisTime, ok = c.answer(c.cmd.Val(), c.cmd.Err())
+		redisTime, ok = c.answer(c.cmd.Val(), b.callErr(c.cmd.Err()))
 		// A call that went twice measured no one call.
 		ok = ok && !again
 	} else {
@@ -315,7 +469,7 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime ti
 			retry = append(retry, c)
 			continue
 		}
-		t, answered := c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+		t, answered := c.answer(c.cmd.Val(), b.callErr(cmdErr(c.cmd, execErr)))
 		redisTime, ok = redisTime+t, ok && answered
 	}
 	if len(retry) == 0 {
@@ -328,7 +482,7 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime ti
 	}
 	execErr = exec(ctx, pipe)
 	for _, c := range retry {
-		c.answer(c.cmd.Val(), cmdErr(c.cmd, execErr))
+		c.answer(c.cmd.Val(), b.callErr(cmdErr(c.cmd, execErr)))
 	}
 	// The calls went twice: what they measured is not one call's.
 	return 0, false
@@ -456,6 +610,7 @@ func (p *pace) observe(rtt, redis time.Duration) time.Duration {
 // connections ahead of need (warm), outside any deadline.
 func (b *batcher) measured(start time.Time, inRedis time.Duration) {
 	now := time.Now()
+	b.replied.Store(now)
 	rtt := now.Sub(start)
 	b.handOff.Store(int64(b.pace.observe(rtt, inRedis)))
 

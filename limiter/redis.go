@@ -28,7 +28,9 @@ type RedisOptions struct {
 	KeyPrefix string
 	// Timeout bounds every call: it ends at its context's deadline or
 	// Timeout after it started, whichever is sooner, even while Redis does
-	// not answer. Zero means 100ms.
+	// not answer. On a host whose CPUs hold the process's goroutines back
+	// (ErrHostBusy), a call whose Redis answers may take up to four
+	// Timeouts more, to be decided rather than fail. Zero means 100ms.
 	Timeout time.Duration
 }
 
@@ -253,13 +255,13 @@ func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []C
 		return fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
 	}
 	r := &request{
-		ctx:      ctx,
-		op:       scriptOps[m],
-		keys:     keys,
-		checks:   checks,
-		wait:     wait,
-		deadline: time.Now().Add(s.timeout),
+		ctx:    ctx,
+		op:     scriptOps[m],
+		keys:   keys,
+		checks: checks,
+		wait:   wait,
 	}
+	deadline := time.Now().Add(s.timeout)
 	if keys == nil {
 		r.keys = s.appendKeys(r.key[:0], checks)
 	}
@@ -288,9 +290,10 @@ func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []C
 		args = make([]byte, 0, requestArgLen+zoneArgLen*len(r.checks))
 	}
 	r.args = appendRequest(args, r.op, r.checks, r.decisions, wait, r.leases)
-	if d, ok := ctx.Deadline(); ok && d.Before(r.deadline) {
-		r.deadline = d
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
 	}
+	r.deadline.Store(deadline)
 	if s.cluster {
 		r.slot = hashSlot(r.keys[0])
 	}

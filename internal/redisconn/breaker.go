@@ -104,7 +104,9 @@ type BreakerOptions struct {
 // does a store's refusal of a call's own input (limiter.ErrInvalidCheck: a
 // window the engine cannot keep), or one handler's bad input would open
 // the breaker of every handler on that Redis; nor Redis refusing a write
-// for lack of memory (OutOfMemory), since a full Redis answers.
+// for lack of memory (OutOfMemory), since a full Redis answers; nor a
+// deadline missed while this host's CPUs held the call up
+// (limiter.ErrHostBusy: a connection storm), which says nothing of Redis.
 //
 // Callers must give every call a deadline: a probe that never returns keeps the
 // breaker half-open. Results of calls that started before a transition are
@@ -130,6 +132,8 @@ type Breaker struct {
 	nextCooldown time.Duration
 	pending      []breakerChange
 	delivering   bool
+	// openings counts the transitions from closed to open.
+	openings atomic.Int64
 }
 
 // breakerEpoch is one stay in one state. state and until never change.
@@ -175,6 +179,11 @@ func NewBreaker(opts BreakerOptions) *Breaker {
 
 // State returns the current state.
 func (b *Breaker) State() BreakerState { return b.epoch.Load().state }
+
+// Openings returns how many times the breaker has opened from closed since
+// it was made: each an outage as its callers saw it, however many probes
+// failed before it closed again.
+func (b *Breaker) Openings() int64 { return b.openings.Load() }
 
 // Guard returns a Store that calls store through the breaker: every method,
 // so a Settle does not wait for a store that Allow already knows is down.
@@ -305,11 +314,15 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, ch
 // countsAsFailure reports whether err, returned by the store for a call with
 // ctx, says something is wrong with the store: everything but a cancellation
 // by the caller, a lease that had expired, a check the engine refuses for its
-// own figures, and Redis refusing a write for lack of memory: a full Redis
+// own figures, Redis refusing a write for lack of memory (a full Redis
 // still answers, and reads it still serves, so its refusals open the breaker
-// for no one (the backend decides those requests from what Redis holds).
+// for no one: the backend decides those requests from what Redis holds), and
+// a deadline that passed while the goroutines of this process waited for
+// its CPUs (limiter.ErrHostBusy): counted, a connection storm would open the
+// breaker and fail open the requests that Redis would have decided.
 func countsAsFailure(ctx context.Context, err error) bool {
-	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) || OutOfMemory(err) {
+	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) || OutOfMemory(err) ||
+		errors.Is(err, limiter.ErrHostBusy) {
 		return false
 	}
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
@@ -351,6 +364,7 @@ func (b *Breaker) transition(from *breakerEpoch, to BreakerState) *breakerEpoch 
 		if from.state == BreakerClosed {
 			// The store answered since the last opening.
 			b.nextCooldown = b.cooldown
+			b.openings.Add(1)
 		}
 		e.until = b.now().Add(b.nextCooldown)
 		b.nextCooldown = min(2*b.nextCooldown, b.maxCooldown)

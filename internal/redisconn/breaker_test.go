@@ -1125,3 +1125,68 @@ func TestBreakerOutOfMemoryIsNoFailure(t *testing.T) {
 	}
 	wantState(t, b, BreakerClosed)
 }
+
+// TestBreakerOpenings: Openings counts the outages callers saw, each time
+// the breaker opened from closed, not the probes that failed while it was
+// open.
+func TestBreakerOpenings(t *testing.T) {
+	store := &breakerStore{}
+	clock := &breakerClock{t: time.Unix(1, 0)}
+	b := NewBreaker(BreakerOptions{Failures: 2})
+	b.now = clock.Now
+	g := b.Guard(store)
+	allow := func() { _ = g.Allow(context.Background(), breakerTestCheck, make([]limiter.Decision, 1)) }
+	store.fail(errBreakerTestStore)
+	allow()
+	allow()
+	wantState(t, b, BreakerOpen)
+	clock.Advance(time.Minute)
+	allow() // a probe that fails
+	wantState(t, b, BreakerOpen)
+	if got := b.Openings(); got != 1 {
+		t.Errorf("after one outage with a failed probe: %d openings, want 1", got)
+	}
+	store.fail(nil)
+	clock.Advance(time.Minute)
+	allow()
+	wantState(t, b, BreakerClosed)
+	store.fail(errBreakerTestStore)
+	allow()
+	allow()
+	if got := b.Openings(); got != 2 {
+		t.Errorf("after two outages: %d openings, want 2", got)
+	}
+}
+
+// TestBreakerHostBusyIsNoFailure: a decision that missed its deadline while
+// this host's CPUs held it up (a connection storm) says nothing of Redis:
+// however many come in a row, the breaker stays closed, and a probe that
+// meets one neither closes nor reopens it.
+func TestBreakerHostBusyIsNoFailure(t *testing.T) {
+	store := &breakerStore{}
+	clock := &breakerClock{t: time.Unix(1, 0)}
+	b := NewBreaker(BreakerOptions{Failures: 2})
+	b.now = clock.Now
+	g := b.Guard(store)
+	busy := fmt.Errorf("rate limit decision not made in time: %w (%w)", limiter.ErrHostBusy, context.DeadlineExceeded)
+	store.fail(busy)
+	for range 10 {
+		if err := g.Allow(context.Background(), breakerTestCheck, make([]limiter.Decision, 1)); !errors.Is(err, limiter.ErrHostBusy) {
+			t.Fatalf("Allow: %v, want the store's ErrHostBusy", err)
+		}
+	}
+	wantState(t, b, BreakerClosed)
+	if got := b.Openings(); got != 0 {
+		t.Errorf("%d openings, want none", got)
+	}
+
+	b.transition(b.epoch.Load(), BreakerOpen)
+	clock.Advance(time.Minute)
+	_ = g.Allow(context.Background(), breakerTestCheck, make([]limiter.Decision, 1))
+	wantState(t, b, BreakerHalfOpen)
+	store.fail(nil)
+	if err := g.Allow(context.Background(), breakerTestCheck, make([]limiter.Decision, 1)); err != nil {
+		t.Fatalf("the next probe: %v", err)
+	}
+	wantState(t, b, BreakerClosed)
+}
