@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
@@ -481,4 +482,46 @@ func TestSpendFleet(t *testing.T) {
 		t.Errorf("%d µ$ charged for %d spent", charged, spent)
 	}
 	t.Logf("%d calls admitted, %d refused, %d µ$ spent of 1,000,000", admitted, refused, spent)
+}
+
+// TestCommandShowsDollars: the admin API and `caddy sliding-ratelimit`
+// show a priced zone's µ$ as dollars, exactly: spent, left and the budget.
+func TestCommandShowsDollars(t *testing.T) {
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone cmd_spend 1d 10000000 {
+			cost llm 4096
+			settle llm
+			price gpt-4o* input 2.50 cached 1.25 output 10
+		}
+	}
+	respond `+"`"+`{"usage": {"prompt_tokens": 1000, "completion_tokens": 501, "total_tokens": 1501, "prompt_tokens_details": {"cached_tokens": 200}}}`+"`"))
+	res := send(t, site+"v1/chat/completions", withMethod(http.MethodPost), withHeader("X-Client", "alice"),
+		withBody("application/json", `{"model": "gpt-4o", "max_tokens": 100}`))
+	if res.status != http.StatusOK || !strings.Contains(res.header.Get("RateLimit-Policy"), `"cmd_spend";q=10000000;srl-qu="usd-micros";w=86400`) {
+		t.Fatalf("status %d, RateLimit-Policy %q", res.status, res.header.Get("RateLimit-Policy"))
+	}
+	// 800 fresh at $2.50, 200 cached at $1.25, 501 out at $10 per million:
+	// 2,000 + 250 + 5,010 µ$.
+	if got := unitsUsed(t, "cmd_spend", "alice", 7260); got != 7260 {
+		t.Fatalf("%d µ$ charged, want 7,260", got)
+	}
+	out, err := runCommand(t, "status", "--zone", "cmd_spend", "--key", "alice", "--address", "localhost:2999")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if row := strings.Join(strings.Fields(lines[1]), " "); len(lines) != 5 || !strings.HasPrefix(row, "cmd_spend ") ||
+		!strings.Contains(row, " =alice 7260 9992740 usd-micros ") ||
+		strings.Join(strings.Fields(lines[3]), " ") != "SPENT LEFT BUDGET" || strings.Join(strings.Fields(lines[4]), " ") != "$0.00726 $9.99274 $10" {
+		t.Errorf("status printed:\n%s", out)
+	}
+	out, err = runCommand(t, "zones", "--address", "localhost:2999")
+	if err != nil || !strings.Contains(out, "10000000 ($10)") || !strings.Contains(out, "usd-micros") {
+		t.Errorf("zones printed (%v):\n%s", err, out)
+	}
+	if z := commandJSON[adminapi.ZonesAnswer](t, "zones"); len(z.Zones) != 1 || z.Zones[0].LimitUSD != "10" || z.Zones[0].Unit != "usd-micros" {
+		t.Errorf("zones --json: %+v", z)
+	}
 }
