@@ -215,6 +215,8 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		h.MaxWaiting = n
 	case "concurrent", "lease":
 		return d.Errf("%s belongs in a zone, which it makes a concurrency zone: zone <name> { concurrent <n> }", name)
+	case "price":
+		return d.Errf("price belongs in a zone with cost llm and settle llm, whose budget it makes millionths of a dollar: zone <name> <window> <µ$> { price <model> input <$/M> output <$/M> }")
 	case "autopipeline":
 		return d.Errf("autopipeline was removed: the module's own batching decides each batch in one script call; delete the line")
 	default:
