@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -524,5 +525,50 @@ func TestCommandShowsDollars(t *testing.T) {
 	}
 	if z := commandJSON[adminapi.ZonesAnswer](t, "zones"); len(z.Zones) != 1 || z.Zones[0].LimitUSD != "10" || z.Zones[0].Unit != "usd-micros" {
 		t.Errorf("zones --json: %+v", z)
+	}
+}
+
+// TestSpendKeyStaysSmall: a key of a month's spend budget stays within the
+// ring's bound however many calls it makes, and merging its admissions
+// loses no µ$ of what they cost.
+func TestSpendKeyStaysSmall(t *testing.T) {
+	zone := uniqueZone("month")
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		key {http.request.header.X-Client}
+		zone `+zone+` 30d 500000000 {
+			cost llm 100
+			settle llm
+			price gpt-4o* input 2.50 cached 1.25 output 10
+		}
+	}
+	respond `+"`"+`{"usage": {"prompt_tokens": 30, "completion_tokens": 7, "total_tokens": 37, "prompt_tokens_details": {"cached_tokens": 10}}}`+"`"))
+	const calls = 3000
+	for i := range calls {
+		res := send(t, site+"v1/chat/completions", withMethod(http.MethodPost), withHeader("X-Client", "monthly"),
+			withBody("application/json", `{"model": "gpt-4o", "max_tokens": 10}`))
+		if res.status != http.StatusOK {
+			t.Fatalf("call %d: %d", i+1, res.status)
+		}
+	}
+	// 20 fresh at $2.50, 10 cached at $1.25 and 7 out at $10 a million:
+	// 50 + 12.5 + 70 = 132.5 µ$, rounded up per call.
+	const perCall = 133
+	if got := unitsUsed(t, zone, "monthly", calls*perCall); got != calls*perCall {
+		t.Errorf("%d µ$ charged for %d calls, want %d", got, calls, calls*perCall)
+	}
+	state := adminState(t, zone, "monthly")
+	hs, zones := withZone(zone)
+	if len(hs) != 1 || hs[0].backend.redis == nil {
+		t.Fatalf("%d handlers with zone %s, or none on Redis", len(hs), zone)
+	}
+	key := hs[0].backend.redis.Key(zones[0].identity, state.Key)
+	size, err := sharedRedis.Client(t).MemoryUsage(context.Background(), key, 0).Result()
+	if err != nil {
+		t.Fatalf("MEMORY USAGE %s: %v", key, err)
+	}
+	t.Logf("%d calls in a 30-day window: MEMORY USAGE %d bytes", calls, size)
+	if size > 16<<10 {
+		t.Errorf("one key of a 30-day window takes %d bytes after %d calls, want at most 16 KB", size, calls)
 	}
 }
