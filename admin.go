@@ -215,6 +215,9 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		ResetSeconds:      milliseconds(d.Reset),
 		RetryAfterSeconds: milliseconds(d.RetryAfter),
 	}
+	if state.Unit == unitUSDMicros {
+		state.SpentUSD, state.LeftUSD, state.LimitUSD = formatMicros(used), formatMicros(d.Remaining), formatMicros(limit)
+	}
 	if z.wait > 0 {
 		wait := milliseconds(d.Delay)
 		state.WaitSeconds = &wait
@@ -396,6 +399,9 @@ func listZones(hs []*Handler) []adminapi.ZoneInfo {
 			}
 			if z.wait > 0 {
 				info.WaitSeconds = milliseconds(z.wait)
+			}
+			if info.Unit == unitUSDMicros {
+				info.LimitUSD = formatMicros(info.Limit)
 			}
 			zones = append(zones, info)
 		}

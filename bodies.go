@@ -49,6 +49,10 @@ type bodyPeek struct {
 	off  int
 	// peeked is what the reading gave, for the zones after the first.
 	peeked peekedBody
+	// model is the model the body names, once cost llm read it
+	// (modelRead), for settle llm's prices.
+	model     string
+	modelRead bool
 }
 
 // peekBody reads r's body, up to costJSONMaxBody bytes and for

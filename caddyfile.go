@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -49,6 +50,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			algorithm    log|counter
 //			count_status <code|class>...
 //			wait         <duration>
+//			price        <model> <kind> <$/M tokens>...
 //			match {
 //				<matchers>
 //			}
@@ -213,6 +215,8 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 		h.MaxWaiting = n
 	case "concurrent", "lease":
 		return d.Errf("%s belongs in a zone, which it makes a concurrency zone: zone <name> { concurrent <n> }", name)
+	case "price":
+		return d.Errf("price belongs in a zone with cost llm and settle llm, whose budget it makes millionths of a dollar: zone <name> <window> <µ$> { price <model> input <$/M> output <$/M> }")
 	case "autopipeline":
 		return d.Errf("autopipeline was removed: the module's own batching decides each batch in one script call; delete the line")
 	default:
@@ -228,7 +232,7 @@ var (
 	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
 	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
 		"redis", "key_prefix", "timeout", "wait", "max_waiting"}, limitSubdirectives...)
-	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease"}, limitSubdirectives...)
+	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease", "price"}, limitSubdirectives...)
 )
 
 // parseLimitOption parses a subdirective that both the handler and a zone
@@ -281,8 +285,19 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 	if err != nil {
 		return nil, err
 	}
+	pricesLine := 0
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
+		if name == "price" {
+			// A line per model pattern: the one subdirective a zone repeats.
+			if pricesLine == 0 {
+				pricesLine = d.Line()
+			}
+			if err := parsePrice(d, z); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if seen[name] {
 			return nil, d.Errf("zone %s: duplicate subdirective '%s'", z.Name, name)
 		}
@@ -338,7 +353,48 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			return nil, d.Errf("zone %s: %v", z.Name, err)
 		}
 	}
+	if len(z.Prices) > 0 && (z.Settle != nil || z.Cost != "" || z.CostJSON != nil || z.CostLLM != nil) {
+		// A zone that sets neither may take both from the handler, which
+		// Validate checks once they are merged.
+		settleLLM := z.Settle == nil || z.Settle.LLM
+		costLLM := z.CostLLM != nil || z.Cost == "" && z.CostJSON == nil
+		if err := checkPricesSettled(z.Prices, costLLM, settleLLM); err != nil {
+			return nil, d.Errf("zone %s: %v (the price at line %d)", z.Name, err, pricesLine)
+		}
+	}
 	return z, nil
+}
+
+// parsePrice reads a price line of zone z:
+//
+//	price <model pattern> <kind> <dollars per million tokens> [<kind> <dollars>]...
+//
+// with kinds input, cached, cache_write and output, and checks it against
+// the lines before it.
+func parsePrice(d *caddyfile.Dispenser, z *Zone) error {
+	args := d.RemainingArgs()
+	if len(args) < 3 || len(args)%2 == 0 {
+		return d.Errf("zone %s: price takes a model pattern, then kinds and dollars per million tokens: price <model> input <$/M> output <$/M> [cached <$/M>] [cache_write <$/M>] (price gpt-4o* input 2.50 cached 1.25 output 10), got %q", z.Name, args)
+	}
+	p := &Price{Model: args[0]}
+	for i := 1; i < len(args); i += 2 {
+		kind, value := args[i], args[i+1]
+		k := slices.IndexFunc(priceKinds, func(k priceKind) bool { return k.name == kind })
+		if k < 0 {
+			names := priceKindNames()
+			return d.Errf("zone %s: price %s: unknown kind '%s'%s: the kinds are %s", z.Name, p.Model, kind, didYouMean(kind, names), strings.Join(names, ", "))
+		}
+		field := priceKinds[k].field(p)
+		if *field != "" {
+			return d.Errf("zone %s: price %s: %s is given twice", z.Name, p.Model, kind)
+		}
+		*field = json.Number(value)
+	}
+	z.Prices = append(z.Prices, p)
+	if err := checkPrices(z.Prices); err != nil {
+		return d.Errf("zone %s: %v", z.Name, err)
+	}
+	return nil
 }
 
 // parseZoneTimeOption parses a zone's wait, concurrent and lease. It

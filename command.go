@@ -37,10 +37,12 @@ its admin API, which must be enabled.
                                      identity, limit, window, unit, algorithm
                                      and key
   status --zone <zone> --key <key>   a client's units used and left (requests,
-                                     content-bytes or units) and wait in a
-                                     zone, the wait of a request now (a zone
-                                     with a wait) and the leases held (a
-                                     concurrency zone); records nothing
+                                     content-bytes, units or usd-micros) and
+                                     wait in a zone, the dollars spent and
+                                     left (a zone with prices), the wait of a
+                                     request now (a zone with a wait) and the
+                                     leases held (a concurrency zone);
+                                     records nothing
   reset  --zone <zone> --key <key>   forgets the client's requests in a zone,
                                      on every instance that shares the store
   blocked [--limit <n>]              the clients this instance holds as blocked,
@@ -185,6 +187,9 @@ func cmdZones(fl caddycmd.Flags, out io.Writer) (int, error) {
 		fmt.Fprintln(tw, "ZONE\tIDENTITY\tLIMIT\tWINDOW\tUNIT\tALGORITHM\tKEY")
 		for _, z := range a.Zones {
 			limit := strconv.FormatInt(z.Limit, 10)
+			if z.LimitUSD != "" {
+				limit += " ($" + z.LimitUSD + ")"
+			}
 			if z.LimitFrom != "" {
 				limit = z.LimitFrom + " (fallback " + limit + ")"
 			}
@@ -219,12 +224,16 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 
 // printWaitAndLeases adds, below the status table, the limit the figures
 // count against where each tenant has its own (and where it comes from),
-// the wait of a request now in a zone with a wait, and the leases held in a
+// the dollars spent and left in a priced zone, the wait of a request now in a zone with a wait, and the leases held in a
 // concurrency zone.
 func printWaitAndLeases(tw io.Writer, s adminapi.KeyState) {
 	if s.LimitFrom != "" {
 		// SOURCE: last_decision (the client's own) or fallback (not known).
 		fmt.Fprintf(tw, "\nLIMIT\tFROM\tSOURCE\n%d\t%s\t%s\n", s.Limit, cell(s.LimitFrom), cell(s.LimitSource))
+	}
+	if s.SpentUSD != "" {
+		// A priced zone: the µ$ above, in dollars.
+		fmt.Fprintf(tw, "\nSPENT\tLEFT\tBUDGET\n$%s\t$%s\t$%s\n", s.SpentUSD, s.LeftUSD, s.LimitUSD)
 	}
 	if s.WaitSeconds != nil {
 		fmt.Fprintf(tw, "\nWAIT NOW\n%s\n", seconds(*s.WaitSeconds))

@@ -28,7 +28,8 @@ func (z *Zone) prepareHeaders() {
 // the draft has a value for the unit ("content-bytes",
 // "concurrent-requests"), none for requests (its default), and for the
 // units it has no value for (tokens, a cost) the vendor-prefixed parameter
-// srl-qu="units", as the draft asks of other units: a client that knows
+// srl-qu="units", and for a priced zone srl-qu="usd-micros" (millionths of
+// a US dollar), as the draft asks of other units: a client that knows
 // only the draft's reads requests, and the policy's name says what q
 // counts. Requests in flight have no window.
 func (z *Zone) policyItem(maxText string) string {
@@ -40,6 +41,9 @@ func (z *Zone) policyItem(maxText string) string {
 		item += `;qu="content-bytes"`
 	case unitUnits:
 		item += `;srl-qu="units"`
+	case unitUSDMicros:
+		// Money, which the draft has no unit for either.
+		item += `;srl-qu="usd-micros"`
 	}
 	return item + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
 }

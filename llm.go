@@ -48,8 +48,8 @@ func (c *CostLLM) outputDefault() int64 {
 }
 
 // of returns what r reserves under the call's max (budget), or the refusal
-// of a body that cannot be priced.
-func (c *CostLLM) of(r *http.Request, budget int64) (int64, error) {
+// of a body that cannot be priced: its tokens, or with prices its µ$.
+func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (int64, error) {
 	body := peekBody(r)
 	switch body.why {
 	case "":
@@ -65,7 +65,25 @@ func (c *CostLLM) of(r *http.Request, budget int64) (int64, error) {
 	if err != nil {
 		return 0, &bodyRefusal{reason: refusedNotJSON}
 	}
+	if p, ok := r.Body.(*bodyPeek); ok {
+		p.model, p.modelRead = call.Model, true
+	}
+	if prices != nil {
+		return max(prices.of(call.Model).reserve(call.Input, call.Output), 1), nil
+	}
 	return min(max(call.Reserve, 1), strictnum.Max), nil
+}
+
+// requestModel is the model that r names, as cost llm read it (its body's
+// "model", Gemini's and Bedrock's path), for the settle to price the usage
+// of the same model as the reservation did.
+func requestModel(r *http.Request) string {
+	if p, ok := r.Body.(*bodyPeek); ok && p.modelRead {
+		return p.model
+	}
+	// No body was read (none sent): only a path can name the model.
+	call, _ := llmapi.ReadRequest(r.URL.Path, nil, 0)
+	return call.Model
 }
 
 // checkCostLLM accepts a default of 0 (4096) or from 1 to strictnum.Max,

@@ -51,6 +51,9 @@ var limiterMetrics struct {
 	costFallbacks   *prometheus.CounterVec
 	quotaFallbacks  *prometheus.CounterVec
 	settleFallbacks *prometheus.CounterVec
+	// Priced zones: see price.go.
+	spentMicros    *prometheus.CounterVec
+	unpricedModels *prometheus.CounterVec
 	// bodyRefusals counts requests refused before the upstream because
 	// their body could not be priced (units.go).
 	bodyRefusals *prometheus.CounterVec
@@ -117,6 +120,10 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Requests whose max_requests placeholder gave no whole number from 1 to 2^48-1, so that the zone's fallback max_requests applied.")
 		m.settleFallbacks = perZone("settle_fallbacks_total",
 			"Responses whose settle header or trailer held no whole number, so that the request's reservation stood.")
+		m.spentMicros = perZone("spent_usd_micros_total",
+			"Millionths of a US dollar spent in zones with prices: each admitted call's final cost (what its usage settled to, or its reservation when it reported none). Also in units_total.")
+		m.unpricedModels = perZone("unpriced_model_calls_total",
+			"Calls of zones with prices whose model no price line matched, so that they were priced at the dearest price of each kind listed.")
 		m.bodyRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "body_refusals_total",
 			Help: "Requests of zones with cost json or cost llm refused before they reached the next handler, by reason: slow (408, the body did not arrive whole in time), not_json (400, cost llm could not read the body as one JSON value).",
@@ -136,7 +143,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
 		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings,
-		m.evictedKeys} {
+		m.evictedKeys, m.spentMicros, m.unpricedModels} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

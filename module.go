@@ -247,6 +247,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.backend = b
+	warnPersistence(h.logger, b.conn, h.windows(), time.Duration(h.Timeout))
 	h.waits = newWaitRoom(h.zones, h.MaxWaiting, time.Duration(h.Timeout), h.Mode == modeReport, b)
 	h.leases = newLeaseKeeper(h.zones, b, h.logger)
 	handlers.add(h)
@@ -272,6 +273,17 @@ func (h *Handler) backendConfig() backendConfig {
 		zones:     identities,
 		logger:    h.logger,
 	}
+}
+
+// windows are the windows of the zones that count in one, by name.
+func (h *Handler) windows() map[string]time.Duration {
+	w := make(map[string]time.Duration, len(h.zones))
+	for _, z := range h.zones {
+		if !z.concurrency() {
+			w[z.Name] = z.limit.Window
+		}
+	}
+	return w
 }
 
 // handlers are the provisioned handlers of the process, for the admin API to

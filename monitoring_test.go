@@ -344,6 +344,14 @@ func monitoredSite(redisURL, prefix, api string) string {
 				path /llm/*
 			}
 		}
+		zone spend 1d 10000000 {
+			cost llm 100
+			settle llm
+			price listed-model input 1 output 2
+			match {
+				path /spend/*
+			}
+		}
 	}
 	respond "ok"
 }
@@ -373,6 +381,8 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	send(t, site+"hooks/x", from) // held for about a second
 	send(t, site+"reports/x", from)
 	send(t, site+"llm/x", from)
+	// A priced call of a model no line prices: spend and an unpriced call.
+	send(t, site+"spend/v1/chat/completions", from, withMethod(http.MethodPost), withBody("application/json", `{"model": "unlisted-model", "max_tokens": 10}`))
 	prom.waitFor("a scrape with the denials", func() bool {
 		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="`+api+`",result="denied"} == 2`)) == 1
 	})

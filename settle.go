@@ -39,6 +39,9 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 	for _, z := range req.zones {
 		if z.units != nil && z.units.settle != nil {
 			z.units.settle.follow(m, r)
+			if z.units.cost.prices != nil {
+				m.model = requestModel(r)
+			}
 		}
 	}
 	defer func() {
@@ -89,7 +92,7 @@ func (req *request) settlement(m *responseMeter, status int) *settlement {
 		case !z.counts(status):
 			cost = 0
 		case z.units != nil && z.units.settle != nil:
-			if n, ok, why := z.units.settle.cost(m); ok {
+			if n, ok, why := z.units.settled(m); ok {
 				cost = n
 			} else {
 				z.units.settleFallbacks.record(z.units.settleSource, why)
@@ -97,6 +100,9 @@ func (req *request) settlement(m *responseMeter, status int) *settlement {
 		}
 		if z.units != nil {
 			z.units.admitted.Add(float64(cost))
+			if z.units.cost.prices != nil {
+				z.units.cost.prices.spent.Add(float64(cost))
+			}
 		}
 		s = s.add(z, c, req.decisions[i], cost)
 	}
@@ -208,6 +214,21 @@ func (s *Settle) cost(m *responseMeter) (cost int64, ok bool, why string) {
 	return n, true, ""
 }
 
+// settled is what the response that m metered cost in the zone: with
+// prices, the usage of each kind at the request's model's price (the model
+// that its reservation was priced at); without, what the settle reads.
+func (u *zoneUnits) settled(m *responseMeter) (int64, bool, string) {
+	if u.cost.prices == nil || !u.settle.LLM {
+		return u.settle.cost(m)
+	}
+	usage, ok, why := m.llmUsage()
+	if !ok {
+		return 0, false, why
+	}
+	r, _ := u.cost.prices.lookup(m.model)
+	return r.charge(usage), true, ""
+}
+
 // usage reads the value of header name (canonical) once the response that m
 // metered is done: a trailer that was not announced in the Trailer header
 // (kept under http.TrailerPrefix), else the header's last value (an
@@ -259,17 +280,27 @@ func (s *Settle) jsonCost(m *responseMeter) (int64, bool, string) {
 // llmCost is the whole usage the LLM API reported in the body that m read,
 // when the response was whole.
 func (m *responseMeter) llmCost() (int64, bool, string) {
-	if m.llm == nil {
-		return 0, false, strictnum.Missing
-	}
-	if !m.whole {
-		return 0, false, jsonusage.Cut
-	}
-	u, why := m.llm.Usage()
-	if why != "" {
+	u, ok, why := m.llmUsage()
+	if !ok {
 		return 0, false, why
 	}
 	return min(u.Total(), strictnum.Max), true, ""
+}
+
+// llmUsage is the usage of each kind the LLM API reported in the body that
+// m read, when the response was whole.
+func (m *responseMeter) llmUsage() (llmapi.Usage, bool, string) {
+	if m.llm == nil {
+		return llmapi.Usage{}, false, strictnum.Missing
+	}
+	if !m.whole {
+		return llmapi.Usage{}, false, jsonusage.Cut
+	}
+	u, why := m.llm.Usage()
+	if why != "" {
+		return llmapi.Usage{}, false, why
+	}
+	return u, true, ""
 }
 
 // responseMeter records what the client gets of a response: its status and
@@ -296,6 +327,8 @@ type responseMeter struct {
 	llmAPI   llmapi.API
 	readsLLM bool
 	llm      *llmapi.UsageReader
+	// model is the model the request names, for priced zones.
+	model string
 	// whole is true when the response ended as its handlers meant it to:
 	// they returned no error, nothing failed to reach the client, and
 	// the client had not left (served).

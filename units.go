@@ -115,6 +115,18 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, costLLM *CostLLM, maxRe
 	return u
 }
 
+// priceBy makes the zone count µ$ at prices, when it has any and reads its
+// calls with cost llm (the rules refuse prices without it), and reports
+// whether it does. u may be nil: a zone that counts requests.
+func (u *zoneUnits) priceBy(zone string, prices []*Price, logger *zap.Logger) bool {
+	if u == nil || len(prices) == 0 || u.cost.llm == nil {
+		return false
+	}
+	u.cost.prices = newPriceTable(zone, prices, logger)
+	u.unit = unitUSDMicros
+	return true
+}
+
 // placeholders are those of the cost and the quota.
 func (u *zoneUnits) placeholders() []*numberPlaceholder {
 	var ps []*numberPlaceholder
@@ -223,6 +235,8 @@ type zoneCost struct {
 	// an LLM API call's (cost llm).
 	json *CostJSON
 	llm  *CostLLM
+	// prices turn llm's tokens into µ$ (price.go); nil: tokens.
+	prices *priceTable
 	// fallbacks counts requests whose value reserved 1 instead.
 	fallbacks *valueFallbacks
 	// refusals count the requests refused for their body, by reason
@@ -256,7 +270,7 @@ func newZoneCost(cost string, costJSON *CostJSON, costLLM *CostLLM, fallbacks *v
 func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer, budget int64) (int64, error) {
 	switch {
 	case c.llm != nil:
-		return c.refused(c.llm.of(r, budget))
+		return c.refused(c.llm.of(r, budget, c.prices))
 	case c.json != nil:
 		n, why, err := c.json.of(r, budget)
 		if why != "" {

@@ -2,6 +2,7 @@ package slidingratelimit
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -129,6 +130,18 @@ func TestUnitsConfigErrors(t *testing.T) {
 	}
 }
 
+// setRedisSave sets the shared Redis's RDB save points for the test, so
+// that it keeps long budgets as a production Redis does; the test's end
+// puts back none.
+func setRedisSave(t *testing.T, points string) {
+	t.Helper()
+	rc := sharedRedis.Client(t)
+	if err := rc.ConfigSet(context.Background(), "save", points).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rc.ConfigSet(context.Background(), "save", "") })
+}
+
 // TestQuotaFromTheClientWarnsAndTheRecipeFailsSafe: a quota read from a
 // request header is warned of at load (and counted in config_warnings); the
 // recipe's form, the auth answer's own placeholder, holds each tenant to the
@@ -178,7 +191,9 @@ func TestQuotaFromTheClientWarnsAndTheRecipeFailsSafe(t *testing.T) {
 	}
 
 	// The recipe's form. In a route after forward_auth: the auth service's
-	// quota, 5, whatever the client says.
+	// quota, 5, whatever the client says. Its hourly quotas want a Redis
+	// that keeps them across a restart (docs/redis.md), or it warns.
+	setRedisSave(t, "3600 1")
 	limiter := func(suffix string) string {
 		return `sliding_ratelimit {
 		zone tenants 1h {http.reverse_proxy.header.X-Quota} 2 {

@@ -1,6 +1,8 @@
 package slidingratelimit
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -8,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 )
 
 // startupWarnings counts the warnings a handler logs while it is provisioned,
@@ -124,4 +128,40 @@ func (f *fallbackLog) record(template string) {
 			zap.String("key", template),
 			zap.Int64("requests", count))
 	}
+}
+
+// longWindow is the window from which a zone's state is a budget that
+// must outlive a restart of Redis: a restart of a Redis that keeps nothing
+// gives every client of such a zone its whole budget back, and an hour or
+// a day is too long a window to shrug that off.
+const longWindow = time.Hour
+
+// warnPersistence warns at start-up when Redis (conn; nil: the in-process
+// store) keeps neither an append-only file nor RDB snapshots and a zone
+// has a window (windows, by zone name; none for a concurrency zone) of
+// longWindow or more, naming those zones. A Redis that does
+// not answer CONFIG GET (managed services, which persist by their own
+// means) is noted at debug level only.
+func warnPersistence(logger *zap.Logger, conn *redisconn.Conn, windows map[string]time.Duration, timeout time.Duration) {
+	var long []string
+	for name, w := range windows {
+		if w >= longWindow {
+			long = append(long, name)
+		}
+	}
+	slices.Sort(long)
+	if conn == nil || len(long) == 0 {
+		return
+	}
+	appendonly, save, err := conn.Persistence(timeout)
+	if err != nil {
+		logger.Debug("could not read redis's persistence settings", zap.String("redis", conn.Label()), zap.Error(err))
+		return
+	}
+	if appendonly || save != "" {
+		return
+	}
+	logger.Warn("redis keeps neither an append-only file nor snapshots (appendonly no, save \"\"), and these zones have windows of an hour or more: "+
+		"a restart of redis gives every client of them its whole budget back; turn on appendonly yes with appendfsync everysec (docs/redis.md, long budgets)",
+		zap.String("redis", conn.Label()), zap.String("zones", strings.Join(long, ", ")))
 }

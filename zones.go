@@ -94,6 +94,18 @@ type Zone struct {
 	// handler's cost_llm, when the zone sets no cost.
 	CostLLM *CostLLM `json:"cost_llm,omitempty"`
 
+	// Prices make the zone count money: each call's tokens at its model's
+	// price, in millionths of a dollar (µ$), so that MaxRequests 10000000
+	// is $10 (see Price). The first line whose model pattern matches the
+	// model the request names prices it; a model no line matches pays the
+	// dearest price of each kind listed (and is warned of once), so put a
+	// last line of model "*" for the rest. A call reserves its bounds (see
+	// CostLLM) at the model's dearest input price and its output price,
+	// and settles to its usage with each kind of token at its own price,
+	// rounded up to the µ$. Needs cost llm and settle llm. Default: none,
+	// the zone counts tokens.
+	Prices []*Price `json:"prices,omitempty"`
+
 	// Key identifies the client in this zone, with placeholders expanded per
 	// request (see the handler's key). Default: the handler's key.
 	Key string `json:"key,omitempty"`
@@ -213,6 +225,11 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.CostLLM, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
 	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
 	z.identity = zoneIdentity(z.Name, z.site, z.limit, z.CountStatus, z.Settle)
+	if z.units.priceBy(z.Name, z.Prices, logger) {
+		// µ$ are not tokens: a zone that starts or stops pricing on a
+		// reload starts its clients over rather than read one as the other.
+		z.identity += ":" + unitUSDMicros
+	}
 	z.key = clientkey.Parse(z.Key)
 	for _, name := range z.key.PlaceholderNames() {
 		if !clientkey.KnownPlaceholder(name) {
@@ -282,6 +299,8 @@ func (z *Zone) validate() error {
 		checkCostLLM(z.CostLLM, z.Cost, z.CostJSON != nil),
 		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
+		checkPrices(z.Prices),
+		checkPricesSettled(z.Prices, z.CostLLM != nil, z.Settle != nil && z.Settle.LLM),
 	}
 	if z.concurrency() {
 		rules = []error{
@@ -328,6 +347,9 @@ func (z *Zone) countingFields() string {
 	}
 	if z.CostLLM != nil {
 		set = append(set, "cost_llm")
+	}
+	if z.Prices != nil {
+		set = append(set, "prices")
 	}
 	return strings.Join(set, ", ")
 }

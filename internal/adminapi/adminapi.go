@@ -36,7 +36,8 @@ type KeyState struct {
 	WindowSeconds float64 `json:"window_seconds"`
 	Algorithm     string  `json:"algorithm"`
 	// Unit is what Limit, Count and Remaining count: "requests",
-	// "content-bytes" (settle bytes), "units" (a cost, settle header) or
+	// "content-bytes" (settle bytes), "units" (a cost, settle header),
+	// "usd-micros" (millionths of a US dollar: a zone with prices) or
 	// "concurrent-requests" (a concurrency zone).
 	Unit string `json:"unit"`
 	// Count is the units used in the window now, past Limit included (a
@@ -45,6 +46,12 @@ type KeyState struct {
 	Count int64 `json:"count"`
 	// Remaining is the units left now.
 	Remaining int64 `json:"remaining"`
+	// SpentUSD, LeftUSD and LimitUSD are, in a zone with prices (Unit
+	// usd-micros), Count, Remaining and Limit in dollars, written exactly
+	// as decimals ("12.345678", "10"); absent in other zones.
+	SpentUSD string `json:"spent_usd,omitempty"`
+	LeftUSD  string `json:"left_usd,omitempty"`
+	LimitUSD string `json:"limit_usd,omitempty"`
 	// ResetSeconds is the time until units next free; 0 with no admission
 	// in the window.
 	ResetSeconds float64 `json:"reset_seconds"`
@@ -109,6 +116,8 @@ type ZoneInfo struct {
 	WindowSeconds float64 `json:"window_seconds"`
 	Algorithm     string  `json:"algorithm"`
 	Unit          string  `json:"unit"`
+	// LimitUSD is, in a zone with prices, Limit in dollars ("10").
+	LimitUSD string `json:"limit_usd,omitempty"`
 	// Key is the zone's key template (not a client's key).
 	Key string `json:"key"`
 	// WaitSeconds is the zone's wait, when it has one.

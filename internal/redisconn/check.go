@@ -91,6 +91,28 @@ func (c *Conn) Memory(timeout time.Duration) (maxmemory int64, policy string, er
 	return maxmemory, policy, nil
 }
 
+// Persistence reads whether Redis keeps its data across a restart, from
+// CONFIG GET: appendonly (an append-only file) and save (the RDB snapshot
+// points, "" for none). On Redis Cluster it asks one node. Managed Redis
+// services often refuse CONFIG (and persist by their own means): an error.
+func (c *Conn) Persistence(timeout time.Duration) (appendonly bool, save string, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, checkTimeout))
+	defer cancel()
+	aof, err := c.s.client.ConfigGet(ctx, "appendonly").Result()
+	if err != nil {
+		return false, "", fmt.Errorf("reading redis's appendonly: %w", err)
+	}
+	points, err := c.s.client.ConfigGet(ctx, "save").Result()
+	if err != nil {
+		return false, "", fmt.Errorf("reading redis's save points: %w", err)
+	}
+	v, ok := aof["appendonly"]
+	if _, saveOK := points["save"]; !ok || !saveOK {
+		return false, "", errors.New("reading redis's persistence: CONFIG GET answered no appendonly or save")
+	}
+	return v == "yes", strings.TrimSpace(points["save"]), nil
+}
+
 // MemoryWarning says what a Redis with maxmemory and policy does to the
 // limits when it is full, and what to do about it; "" when nothing.
 //

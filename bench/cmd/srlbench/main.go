@@ -13,7 +13,8 @@
 //     puts it 1 ms away, and one Caddy that answers "ok" on a plain port and
 //     on limited ports;
 //  4. measures memory per client at its limit at 60, 1,000 and 10,000
-//     admissions, each on its own site and zone;
+//     admissions, and of a 30-day spend budget, each on its own site and
+//     zone (-only memory runs this alone);
 //  5. starts the seed peer (Express + ioredis, on its own Redis) if its
 //     folder and Node.js are there;
 //  6. loads the plain and the limited port in turn with wrk for each scenario,
@@ -80,13 +81,13 @@ func main() {
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
 	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited sites, separated by ';' (e.g. 'timeout 50ms')")
 	flag.StringVar(&cfg.seed, "seed", "", "folder of the seed peer (default: ../shared/peers/seed-express relative to -repo; skipped if absent)")
-	only := flag.String("only", "", "run only these scenarios (comma-separated: many, bot, mixed, local, far, units), print their runs and write no report: for comparing builds")
+	only := flag.String("only", "", "run only these scenarios (comma-separated: many, bot, mixed, local, far, units, or memory for the memory phase), print their runs and write no report: for comparing builds")
 	flag.Parse()
 	cfg.args = os.Args[1:]
 	if *only != "" {
 		cfg.only = strings.Split(*only, ",")
 		for _, slug := range cfg.only {
-			if !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
+			if slug != memorySlug && !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
 				fmt.Fprintf(os.Stderr, "srlbench: -only: no scenario %q\n", slug)
 				os.Exit(2)
 			}
@@ -171,26 +172,19 @@ func run(ctx context.Context, cfg config) error {
 		}
 		return runScenario(ctx, cfg, rc, meter, sc, scripts[sc.slug], site, peers)
 	}
-	if len(cfg.only) > 0 {
-		return runOnly(ctx, cfg, tmp, site, runSc)
-	}
-
 	// Memory first, while Redis holds nothing else: later scenarios leave
 	// thousands of keys whose expiry would move used_memory mid-measurement.
-	var mems []memResult
-	for i, size := range memSizes {
-		clients := size.clients
-		if cfg.quick {
-			clients = max(2, clients/quickMemDivisor)
+	if len(cfg.only) > 0 {
+		if slices.Contains(cfg.only, memorySlug) {
+			if _, err := measureMemories(ctx, cfg, rc, site); err != nil {
+				return err
+			}
 		}
-		say("memory: %d requests for each of %d clients on %s", size.max, clients, site.memory[i])
-		mem, err := measureMemory(ctx, rc, site.memory[i], size, clients, memWorkers)
-		if err != nil {
-			return fmt.Errorf("memory phase, max %d: %w", size.max, err)
-		}
-		say("memory: max %d: %.0f bytes per client (used_memory delta / clients), MEMORY USAGE %.0f bytes per client, %s",
-			size.max, mem.bytesPerClient(), mem.usagePerClient(), mem.elapsed.Round(time.Second))
-		mems = append(mems, mem)
+		return runOnly(ctx, cfg, tmp, site, runSc)
+	}
+	mems, err := measureMemories(ctx, cfg, rc, site)
+	if err != nil {
+		return err
 	}
 
 	scripts, err := writeScripts(tmp)
@@ -284,6 +278,9 @@ func warmUp(ctx context.Context, cfg config, scripts map[string]string, site sit
 // runOnly runs the scenarios of -only, after a warm-up of their ports, and
 // prints each one's medians, and the CPU each process took in each run.
 func runOnly(ctx context.Context, cfg config, tmp string, site sites, runSc func(scenario, map[string]string, *peerRunner) (scenarioResult, error)) error {
+	if !slices.ContainsFunc(scenarios, func(sc scenario) bool { return slices.Contains(cfg.only, sc.slug) }) && cfg.cpuprofile == "" {
+		return nil // the memory phase alone
+	}
 	scripts, err := writeScripts(tmp)
 	if err != nil {
 		return err
@@ -320,6 +317,31 @@ type roundTrips struct{ direct, far time.Duration }
 
 // memWorkers is the memory phase's concurrent requests.
 const memWorkers = 8
+
+// memorySlug names the memory phase for -only: it runs alone, first, and
+// prints what each size measured.
+const memorySlug = "memory"
+
+// measureMemories runs the memory phase: each size on its own site, in
+// turn, saying what it measured.
+func measureMemories(ctx context.Context, cfg config, rc *redis.Client, site sites) ([]memResult, error) {
+	var mems []memResult
+	for i, size := range memSizes {
+		clients := size.clients
+		if cfg.quick {
+			clients = max(2, clients/quickMemDivisor)
+		}
+		say("memory: %d requests for each of %d clients on %s", size.max, clients, site.memory[i])
+		mem, err := measureMemory(ctx, rc, site.memory[i], size, clients, memWorkers)
+		if err != nil {
+			return nil, fmt.Errorf("memory phase, %s: %w", size.label(), err)
+		}
+		say("memory: %s: %.0f bytes per client (used_memory delta / clients), MEMORY USAGE %.0f bytes per client, %d / %d admitted, %s",
+			size.label(), mem.bytesPerClient(), mem.usagePerClient(), mem.admitted, mem.clients*mem.size.max, mem.elapsed.Round(time.Second))
+		mems = append(mems, mem)
+	}
+	return mems, nil
+}
 
 // peerRunner runs the peers' runs that go with each run of the many
 // clients scenario: the anchor on the same Redis, and the seed if it runs.

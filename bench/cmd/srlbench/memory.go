@@ -17,11 +17,47 @@ import (
 type memSize struct {
 	max     int
 	clients int // default run; -quick divides by quickMemDivisor
+	// window is the zone's window, memWindow when "". cost, when above 0,
+	// is what each request costs: max_requests is then max*cost, a budget
+	// in units (a spend budget's µ$), whose ring merges admissions.
+	window string
+	cost   int
 }
 
 // memSizes keep every size's phase to some 60,000-100,000 requests (under
-// about 30 s here): fewer clients as each holds more admissions.
-var memSizes = []memSize{{max: 60, clients: 1000}, {max: 1000, clients: 100}, {max: 10000, clients: 10}}
+// about 30 s here): fewer clients as each holds more admissions. The last
+// is a month's spend budget, $10 of µ$ at $0.01 a call: what a key of a
+// 30-day window holds at its limit.
+var memSizes = []memSize{{max: 60, clients: 1000}, {max: 1000, clients: 100}, {max: 10000, clients: 10},
+	{max: 1000, clients: 100, window: "720h", cost: 10000}}
+
+// zoneWindow is the size's window.
+func (m memSize) zoneWindow() string {
+	if m.window == "" {
+		return memWindow
+	}
+	return m.window
+}
+
+// label names the size in the report: its admissions, and its window and
+// cost when it has its own.
+func (m memSize) label() string {
+	if m.window == "" {
+		return thousands(float64(m.max))
+	}
+	return fmt.Sprintf("%s in %s, cost %s", thousands(float64(m.max)), m.window, thousands(float64(m.cost)))
+}
+
+// options are the sliding_ratelimit subdirectives of the size's site.
+func (m memSize) options(redisURL string) []string {
+	budget := m.max
+	var cost []string
+	if m.cost > 0 {
+		budget, cost = m.max*m.cost, []string{fmt.Sprintf("cost %d", m.cost)}
+	}
+	options := []string{"window " + m.zoneWindow(), fmt.Sprintf("max_requests %d", budget)}
+	return append(append(options, cost...), "key {http.request.header.X-Client}", "redis "+redisURL, "key_prefix "+m.prefix())
+}
 
 // quickMemDivisor shrinks the client counts for -quick (at least 2 each).
 const quickMemDivisor = 5
@@ -31,7 +67,12 @@ const quickMemDivisor = 5
 const memWindow = "10m"
 
 // prefix is the size's key_prefix, so its keys can be found and counted.
-func (m memSize) prefix() string { return fmt.Sprintf("srlmem%d:", m.max) }
+func (m memSize) prefix() string {
+	if m.window != "" {
+		return fmt.Sprintf("srlmem%d-%s:", m.max, m.window)
+	}
+	return fmt.Sprintf("srlmem%d:", m.max)
+}
 
 // memResult is one size of the memory phase: what `clients` clients at
 // their full quota cost Redis.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -110,13 +111,16 @@ func TestCaddyfile(t *testing.T) {
 	}
 	for i, size := range memSizes {
 		b := blocks[4+i]
-		for _, want := range []string{"key_prefix " + size.prefix(), "window " + memWindow, "redis redis://r:1"} {
+		for _, want := range []string{"key_prefix " + size.prefix(), "window " + size.zoneWindow(), "redis redis://r:1"} {
 			if !strings.Contains(b, want) {
 				t.Errorf("memory site %d lacks %q:\n%s", size.max, want, b)
 			}
 		}
 		if strings.Contains(b, "timeout 50ms") {
 			t.Errorf("memory site %d takes the -limiter options:\n%s", size.max, b)
+		}
+		if size.cost > 0 && (!strings.Contains(b, fmt.Sprintf("cost %d", size.cost)) || !strings.Contains(b, fmt.Sprintf("max_requests %d", size.max*size.cost))) {
+			t.Errorf("memory site %s: each of its %d requests a client sends must cost %d of a budget of %d:\n%s", size.label(), size.max, size.cost, size.max*size.cost, b)
 		}
 	}
 }

@@ -192,8 +192,8 @@ func caddyfile(s sites, ports []int, redisURL, farURL string, extra []string) st
 	for i, ms := range memSizes {
 		// A long window: no key of an earlier size expires while a later
 		// size is measured, however slow the machine.
-		text += siteBlock(fmt.Sprintf("Memory phase, %d admissions per client: its own zone and key_prefix, so its keys can be counted apart.", ms.max),
-			ports[5+i], []string{"window " + memWindow, fmt.Sprintf("max_requests %d", ms.max), "key {http.request.header.X-Client}", "redis " + redisURL, "key_prefix " + ms.prefix()})
+		text += siteBlock(fmt.Sprintf("Memory phase, %s admissions per client: its own zone and key_prefix, so its keys can be counted apart.", ms.label()),
+			ports[5+i], ms.options(redisURL))
 	}
 	_, own := extraSites()
 	for i, es := range own {

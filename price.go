@@ -1,0 +1,397 @@
+package slidingratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
+)
+
+// A zone with prices counts money: each call's tokens, of each kind, at its
+// model's price, in millionths of a dollar (µ$), so that max_requests
+// 10000000 is $10. The reservation prices the most a call can spend (cost
+// llm's bounds) at the model's dearest input kind and its output price; the
+// settle prices each kind of the usage the API reports at its own price.
+// All of it is integer arithmetic on exact decimals: a price is read as
+// micro-dollars per million tokens, which is pico-dollars per token, and a
+// call's charge is rounded up to the µ$.
+
+// unitUSDMicros is what a priced zone counts in: millionths of a US dollar.
+const unitUSDMicros = "usd-micros"
+
+// Price is one line of a zone's prices: what a million tokens of each kind
+// cost, in dollars, for the models its pattern matches. The prices are
+// decimal numbers, read exactly (at most 6 decimals, at most 1,000,000): in
+// JSON a number or a string holding one, as 2.50 or "2.50".
+type Price struct {
+	// Model is the pattern of the model names the line prices: the model
+	// the request names (its JSON "model"; Gemini's and Bedrock's model
+	// in the URL path). "*" matches any run of characters, "/" and ":"
+	// included, and nothing else is special; case does not count
+	// ("gpt-4o*" prices GPT-4o-mini). The first line that matches wins,
+	// so put "*" last. Required.
+	Model string `json:"model,omitempty"`
+
+	// Input is the price of fresh input tokens: neither read from a cache
+	// nor written to one. Required.
+	Input json.Number `json:"input,omitempty"`
+
+	// Cached is the price of input tokens read from a cache: OpenAI's
+	// cached_tokens (which are within its prompt_tokens: they are priced
+	// here, the rest at Input), Anthropic's cache_read_input_tokens,
+	// Gemini's cachedContentTokenCount, Bedrock's cacheReadInputTokens.
+	// Default: Input.
+	Cached json.Number `json:"cached,omitempty"`
+
+	// CacheWrite is the price of input tokens written to a cache:
+	// Anthropic's cache_creation_input_tokens, Bedrock's
+	// cacheWriteInputTokens. Default: Input.
+	CacheWrite json.Number `json:"cache_write,omitempty"`
+
+	// Output is the price of output tokens, reasoning and thinking tokens
+	// included. Required (0 for a model that generates nothing, such as
+	// embeddings).
+	Output json.Number `json:"output,omitempty"`
+}
+
+// priceKinds are the kinds of token a line prices, as the Caddyfile and the
+// JSON name them, each with its field of Price.
+type priceKind struct {
+	name  string
+	field func(*Price) *json.Number
+}
+
+var priceKinds = []priceKind{
+	{"input", func(p *Price) *json.Number { return &p.Input }},
+	{"cached", func(p *Price) *json.Number { return &p.Cached }},
+	{"cache_write", func(p *Price) *json.Number { return &p.CacheWrite }},
+	{"output", func(p *Price) *json.Number { return &p.Output }},
+}
+
+// priceKindNames lists the kinds for errors and the syntax.
+func priceKindNames() []string {
+	names := make([]string, len(priceKinds))
+	for i, k := range priceKinds {
+		names[i] = k.name
+	}
+	return names
+}
+
+// Limits of a price, in dollars per million tokens.
+const (
+	// priceDecimals is how many decimals a price may have: a millionth of
+	// a dollar per million tokens is a pico-dollar per token.
+	priceDecimals = 6
+	// maxPriceDollars is the largest price: a dollar a token, far above
+	// any model's, so that a price with a slipped decimal point fails.
+	maxPriceDollars = 1_000_000
+)
+
+// parseDollars reads a price in dollars per million tokens as pico-dollars
+// per token, exactly: "2.50" is 2,500,000.
+func parseDollars(s string) (int64, error) {
+	whole, frac, dot := strings.Cut(s, ".")
+	switch {
+	case strings.HasPrefix(s, "-"):
+		return 0, fmt.Errorf("%q is negative: a price is what a million tokens cost, in dollars", s)
+	case whole == "" && frac == "", dot && frac == "", !digitsOnly(whole) || !digitsOnly(frac):
+		return 0, fmt.Errorf("%q is not a number of dollars such as 2.50", s)
+	case len(frac) > priceDecimals:
+		return 0, fmt.Errorf("%q has more than %d decimals: the least a price can say is a millionth of a dollar per million tokens", s, priceDecimals)
+	}
+	w := int64(0)
+	if whole != "" {
+		var err error
+		if w, err = strconv.ParseInt(whole, 10, 64); err != nil || w > maxPriceDollars {
+			return 0, fmt.Errorf("%q is above %d dollars per million tokens (a dollar a token): a slipped decimal point?", s, maxPriceDollars)
+		}
+	}
+	f := int64(0)
+	if frac != "" {
+		f, _ = strconv.ParseInt(frac+strings.Repeat("0", priceDecimals-len(frac)), 10, 64)
+	}
+	n := w*1_000_000 + f
+	if n > maxPriceDollars*1_000_000 {
+		return 0, fmt.Errorf("%q is above %d dollars per million tokens (a dollar a token): a slipped decimal point?", s, maxPriceDollars)
+	}
+	return n, nil
+}
+
+func digitsOnly(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// rates are one model's prices, in pico-dollars per token of each kind.
+type rates struct {
+	input, cached, cacheWrite, output int64
+}
+
+// dearestInput is the most an input token of the model can cost, whatever
+// the cache does with it: what a reservation prices its input bound at.
+func (r rates) dearestInput() int64 { return max(r.input, r.cached, r.cacheWrite) }
+
+// dearest is the most any token of the model can cost.
+func (r rates) dearest() int64 { return max(r.dearestInput(), r.output) }
+
+// reserve is, in µ$ rounded up, what a call of input and output bounds
+// (tokens) may spend at most.
+func (r rates) reserve(input, output int64) int64 {
+	var s picoSum
+	s.add(input, r.dearestInput())
+	s.add(output, r.output)
+	return s.micros()
+}
+
+// charge is, in µ$ rounded up, what usage u cost: each kind at its own
+// price, each token once. Tokens of the vendor's own total that none of the
+// kinds holds (a total above the sum of its parts) are priced at the
+// dearest kind, since what they are is not known.
+func (r rates) charge(u llmapi.Usage) int64 {
+	var s picoSum
+	s.add(u.Input, r.input)
+	s.add(u.Cached, r.cached)
+	s.add(u.CacheWrite, r.cacheWrite)
+	s.add(u.Output, r.output)
+	kinds := min(u.Input+u.Cached+u.CacheWrite+u.Output, strictnum.Max)
+	if u.Reported > kinds {
+		s.add(u.Reported-kinds, r.dearest())
+	}
+	return s.micros()
+}
+
+// picoSum adds tokens × pico-dollars in 128 bits: tokens are at most 2^53
+// and a price at most 10^12, so no product nor sum of a few overflows.
+type picoSum struct{ hi, lo uint64 }
+
+func (s *picoSum) add(tokens, pico int64) {
+	if tokens <= 0 || pico <= 0 {
+		return
+	}
+	hi, lo := bits.Mul64(uint64(tokens), uint64(pico))
+	var carry uint64
+	s.lo, carry = bits.Add64(s.lo, lo, 0)
+	s.hi += hi + carry
+}
+
+// micros is the sum in µ$, rounded up, at most strictnum.Max.
+func (s picoSum) micros() int64 {
+	const perMicro = 1_000_000
+	if s.hi >= perMicro {
+		return strictnum.Max
+	}
+	q, rem := bits.Div64(s.hi, s.lo, perMicro)
+	if rem > 0 {
+		q++
+	}
+	return int64(min(q, uint64(strictnum.Max)))
+}
+
+// priceLine is one Price, read.
+type priceLine struct {
+	pattern string // lower case
+	rates   rates
+}
+
+// priceTable is a zone's prices, read: the lines in order and what a model
+// none of them matches pays. Safe for concurrent use.
+type priceTable struct {
+	lines []priceLine
+	// unmatched prices a model no line matches: with no "*" line, the
+	// dearest price listed of each kind.
+	unmatched rates
+	// unpriced counts the calls priced at unmatched, and warned logs each
+	// such model once (up to maxUnpricedWarnings models).
+	unpriced prometheus.Counter
+	logger   *zap.Logger
+	zone     string
+	mu       sync.Mutex
+	warned   map[string]bool
+	// spent counts the µ$ the zone's calls settled to.
+	spent prometheus.Counter
+}
+
+// maxUnpricedWarnings bounds the models a zone warns of: a client may name
+// any model, so that the log cannot be flooded.
+const maxUnpricedWarnings = 100
+
+// newPriceTable reads prices, which checkPrices has accepted.
+func newPriceTable(zone string, prices []*Price, logger *zap.Logger) *priceTable {
+	t := &priceTable{logger: logger, zone: zone, warned: make(map[string]bool),
+		unpriced: limiterMetrics.unpricedModels.WithLabelValues(zone),
+		spent:    limiterMetrics.spentMicros.WithLabelValues(zone),
+	}
+	for _, p := range prices {
+		r, _ := p.rates()
+		t.lines = append(t.lines, priceLine{pattern: strings.ToLower(p.Model), rates: r})
+		t.unmatched = rates{
+			input:      max(t.unmatched.input, r.input),
+			cached:     max(t.unmatched.cached, r.cached),
+			cacheWrite: max(t.unmatched.cacheWrite, r.cacheWrite),
+			output:     max(t.unmatched.output, r.output),
+		}
+	}
+	return t
+}
+
+// lookup returns the rates of model: the first line that matches it, or
+// the dearest prices listed and false.
+func (t *priceTable) lookup(model string) (rates, bool) {
+	lower := strings.ToLower(model)
+	for _, l := range t.lines {
+		if globMatch(l.pattern, lower) {
+			return l.rates, true
+		}
+	}
+	return t.unmatched, false
+}
+
+// of is lookup for a call's reservation: a model no line matches is
+// counted, and warned of once.
+func (t *priceTable) of(model string) rates {
+	r, ok := t.lookup(model)
+	if ok {
+		return r
+	}
+	t.unpriced.Inc()
+	t.mu.Lock()
+	due := !t.warned[model] && len(t.warned) < maxUnpricedWarnings
+	if due {
+		t.warned[model] = true
+	}
+	t.mu.Unlock()
+	if due {
+		t.logger.Warn("a model that no price line matches is priced at the dearest price of each kind listed; add a line for it, or a last line price * ...",
+			zap.String("zone", t.zone), zap.String("model", model))
+	}
+	return r
+}
+
+// rates reads the line's prices (defaults applied), or the first error.
+func (p *Price) rates() (rates, error) {
+	var r [4]int64
+	for i, k := range priceKinds {
+		v := *k.field(p)
+		switch {
+		case v != "":
+			n, err := parseDollars(string(v))
+			if err != nil {
+				return rates{}, fmt.Errorf("%s: %w", k.name, err)
+			}
+			r[i] = n
+		case k.name == "cached" || k.name == "cache_write":
+			r[i] = -1 // the input price, below
+		default:
+			return rates{}, fmt.Errorf("needs an %s price (dollars per million tokens; 0 for none)", k.name)
+		}
+	}
+	for _, i := range []int{1, 2} {
+		if r[i] < 0 {
+			r[i] = r[0]
+		}
+	}
+	return rates{input: r[0], cached: r[1], cacheWrite: r[2], output: r[3]}, nil
+}
+
+// globMatch reports whether s matches pattern, in which '*' matches any run
+// of bytes and every other byte itself.
+func globMatch(pattern, s string) bool {
+	p, i := 0, 0
+	star, mark := -1, 0
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, i
+			p++
+		case p < len(pattern) && pattern[p] == s[i]:
+			p++
+			i++
+		case star >= 0:
+			p, mark = star+1, mark+1
+			i = mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
+
+// shadows reports whether every model that later matches also matches
+// earlier, as far as can be told simply: earlier is "*", or it matches
+// later's text when later has no '*', or earlier is a prefix and '*' and
+// later starts with that prefix. Such a later line could never match.
+func shadows(earlier, later string) bool {
+	earlier, later = strings.ToLower(earlier), strings.ToLower(later)
+	if !strings.Contains(later, "*") {
+		return globMatch(earlier, later)
+	}
+	prefix, ok := strings.CutSuffix(earlier, "*")
+	return ok && !strings.Contains(prefix, "*") && strings.HasPrefix(later, prefix)
+}
+
+// The rules of prices, for JSON and the Caddyfile alike.
+
+// checkPrices accepts lines of a pattern and prices of at least 0, none
+// that an earlier line keeps from ever matching.
+func checkPrices(prices []*Price) error {
+	for i, p := range prices {
+		if p == nil || p.Model == "" {
+			return errors.New("price needs a model pattern and prices: price <model> input <$/M> output <$/M> (price gpt-4o* input 2.50 output 10)")
+		}
+		if _, err := p.rates(); err != nil {
+			return fmt.Errorf("price %s: %w", p.Model, err)
+		}
+		for _, earlier := range prices[:i] {
+			if shadows(earlier.Model, p.Model) {
+				return fmt.Errorf("price %s can never match: the line before it, price %s, matches every model it does (the first match wins: put the narrower line first)", p.Model, earlier.Model)
+			}
+		}
+	}
+	return nil
+}
+
+// checkPricesSettled accepts prices only in a zone whose calls are read as
+// LLM API calls: cost llm, which knows the model and the bounds to price,
+// and settle llm, which knows the kinds of tokens used.
+func checkPricesSettled(prices []*Price, costLLM, settleLLM bool) error {
+	switch {
+	case len(prices) == 0:
+		return nil
+	case !settleLLM:
+		return errors.New("price needs settle llm (and cost llm): a price turns the tokens of each kind that an LLM API reports into dollars, which only settle llm reads")
+	case !costLLM:
+		return errors.New("price needs cost llm (and settle llm): a priced call reserves the dollars its model and bounds may spend, which only cost llm reads")
+	}
+	return nil
+}
+
+// formatMicros writes µ$ as dollars, exactly: 12345678 is "12.345678",
+// 2500000 is "2.5", 10000000 is "10".
+func formatMicros(n int64) string {
+	sign := ""
+	if n < 0 {
+		sign, n = "-", -n
+	}
+	whole, frac := n/1_000_000, n%1_000_000
+	if frac == 0 {
+		return sign + strconv.FormatInt(whole, 10)
+	}
+	f := strings.TrimRight(fmt.Sprintf("%06d", frac), "0")
+	return sign + strconv.FormatInt(whole, 10) + "." + f
+}
