@@ -22,7 +22,7 @@
 //     into one entry carrying their units and the latest of their times (it
 //     leaves the window no earlier than any of them, so the limit holds; a
 //     client may be denied up to that span early), and a log keeps at most
-//     1,280 entries. A cost above Max is never admitted: the decision says
+//     1,170 entries. A cost above Max is never admitted: the decision says
 //     Never, with no RetryAfter.
 //   - Denials are free. A denied request records nothing, in any zone, so a
 //     client that keeps sending while denied is let through again as soon as
