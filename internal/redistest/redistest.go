@@ -50,9 +50,24 @@ func Start(tb testing.TB) *Server {
 	return s
 }
 
+// StartWith starts a redis-server as Start does, with flags of its own
+// after the standard ones (e.g. "--rename-command", "FUNCTION", "": a Redis
+// without Functions, as before 7).
+func StartWith(tb testing.TB, flags ...string) *Server {
+	tb.Helper()
+	s, err := startServer(flags)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
 // New starts a redis-server on a free port; Close stops it. For TestMain,
 // where there is no testing.TB.
-func New() (*Server, error) {
+func New() (*Server, error) { return startServer(nil) }
+
+func startServer(extra []string) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
@@ -61,7 +76,7 @@ func New() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Port: port, dir: dir}
+	s := &Server{Port: port, dir: dir, extra: extra}
 	if err := s.start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
