@@ -354,8 +354,9 @@ http://localhost:9080 {
 	if res := send(t, "http://localhost:9080/", withHeader("X-Client", "gina")); res.status != http.StatusOK {
 		t.Fatalf("before restart: status %d, want 200", res.status)
 	}
-	// Restarted empty: the script cache is gone, so EVALSHA answers NOSCRIPT
-	// and the store must load the script again by itself.
+	// Restarted empty: the library and the script cache are gone, so FCALL
+	// answers Function not found (EVALSHA NOSCRIPT) and the store must send
+	// the script again, and load the library, by itself.
 	srv.Restart(t)
 	deadline := time.Now().Add(5 * time.Second)
 	var res answer

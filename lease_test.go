@@ -495,7 +495,7 @@ func TestLeaseExtensionsAreBatched(t *testing.T) {
 		}
 		var n int64
 		for _, line := range strings.Split(info, "\n") {
-			for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			for _, cmd := range []string{"cmdstat_fcall:calls=", "cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
 				if rest, ok := strings.CutPrefix(line, cmd); ok {
 					c, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
 					n += c

@@ -84,7 +84,9 @@ type slotCall struct {
 	nkeys    int
 	args     packedArgs
 	zones    int
-	cmd      *redis.Cmd
+	// via is how the call is sent: as a function, or as a script.
+	via callVia
+	cmd *redis.Cmd
 }
 
 // packedArgs is a call's packed requests, ARGV[1]. go-redis writes a
@@ -95,22 +97,31 @@ type packedArgs []byte
 // MarshalBinary implements encoding.BinaryMarshaler.
 func (a *packedArgs) MarshalBinary() ([]byte, error) { return *a, nil }
 
-// The script's command words, boxed once.
-var (
-	evalSha, evalShaHash any = "evalsha", limitScript.Hash()
-	eval, evalSource     any = "eval", limitSource
+// callVia is how a call reaches limit.lua.
+type callVia uint8
+
+const (
+	// viaFunction calls the library's function: FCALL.
+	viaFunction callVia = iota
+	// viaScript calls the script by its hash: EVALSHA.
+	viaScript
+	// viaSource sends the script itself: EVAL.
+	viaSource
 )
 
-// command appends c's EVALSHA (EVAL with the source, when source) to args
-// and returns it. now, when set (by tests), is the time in microseconds the
-// script decides at, in place of Redis's clock.
-func (c *slotCall) command(ctx context.Context, args []any, source bool, now func() int64) (*redis.Cmd, []any) {
+// The calls' first two words, boxed once.
+var callWords = [...][2]any{
+	viaFunction: {"fcall", functionName},
+	viaScript:   {"evalsha", limitScript.Hash()},
+	viaSource:   {"eval", scriptSource},
+}
+
+// command appends c's FCALL, EVALSHA or EVAL (c.via) to args and returns
+// it. now, when set (by tests), is the time in microseconds the script
+// decides at, in place of Redis's clock.
+func (c *slotCall) command(ctx context.Context, args []any, now func() int64) (*redis.Cmd, []any) {
 	from := len(args)
-	if source {
-		args = append(args, eval, evalSource)
-	} else {
-		args = append(args, evalSha, evalShaHash)
-	}
+	args = append(args, callWords[c.via][0], callWords[c.via][1])
 	c.nkeys = len(c.keys)
 	args = append(args, &c.nkeys)
 	for i := range c.keys {

@@ -15,6 +15,12 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
+// isLimitCall reports whether cmd calls limit.lua: FCALL, EVALSHA or EVAL.
+func isLimitCall(cmd redis.Cmder) bool {
+	n := cmd.Name()
+	return n == "fcall" || n == "evalsha" || n == "eval"
+}
+
 // scriptCounter is a go-redis hook that counts the limit.lua calls a client
 // makes, alone or in pipelines.
 type scriptCounter struct{ calls atomic.Int64 }
@@ -22,7 +28,7 @@ type scriptCounter struct{ calls atomic.Int64 }
 func (*scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+		if isLimitCall(cmd) {
 			h.calls.Add(1)
 		}
 		return next(ctx, cmd)
@@ -31,7 +37,7 @@ func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
-			if n := c.Name(); n == "evalsha" || n == "eval" {
+			if isLimitCall(c) {
 				h.calls.Add(1)
 			}
 		}
@@ -506,7 +512,7 @@ func (*opsCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *opsCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if n := cmd.Name(); err == nil && (n == "evalsha" || n == "eval") {
+		if err == nil && isLimitCall(cmd) {
 			args := cmd.Args()
 			numKeys := *args[2].(*int)
 			packed, _ := args[3+numKeys].(interface{ MarshalBinary() ([]byte, error) }).MarshalBinary()

@@ -152,6 +152,8 @@ type batcher struct {
 	busyUntil atomicTime
 	// replied is when a call's reply was last read (atomicTime).
 	replied atomicTime
+	// library says whether calls go through the library.
+	library library
 }
 
 // newBatcher starts a batcher for a store whose calls end after timeout.
@@ -375,8 +377,9 @@ func (b *batcher) hostBusy(now time.Time) bool {
 type batchWork struct {
 	live  []*request
 	calls []slotCall
-	// args holds the calls' commands.
-	args []any
+	// args holds the calls' commands; retry the calls to send (again).
+	args  []any
+	retry []*slotCall
 }
 
 // send decides one batch. Requests already answered (their caller gave
@@ -428,16 +431,27 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 	var ok bool
 	if len(w.calls) == 1 {
 		c := &w.calls[0]
-		c.cmd, w.args = c.command(ctx, w.args[:0], false, b.now)
+		var load bool
+		if c.via, load = b.firstVia(); load {
+			// Loaded on the connection the call then takes, so that it
+			// opens none of its own: once, before the first call.
+			b.library.load(ctx, b.client)
+			if b.library.loaded.Load() {
+				c.via = viaFunction
+			}
+			now = time.Now()
+		}
+		c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 		_ = b.client.Process(ctx, c.cmd)
-		again := noScript(c.cmd.Err())
-		if again {
-			c.cmd, w.args = c.command(ctx, w.args[:0], true, b.now)
+		once := true
+		for b.retry(c) {
+			c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 			_ = b.client.Process(ctx, c.cmd)
+			once = false
 		}
 		redisTime, ok = c.answer(c.cmd.Val(), b.callErr(c.cmd.Err()))
 		// A call that went twice measured no one call.
-		ok = ok && !again
+		ok = ok && once
 	} else {
 		redisTime, ok = b.sendPipelined(ctx, w)
 	}
@@ -448,44 +462,41 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 }
 
 // sendPipelined runs w's calls, one per slot, in one pipeline (go-redis
-// splits it by node), and again with EVAL those that met NOSCRIPT. It
-// returns the time they spent in Redis, all told, and whether each had a
-// reply.
+// splits it by node), and again those that met a server without the library
+// or the script (retry). It returns the time they spent in Redis, all
+// told, and whether each had a reply.
 func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime time.Duration, ok bool) {
-	calls := w.calls
-	pipe := b.client.Pipeline()
 	w.args = w.args[:0]
-	for i := range calls {
-		c := &calls[i]
-		c.cmd, w.args = c.command(ctx, w.args, false, b.now)
-		_ = pipe.Process(ctx, c.cmd)
+	via, _ := b.firstVia() // a cluster's masters load the library apart
+	w.retry = w.retry[:0]
+	for i := range w.calls {
+		w.calls[i].via = via
+		w.retry = append(w.retry, &w.calls[i])
 	}
-	execErr := exec(ctx, pipe)
-	var retry []*slotCall
 	ok = true
-	for i := range calls {
-		c := &calls[i]
-		if noScript(c.cmd.Err()) {
-			retry = append(retry, c)
-			continue
+	for round := 0; len(w.retry) > 0; round++ {
+		pipe := b.client.Pipeline()
+		for _, c := range w.retry {
+			c.cmd, w.args = c.command(ctx, w.args, b.now)
+			_ = pipe.Process(ctx, c.cmd)
 		}
-		t, answered := c.answer(c.cmd.Val(), b.callErr(cmdErr(c.cmd, execErr)))
-		redisTime, ok = redisTime+t, ok && answered
+		execErr := exec(ctx, pipe)
+		again := w.retry[:0]
+		for _, c := range w.retry {
+			if b.retry(c) {
+				again = append(again, c)
+				continue
+			}
+			t, answered := c.answer(c.cmd.Val(), b.callErr(cmdErr(c.cmd, execErr)))
+			// Calls that went twice measured no one call.
+			redisTime, ok = redisTime+t, ok && answered && round == 0
+		}
+		w.retry = again
 	}
-	if len(retry) == 0 {
-		return redisTime, ok
+	if !ok {
+		return 0, false
 	}
-	pipe = b.client.Pipeline()
-	for _, c := range retry {
-		c.cmd, w.args = c.command(ctx, w.args, true, b.now)
-		_ = pipe.Process(ctx, c.cmd)
-	}
-	execErr = exec(ctx, pipe)
-	for _, c := range retry {
-		c.answer(c.cmd.Val(), b.callErr(cmdErr(c.cmd, execErr)))
-	}
-	// The calls went twice: what they measured is not one call's.
-	return 0, false
+	return redisTime, true
 }
 
 func exec(ctx context.Context, pipe redis.Pipeliner) error {
@@ -656,4 +667,63 @@ func (b *batcher) warm() {
 			}
 		}()
 	}
+}
+
+// firstVia is how a call goes first: through the library once it is
+// loaded, else as a script. When a load is due, load says to load it
+// before the call, in its flusher (a cluster's masters load it in the
+// background, each on its own).
+func (b *batcher) firstVia() (via callVia, load bool) {
+	if b.library.loaded.Load() {
+		return viaFunction, false
+	}
+	if !b.library.due() {
+		return viaScript, false
+	}
+	if !b.cluster {
+		return viaScript, true
+	}
+	b.loadEverywhere()
+	return viaScript, false
+}
+
+
+// retry reports whether c is to be sent again, and sets how. A server
+// without the library (restarted, flushed, a new cluster master) most
+// likely lost the script too: EVAL. A server out of memory refuses any
+// function that may write before it runs; a script it runs, and refuses
+// only its first write, so that a batch of denials is still decided: calls
+// go as scripts until the library loads again, which a full Redis refuses.
+func (b *batcher) retry(c *slotCall) bool {
+	err := c.cmd.Err()
+	switch {
+	case c.via == viaFunction && noFunction(err):
+		c.via = viaSource
+		b.library.loaded.Store(false)
+	case c.via == viaFunction && outOfMemory(err):
+		c.via = viaScript
+		b.library.loaded.Store(false)
+	case c.via == viaScript && noScript(err):
+		c.via = viaSource
+	default:
+		return false
+	}
+	return true
+}
+
+// loadEverywhere loads the library on every master of a cluster, in the
+// background.
+func (b *batcher) loadEverywhere() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		ctx, cancel := context.WithTimeout(b.ctx, b.warmTimeout)
+		defer cancel()
+		b.library.load(ctx, b.client)
+	}()
 }

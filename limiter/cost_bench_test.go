@@ -61,13 +61,16 @@ const (
 	// viaStore: 32 concurrent callers of a RedisStore, which batches them
 	// as they come.
 	viaStore cpuMode = iota
-	// batch32: limit.lua calls of exactly 32 decisions each, two in flight.
+	// batch32: limit.lua calls of exactly 32 decisions each, two in flight,
+	// as a script (EVALSHA).
 	batch32
+	// function32: the same through the library (FCALL).
+	function32
 	// floor32: floorScript calls of 32 keys each, two in flight.
 	floor32
 )
 
-func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor32"}[m] }
+func (m cpuMode) String() string { return [...]string{"store", "batch32", "function32", "floor32"}[m] }
 
 // BenchmarkRedisCPUPerDecision measures Redis's CPU per decision of the
 // sliding log at several limits, over many clients, each client's ring full
@@ -90,7 +93,7 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "floor
 //	go test -run '^$' -bench RedisCPUPerDecision -benchtime 1x ./limiter/
 func BenchmarkRedisCPUPerDecision(b *testing.B) {
 	for _, limit := range []int{60, 1000, 10_000, 100_000} {
-		modes := []cpuMode{viaStore, batch32}
+		modes := []cpuMode{viaStore, batch32, function32}
 		if 18+6*limit <= ringSmall {
 			modes = append(modes, floor32)
 		}
@@ -148,6 +151,9 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	if err := floorScript.Load(ctx, client).Err(); err != nil {
 		b.Fatal(err)
 	}
+	if err := loadLibrary(ctx, client); err != nil {
+		b.Fatal(err)
+	}
 	if err := client.ConfigResetStat(ctx).Err(); err != nil {
 		b.Fatal(err)
 	}
@@ -201,7 +207,13 @@ func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 						}
 						continue
 					}
-					reply, err := limitScript.Run(ctx, client, keys, args).Result()
+					var reply any
+					var err error
+					if mode == function32 {
+						reply, err = client.FCall(ctx, functionName, keys, args).Result()
+					} else {
+						reply, err = limitScript.Run(ctx, client, keys, args).Result()
+					}
 					if err != nil {
 						b.Error(err)
 						return
@@ -265,10 +277,11 @@ func setRings(b *testing.B, client *redis.Client, n int, key func(int) string, r
 }
 
 // reportRedisCPU reports Redis's CPU (INFO cpu's delta from cpuBefore) and
-// its script time (INFO commandstats, reset before) per decision.
+// its script time (INFO commandstats, reset before: EVALSHA's and FCALL's)
+// per decision.
 func reportRedisCPU(b *testing.B, client *redis.Client, cpuBefore map[string]float64, decisions int64, elapsed time.Duration, what string) {
 	inner := []string{"get", "set", "getrange", "setrange", "pexpire", "time", "del"}
-	names := []string{"cmdstat_evalsha.usec", "cmdstat_evalsha.calls"}
+	names := []string{"cmdstat_evalsha.usec", "cmdstat_evalsha.calls", "cmdstat_fcall.usec", "cmdstat_fcall.calls"}
 	for _, c := range inner {
 		names = append(names, "cmdstat_"+c+".calls", "cmdstat_"+c+".usec")
 	}
@@ -282,13 +295,14 @@ func reportRedisCPU(b *testing.B, client *redis.Client, cpuBefore map[string]flo
 	cpu := []string{"used_cpu_user", "used_cpu_sys"}
 	cpuAfter := infoFields(b, client, "cpu", cpu...)
 	cpuUsec := (cpuAfter["used_cpu_user"] + cpuAfter["used_cpu_sys"] - cpuBefore["used_cpu_user"] - cpuBefore["used_cpu_sys"]) * 1e6
-	perDecision := stats["cmdstat_evalsha.usec"] / float64(decisions)
-	b.ReportMetric(perDecision, "evalsha-µs/decision")
+	usec, calls := stats["cmdstat_evalsha.usec"]+stats["cmdstat_fcall.usec"], stats["cmdstat_evalsha.calls"]+stats["cmdstat_fcall.calls"]
+	perDecision := usec / float64(decisions)
+	b.ReportMetric(perDecision, "script-µs/decision")
 	b.ReportMetric(cpuUsec/float64(decisions), "cpu-µs/decision")
-	b.ReportMetric(float64(decisions)/stats["cmdstat_evalsha.calls"], "decisions/call")
-	b.Logf("%s, %d decisions in %v: Redis CPU %.2f µs/decision, EVALSHA %.2f µs/decision (%.0f calls, %.1f decisions each);%s",
+	b.ReportMetric(float64(decisions)/calls, "decisions/call")
+	b.Logf("%s, %d decisions in %v: Redis CPU %.2f µs/decision, in the script %.2f µs/decision (%.0f calls, %.0f of them FCALL, %.1f decisions each);%s",
 		what, decisions, elapsed.Round(time.Millisecond), cpuUsec/float64(decisions), perDecision,
-		stats["cmdstat_evalsha.calls"], float64(decisions)/stats["cmdstat_evalsha.calls"], breakdown.String())
+		calls, stats["cmdstat_fcall.calls"], float64(decisions)/calls, breakdown.String())
 }
 
 // redisCPUPerUnits is the units scenario of make bench: 10,000 clients far

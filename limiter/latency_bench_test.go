@@ -143,6 +143,6 @@ func storeLatency(b *testing.B, far time.Duration, callers int, pause time.Durat
 
 // redisCalls is how many script calls Redis has run.
 func redisCalls(b *testing.B, client *redis.Client) float64 {
-	f := infoFields(b, client, "commandstats", "cmdstat_evalsha.calls", "cmdstat_eval.calls")
-	return f["cmdstat_evalsha.calls"] + f["cmdstat_eval.calls"]
+	f := infoFields(b, client, "commandstats", "cmdstat_fcall.calls", "cmdstat_evalsha.calls", "cmdstat_eval.calls")
+	return f["cmdstat_fcall.calls"] + f["cmdstat_evalsha.calls"] + f["cmdstat_eval.calls"]
 }

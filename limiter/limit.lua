@@ -1,5 +1,9 @@
 -- Decides a batch of rate-limit requests in one call: TIME once, then each
--- request's zones all or nothing, then one packed reply.
+-- request's zones all or nothing, then one packed reply. The chunk returns
+-- that call, with what it needs made once: script.go wraps it as a Redis
+-- Functions library (Redis 7+), whose chunk runs at its first call and
+-- whose closures serve every later one, and as a script (EVALSHA) that
+-- makes them at every call.
 --
 -- A log zone admits a request of cost c (1 in a count zone) when the units
 -- in the last window, plus c, fit in max. With sum_i the units admitted up to
@@ -63,9 +67,9 @@ local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, m
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
 local UNITS, COUNT, SMALL_COUNT, WITH_LM = 2, 3, 4, 4
-local now, expires, clock = tonumber(ARGV[2]), not ARGV[2], call('TIME')
-if not now then now = clock[1] * 1000000 + clock[2] end
-local tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
+-- A call's own: its time (now, Redis's clock at its start, and in ms), whether keys expire, a base that reads
+-- 48-bit times as the nearest to now, TTLs formatted.
+local now, expires, clock, tbase, ms, TTL
 -- fresh returns reply, or nil after dropping key when it holds another kind's
 -- state (the zone's algorithm changed), which then starts over.
 local function fresh(reply, key)
@@ -180,7 +184,7 @@ local function range(r, i, j)
   local a = min(j - i, r.cap - p)
   return a < j - i and bytes(r, H + E * p, E * a) .. bytes(r, H, E * (j - i - a)) or bytes(r, H + E * p, E * a)
 end
-local reshape, rare -- made by rare at a call's first need: a closure costs each call
+local reshape, rare -- made by rare at first need: run as a script (EVAL), every closure costs each call
 local function reshaped(r, size, lay) -- returns the fields a record reads on
   if not reshape then rare() end reshape(r, size, lay) return r.h, r.cap, r.lay, r.mc
 end
@@ -427,35 +431,41 @@ local function zone() return {key = nil, kind = nil, W = nil, mx = nil, c = nil,
   v = nil, vlen = nil, w = nil, wo = nil, whole = nil, mir = nil, lay = nil, m = nil, cap = nil, len = nil, E = nil, MO = nil, H = nil, B = nil,
   BO = nil, h = nil, n = nil, mh = nil, mc = nil, exp = nil, last = nil, lm = nil, seq = nil, flo = nil, total = nil, f = nil, first = nil,
   before = nil, newest = nil, idx = nil, e = nil, cur = nil, prev = nil} end
--- Each request: its zones' tables (kept from request to request), each decided as it is read (locals hold
--- what a zone's table would give back); then all record at the latest room if all admit; or all settle or extend.
-local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
-while pos <= #args do
-  local op, nz, wait, kind, W, mx, c, token, p = unpack('>BBdBdddd', args, pos)
-  local at, admit = now, true
-  for i = 1, nz do
-    local z = Z[i] or zone()
-    if i > 1 then kind, W, mx, c, token, p = unpack('>Bdddd', args, p) end
-    if (kind > 0 or op == 2) and not reshape then rare() end
-    Z[i], k, z.key, z.kind, z.W, z.mx, z.c, z.token = z, k + 1, KEYS[k + 1], kind, W, mx, c, token
-    z.aux, p = (kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
-    if op < 2 then
-      local room, held, reset = decide[kind](z, c)
-      z.held, z.flag, z.reset = held, verdict(kind, c, mx, room, reset, wait)
-      if z.flag ~= 1 then admit = false elseif room > at then at = room end
+-- The chunk returns the call, of KEYS and ARGV as above. Each request: its zones' tables (kept from request
+-- to request), each decided as it is read (locals hold what a zone's table would give back); then all record
+-- at the latest room if all admit; or all settle or extend.
+return function(KEYS, ARGV)
+  now, expires, clock = tonumber(ARGV[2]), not ARGV[2], call('TIME')
+  if not now then now = clock[1] * 1000000 + clock[2] end
+  tbase, ms, TTL = now - 0.75 * 2 ^ 48, floor(now / 1000), {}
+  local Z, out, args, pos, k = {}, {}, ARGV[1], 1, 0
+  while pos <= #args do
+    local op, nz, wait, kind, W, mx, c, token, p = unpack('>BBdBdddd', args, pos)
+    local at, admit = now, true
+    for i = 1, nz do
+      local z = Z[i] or zone()
+      if i > 1 then kind, W, mx, c, token, p = unpack('>Bdddd', args, p) end
+      if (kind > 0 or op == 2) and not reshape then rare() end
+      Z[i], k, z.key, z.kind, z.W, z.mx, z.c, z.token = z, k + 1, KEYS[k + 1], kind, W, mx, c, token
+      z.aux, p = (kind == 2 or op == 2) and sub(args, p, p + 7), p + 8
+      if op < 2 then
+        local room, held, reset = decide[kind](z, c)
+        z.held, z.flag, z.reset = held, verdict(kind, c, mx, room, reset, wait)
+        if z.flag ~= 1 then admit = false elseif room > at then at = room end
+      end
+    end
+    pos = p
+    for i = 1, nz do
+      local z, t = Z[i], -1
+      local kind, held, reset, flag, mx = z.kind, z.held, z.reset, z.flag, z.mx
+      if op == 2 then flag, held, t = settle[kind](z) -- done; what its zone held before, its record's time
+      elseif op == 3 then flag, held = kind == 2 and lease_ext(z) or 0, nil
+      elseif op == 0 and kind == 0 then t = z.lm -- a peek: the log's lm
+      elseif op == 1 and admit then t, held, reset = record[kind](z, z.c, at, held, reset) end
+      if op > 1 then held, reset, t = held or mx, 0, t or -1 end
+      out[#out + 1] = reply(i == 1, admit and at - now or 0, flag, mx, held, reset, t)
     end
   end
-  pos = p
-  for i = 1, nz do
-    local z, t = Z[i], -1
-    local kind, held, reset, flag, mx = z.kind, z.held, z.reset, z.flag, z.mx
-    if op == 2 then flag, held, t = settle[kind](z) -- done; what its zone held before, its record's time
-    elseif op == 3 then flag, held = kind == 2 and lease_ext(z) or 0, nil
-    elseif op == 0 and kind == 0 then t = z.lm -- a peek: the log's lm
-    elseif op == 1 and admit then t, held, reset = record[kind](z, z.c, at, held, reset) end
-    if op > 1 then held, reset, t = held or mx, 0, t or -1 end
-    out[#out + 1] = reply(i == 1, admit and at - now or 0, flag, mx, held, reset, t)
-  end
+  local done = call('TIME') -- the call's own time, so the caller tells Redis's time from the network's
+  return table.concat(out) .. pack('>d', (done[1] - clock[1]) * 1000000 + done[2] - clock[2])
 end
-local done = call('TIME') -- the call's own time, so the caller tells Redis's time from the network's
-return table.concat(out) .. pack('>d', (done[1] - clock[1]) * 1000000 + done[2] - clock[2])

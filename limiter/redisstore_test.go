@@ -105,37 +105,44 @@ func TestRedisStoreHostileKeys(t *testing.T) {
 }
 
 // TestRedisStoreScriptFlush: the store loads the script again after SCRIPT
-// FLUSH (NOSCRIPT), and the counts survive.
+// FLUSH and FUNCTION FLUSH (NOSCRIPT, Function not found), and the counts
+// survive.
 func TestRedisStoreScriptFlush(t *testing.T) {
 	testScriptFlush(t, newRedisStore(t, testClient, testPrefix(t)))
 }
 
-// testScriptFlush: after SCRIPT FLUSH the store loads the script again and
-// decides on the state it had.
+// testScriptFlush: after SCRIPT FLUSH and FUNCTION FLUSH (as a Redis
+// restarted without persistence has neither) the store sends the script
+// again and decides on the state it had.
 func testScriptFlush(t *testing.T, s *RedisStore) {
 	ctx := testContext(t)
 	c := Check{Zone: "z", Key: testKey(t), Limit: Limit{Window: time.Minute, Max: 3}}
 	for range 2 {
 		allow1(t, s, c)
 	}
-	if err := testClient.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
+	flush := func() {
+		t.Helper()
+		if err := testClient.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := testClient.FunctionFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
+	flush()
 	if r := allow1(t, s, c); !r.d.Allowed || r.d.Remaining != 0 {
-		t.Errorf("3rd request of max 3 after SCRIPT FLUSH: %+v, want Allowed with Remaining 0", r.d)
+		t.Errorf("3rd request of max 3 after the flush: %+v, want Allowed with Remaining 0", r.d)
 	}
 	exists, err := testClient.ScriptExists(ctx, limitScript.Hash()).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(exists, []bool{true}) {
-		t.Errorf("script not loaded again after SCRIPT FLUSH: SCRIPT EXISTS = %v", exists)
+		t.Errorf("script not sent again after the flush: SCRIPT EXISTS = %v", exists)
 	}
-	if err := testClient.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
+	flush()
 	if r := allow1(t, s, c); r.d.Allowed {
-		t.Errorf("4th request of max 3 after SCRIPT FLUSH admitted: %+v", r.d)
+		t.Errorf("4th request of max 3 after the flush admitted: %+v", r.d)
 	}
 }
 

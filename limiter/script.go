@@ -6,17 +6,14 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// limitScript decides a whole batch of requests in one call; limit.lua
-// documents its semantics, keys, arguments and reply.
-var (
-	//go:embed limit.lua
-	limitSource string
-	limitScript = redis.NewScript(limitSource)
-)
+// limitSource decides a whole batch of requests in one call; limit.lua
+// documents its semantics, keys, arguments and reply, and library.go how it
+// is called.
+//
+//go:embed limit.lua
+var limitSource string
 
 // op is what limit.lua does with one request.
 type op uint8

@@ -107,8 +107,11 @@ func storeCallers(b *testing.B, max int64) {
 	}
 	var calls float64
 	for line := range strings.Lines(info) {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
-			calls, _ = strconv.ParseFloat(rest[:strings.IndexByte(rest, ',')], 64)
+		for _, cmd := range []string{"cmdstat_fcall:calls=", "cmdstat_evalsha:calls="} {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), cmd); ok {
+				n, _ := strconv.ParseFloat(rest[:strings.IndexByte(rest, ',')], 64)
+				calls += n
+			}
 		}
 	}
 	b.ReportMetric(float64(decisions)/calls, "decisions/call")

@@ -381,7 +381,7 @@ func (r report) markdown(chartFile string) string {
 			num(s.redisPerDecision, 1), num(s.caddyPlain, 1), num(s.caddyLimited, 1), num(s.caddyRatio, 2))
 	}
 	p("")
-	p("Redis cmds/req: script calls (EVALSHA/EVAL, i.e. round trips from Caddy) per request wrk completed on the")
+	p("Redis cmds/req: script calls (FCALL, EVALSHA, EVAL: round trips from Caddy) per request wrk completed on the")
 	p("limited port, from INFO commandstats before and after each limited run. script usec/call: Redis's time in")
 	p("those calls divided by their number (n/a: no calls); with batching one call decides many requests. Redis CPU")
 	p("us/decision: the redis-server process's CPU time (INFO cpu, used_cpu_sys + used_cpu_user) during the limited")

@@ -61,5 +61,5 @@ func start(t *testing.T) (*redis.Client, *redis.Script) {
 	t.Cleanup(stop)
 	client := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { client.Close() })
-	return client, redis.NewScript(string(src))
+	return client, asScript(src)
 }
