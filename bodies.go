@@ -68,10 +68,18 @@ func peekBody(r *http.Request) peekedBody {
 	p := &bodyPeek{rest: r.Body, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		var b bytes.Buffer
-		if r.ContentLength > 0 {
-			b.Grow(int(min(r.ContentLength, costJSONMaxBody+1)))
+		if n := r.ContentLength; n > 0 && n <= costJSONMaxBody {
+			// A length the body states is read into a buffer of that
+			// size, whole: a bytes.Buffer would copy it into one twice
+			// as large to look for the end. What follows, if anything,
+			// stays in rest.
+			p.buf = make([]byte, n)
+			var k int
+			k, p.err = io.ReadFull(p.rest, p.buf)
+			p.buf = p.buf[:k]
+			return
 		}
+		var b bytes.Buffer
 		_, p.err = b.ReadFrom(io.LimitReader(p.rest, costJSONMaxBody+1))
 		p.buf = b.Bytes()
 	}()
