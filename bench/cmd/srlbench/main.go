@@ -250,6 +250,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("llm: %w", err)
 	}
+	failMode := measureFailMode(ctx, cfg)
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
@@ -259,7 +260,7 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm, failMode: failMode}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }

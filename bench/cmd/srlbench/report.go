@@ -252,6 +252,7 @@ type report struct {
 	waits       []waitsRun
 	naive       naiveResult
 	llm         []llmRun
+	failMode    failModeState
 }
 
 // command is how to reproduce the run.
@@ -472,6 +473,7 @@ func (r report) markdown(chartFile string) string {
 	r.waitsSection(p)
 	r.llmSection(p)
 	r.memorySection(p)
+	r.failModeSection(p)
 	r.perRunSection(p)
 	r.notesSection(p, all)
 	return b.String()
