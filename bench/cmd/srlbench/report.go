@@ -441,6 +441,7 @@ func (r report) markdown(chartFile string) string {
 		}
 	}
 	r.naiveTargets(row)
+	r.gatewayTarget(row)
 	var p99s, cpus []string
 	p99ok, cpuOK := true, true
 	for i, res := range r.results {
@@ -472,6 +473,7 @@ func (r report) markdown(chartFile string) string {
 	r.floorSection(p, all)
 	r.waitsSection(p)
 	r.llmSection(p)
+	r.gatewaySection(p)
 	r.memorySection(p)
 	r.failModeSection(p)
 	r.perRunSection(p)
