@@ -114,9 +114,9 @@ func (r report) failModeSection(p func(string, ...any)) {
 	p("")
 	p("With `fail_mode local` the limiter remembers, per client it saw recently, what Redis last said of it")
 	p("(count and reset, limiter/fallback.go), so that an outage starts from those counts rather than from fresh")
-	p("limits; every decision Redis answers updates that memory. `%s` (`%s`, in the", failModeBench, st.command)
-	p("repository) fills it with as many clients as it keeps and measures the heap they take, then the time of")
-	p("one update of a remembered client.")
+	p("limits; every decision Redis answers updates that memory. `%s` fills it with as many clients as it", failModeBench)
+	p("keeps and measures the heap they take, then the time of one update of a remembered client (`Observe`). Run")
+	p("in the repository, after the load, as `%s`.", st.command)
 	p("")
 	if st.notMeasured != nil {
 		p("Not measured: %s", truncate(st.notMeasured.Error(), 400))
