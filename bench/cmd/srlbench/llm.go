@@ -20,24 +20,40 @@ import (
 
 // The llm scenario: streamed answers shaped as an LLM API's (server-sent
 // events, usage in the last one), proxied by Caddy from an upstream in this
-// tool, through three sites in turn: without the limiter, with `settle
-// header X-Usage` (the upstream reports usage in a trailer), and with
-// `settle json usage.total_tokens` (the limiter reads the usage from the
-// stream as it passes). It measures what reading the stream adds: the time
-// to the first event as a client sees it, and Caddy's CPU per call. It runs
-// after the other scenarios, on sites it adds through the admin API, as the
-// waits scenario does; the load comes from this tool (a first byte is
-// what wrk cannot time).
+// tool, through four sites in turn: without the limiter, with `settle
+// header X-Usage` (the upstream reports usage in a trailer), with `settle
+// json usage.total_tokens` (the limiter reads the usage from the stream as
+// it passes), and the AI gateway recipe (gateway.go: `cost llm` reads the
+// request body, `settle llm` the stream). Every site gets the same call, an
+// OpenAI chat completions request, through the same reverse_proxy. It
+// measures what reading the bodies adds: the time to the first event as a
+// client sees it, and Caddy's CPU per call. It runs after the other
+// scenarios, on sites it adds through the admin API, as the waits scenario
+// does; the load comes from this tool (a first byte is what wrk cannot
+// time).
 const (
 	llmClients = 16
 	// llmEvents is the events of an answer: a few hundred tokens' worth of
 	// chunks of a chat completion stream, then the usage and [DONE].
 	llmEvents = 60
 	llmPrefix = "srlllm:"
+	// llmKeys is how many API keys (and X-Client values) the calls cycle
+	// through.
+	llmKeys = 10_000
+	// llmPath is the path of every call: OpenAI's, which cost llm and
+	// settle llm read as Chat Completions.
+	llmPath = "/v1/chat/completions"
 )
 
+// llmRequest is the body of every call: a streamed OpenAI chat completion
+// that asks for its usage, as the OpenAI SDKs send it.
+const llmRequest = `{"model": "gpt-4o-mini", "messages": [` +
+	`{"role": "developer", "content": "You are a concise assistant for a support desk. Answer in plain text, in at most three sentences, and say so when you do not know."}, ` +
+	`{"role": "user", "content": "My invoice for March shows two charges for the same subscription. How do I get one of them refunded, and how long does it take?"}], ` +
+	`"max_completion_tokens": 512, "temperature": 0.2, "stream": true, "stream_options": {"include_usage": true}}`
+
 // llmSites are the scenario's sites, in the order they are loaded.
-var llmSites = []string{"plain", "header", "json"}
+var llmSites = []string{"plain", "header", "json", gatewaySite}
 
 // llmRun is one run of the scenario on one site.
 type llmRun struct {
@@ -48,6 +64,12 @@ type llmRun struct {
 	ttfb99       time.Duration
 	total50      time.Duration
 	cpu          cpuUse
+	// reqBytes and respBytes are the body bytes of the counted calls:
+	// what the client sent and what it received.
+	reqBytes, respBytes int64
+	// metrics are the gateway site's counters during the run (nil on the
+	// other sites).
+	metrics zoneCounters
 }
 
 func (r llmRun) caddyUsecPerCall() float64 {
@@ -68,6 +90,7 @@ func llmUpstream() (*http.Server, string, error) {
 	chunk.WriteString(`data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"content": " token"}, "finish_reason": null}], "usage": null}` + "\n\n")
 	last := `data: {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 60, "total_tokens": 80}}` + "\n\ndata: [DONE]\n\n"
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.Header().Set("Trailer", "X-Usage")
 		f := w.(http.Flusher)
@@ -83,10 +106,19 @@ func llmUpstream() (*http.Server, string, error) {
 }
 
 // llmSite is the JSON server of one of llmSites, proxying to upstream.
+// Every site has the same reverse_proxy: the AI gateway recipe's (plain
+// answers, no second place for a key), flushing each event.
 func llmSite(site string, port int, upstream, redisURL string) ([]byte, error) {
-	proxy := map[string]any{"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": upstream}}, "flush_interval": -1}
+	proxy := map[string]any{
+		"handler": "reverse_proxy", "upstreams": []any{map[string]any{"dial": upstream}}, "flush_interval": -1,
+		"headers": map[string]any{"request": map[string]any{"delete": []string{"Accept-Encoding", "X-Api-Key", "X-Goog-Api-Key"}}},
+	}
 	handle := []any{proxy}
-	if site != "plain" {
+	switch site {
+	case "plain":
+	case gatewaySite:
+		handle = []any{gatewayLimiter(redisURL, llmPrefix+site+":"), proxy}
+	default:
 		settle := map[string]any{"header": "X-Usage"}
 		if site == "json" {
 			settle = map[string]any{"json": []string{"usage.total_tokens"}}
@@ -135,7 +167,7 @@ func runLLM(ctx context.Context, cfg config, meter *cpuMeter, admin, redisURL st
 		if res.StatusCode != http.StatusOK {
 			return nil, fmt.Errorf("adding the llm site %s: %s %s", site, res.Status, answer)
 		}
-		urls[site] = fmt.Sprintf("http://127.0.0.1:%d/", port)
+		urls[site] = fmt.Sprintf("http://127.0.0.1:%d%s", port, llmPath)
 		if err := getOK(ctx, urls[site], "srlbench-ready"); err != nil {
 			return nil, err
 		}
@@ -144,9 +176,25 @@ func runLLM(ctx context.Context, cfg config, meter *cpuMeter, admin, redisURL st
 	for i := 0; i < cfg.runs; i++ {
 		for _, site := range llmSites {
 			meter.settle(ctx, cfg.settle)
+			var before zoneCounters
+			if site == gatewaySite {
+				if before, err = readZoneCounters(ctx, admin, gatewayZone); err != nil {
+					return runs, err
+				}
+			}
 			run, err := loadLLM(ctx, cfg, meter, site, urls[site])
 			if err != nil {
 				return runs, err
+			}
+			if site == gatewaySite {
+				// Settling follows the end of each answer: give the last
+				// calls' a moment to be counted.
+				time.Sleep(250 * time.Millisecond)
+				after, err := readZoneCounters(ctx, admin, gatewayZone)
+				if err != nil {
+					return runs, err
+				}
+				run.metrics = after.sub(before)
 			}
 			say("%-12s run %d/%d: %-6s %6.0f calls/s, first event p50 %s p99 %s, whole answer p50 %s, Caddy CPU %.1f us/call",
 				"llm", i+1, cfg.runs, site, float64(run.calls)/run.elapsed.Seconds(), ms(run.ttfb50), ms(run.ttfb99), ms(run.total50), run.caddyUsecPerCall())
@@ -164,7 +212,7 @@ func loadLLM(ctx context.Context, cfg config, meter *cpuMeter, site, url string)
 	defer client.CloseIdleConnections()
 	cpuBefore := meter.snap()
 	deadline := time.Now().Add(cfg.duration)
-	var calls, other, n atomic.Int64
+	var calls, other, n, reqBytes, respBytes atomic.Int64
 	var mu sync.Mutex
 	var firsts, totals []time.Duration
 	var firstErr error
@@ -176,14 +224,19 @@ func loadLLM(ctx context.Context, cfg config, meter *cpuMeter, site, url string)
 			var myFirsts, myTotals []time.Duration
 			buf := make([]byte, 32<<10)
 			for time.Now().Before(deadline) && ctx.Err() == nil {
-				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"model": "m", "stream": true}`))
+				body := &countingReader{r: strings.NewReader(llmRequest)}
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
 				if err != nil {
 					mu.Lock()
 					firstErr = cmp.Or(firstErr, err)
 					mu.Unlock()
 					return
 				}
-				req.Header.Set("X-Client", "llm-"+strconv.FormatInt(n.Add(1)%10000, 10))
+				req.ContentLength = int64(len(llmRequest))
+				key := strconv.FormatInt(n.Add(1)%llmKeys, 10)
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Authorization", llmAPIKey(key))
+				req.Header.Set("X-Client", "llm-"+key)
 				sent := time.Now()
 				res, err := client.Do(req)
 				if err != nil {
@@ -192,10 +245,12 @@ func loadLLM(ctx context.Context, cfg config, meter *cpuMeter, site, url string)
 					mu.Unlock()
 					return
 				}
-				_, err = io.ReadAtLeast(res.Body, buf[:1], 1)
+				got, err := io.ReadAtLeast(res.Body, buf[:1], 1)
 				first := time.Since(sent)
 				if err == nil {
-					_, err = io.CopyBuffer(io.Discard, res.Body, buf)
+					var rest int64
+					rest, err = io.CopyBuffer(io.Discard, res.Body, buf)
+					got += int(rest)
 				}
 				res.Body.Close()
 				total := time.Since(sent)
@@ -206,6 +261,8 @@ func loadLLM(ctx context.Context, cfg config, meter *cpuMeter, site, url string)
 				if time.Now().After(deadline) {
 					break
 				}
+				reqBytes.Add(body.n)
+				respBytes.Add(int64(got))
 				calls.Add(1)
 				myFirsts, myTotals = append(myFirsts, first), append(myTotals, total)
 			}
@@ -221,6 +278,7 @@ func loadLLM(ctx context.Context, cfg config, meter *cpuMeter, site, url string)
 		return run, firstErr
 	}
 	run.calls, run.other = calls.Load(), other.Load()
+	run.reqBytes, run.respBytes = reqBytes.Load(), respBytes.Load()
 	slices.Sort(firsts)
 	slices.Sort(totals)
 	if len(firsts) > 0 {
@@ -229,37 +287,65 @@ func loadLLM(ctx context.Context, cfg config, meter *cpuMeter, site, url string)
 	return run, nil
 }
 
+// countingReader counts the bytes read from r: a request body as the
+// transport sends it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// llmAPIKey is the Authorization header of the key'th API key: a bearer
+// token as long as OpenAI's project keys, so that the limiter stores it
+// hashed, as it would theirs.
+func llmAPIKey(key string) string {
+	return "Bearer sk-proj-srlbench" + strings.Repeat("0", 60-len(key)) + key
+}
+
+// llmMedian is the median over the runs of site of f.
+func (r report) llmMedian(site string, f func(llmRun) float64) float64 {
+	var xs []float64
+	for _, run := range r.llm {
+		if run.site == site {
+			xs = append(xs, f(run))
+		}
+	}
+	return median(xs)
+}
+
+func (l llmRun) callsPerSecond() float64 { return float64(l.calls) / l.elapsed.Seconds() }
+
 // llmSection reports the scenario: medians over its runs, per site, and
 // what settle json adds to settle header and to no limiter.
 func (r report) llmSection(p func(string, ...any)) {
 	if len(r.llm) == 0 {
 		return
 	}
-	med := func(site string, f func(llmRun) float64) float64 {
-		var xs []float64
-		for _, run := range r.llm {
-			if run.site == site {
-				xs = append(xs, f(run))
-			}
-		}
-		return median(xs)
-	}
+	med := r.llmMedian
 	ttfb := func(l llmRun) float64 { return float64(l.ttfb50) }
 	p("## LLM streams")
 	p("")
-	p("%d clients, each with one call in flight, POST to a `reverse_proxy` (`flush_interval -1`) of an upstream in", llmClients)
-	p("the bench tool that streams %d server-sent events of a chat completion, each flushed, then one with the", llmEvents)
-	p("usage and `[DONE]`, and the usage in an `X-Usage` trailer. Three sites in turn: no limiter; `cost 100` and")
-	p("`settle header X-Usage`; `cost 100` and `settle json usage.total_tokens`, which reads the usage from the")
-	p("stream as it passes. First event: from sending the call to its first body byte. Medians of %d runs of %s.", len(r.llm)/len(llmSites), r.cfg.duration)
+	p("%d clients, each with one call in flight, POST the same OpenAI chat completions request (%d bytes: `model`,", llmClients, len(llmRequest))
+	p("`messages`, `max_completion_tokens`, `stream: true`, `stream_options: {\"include_usage\": true}`) to `%s`", llmPath)
+	p("through the same `reverse_proxy` (`flush_interval -1`, the AI gateway recipe's `header_up` deletions) of an")
+	p("upstream in the bench tool that streams %d server-sent events of a chat completion, each flushed, then one", llmEvents)
+	p("with the usage and `[DONE]`, and the usage in an `X-Usage` trailer. Four sites in turn: no limiter; `cost 100`")
+	p("and `settle header X-Usage`; `cost 100` and `settle json usage.total_tokens`, which reads the usage from the")
+	p("stream as it passes; the AI gateway recipe (`cost llm` + `settle llm`, below). First event: from sending the")
+	p("call to its first body byte. Medians of %d runs of %s.", len(r.llm)/len(llmSites), r.cfg.duration)
 	p("")
-	p("| | no limiter | settle header | settle json |")
-	p("|---|--:|--:|--:|")
+	p("| | no limiter | settle header | settle json | AI gateway |")
+	p("|---|--:|--:|--:|--:|")
 	row := func(name string, f func(llmRun) float64, format func(float64) string) {
-		p("| %s | %s | %s | %s |", name, format(med("plain", f)), format(med("header", f)), format(med("json", f)))
+		p("| %s | %s | %s | %s | %s |", name, format(med("plain", f)), format(med("header", f)), format(med("json", f)), format(med(gatewaySite, f)))
 	}
 	asMs := func(x float64) string { return ms(time.Duration(x)) }
-	row("calls/s", func(l llmRun) float64 { return float64(l.calls) / l.elapsed.Seconds() }, thousands)
+	row("calls/s", llmRun.callsPerSecond, thousands)
 	row("first event p50", ttfb, asMs)
 	row("first event p99", func(l llmRun) float64 { return float64(l.ttfb99) }, asMs)
 	row("whole answer p50", func(l llmRun) float64 { return float64(l.total50) }, asMs)

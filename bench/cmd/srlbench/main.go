@@ -24,7 +24,12 @@
 //     one of the seed;
 //  7. adds a site whose zone has a wait and keeps its clients' requests in
 //     flight, held for their slots (waits.go);
-//  8. writes the report and stops everything, also on Ctrl-C.
+//  8. adds four sites that proxy streamed LLM answers, the last the AI
+//     gateway recipe (cost llm + settle llm), and loads each in turn
+//     (llm.go, gateway.go);
+//  9. runs the limiter's BenchmarkFallbackObserve: what fail_mode local
+//     keeps per client, and what keeping it costs (failmode.go);
+//  10. writes the report and stops everything, also on Ctrl-C.
 //
 // Paths in flags are relative to bench/, where `make bench` runs it.
 package main
@@ -250,6 +255,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("llm: %w", err)
 	}
+	failMode := measureFailMode(ctx, cfg)
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
@@ -259,7 +265,7 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm, failMode: failMode}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }

@@ -252,6 +252,7 @@ type report struct {
 	waits       []waitsRun
 	naive       naiveResult
 	llm         []llmRun
+	failMode    failModeState
 }
 
 // command is how to reproduce the run.
@@ -440,6 +441,7 @@ func (r report) markdown(chartFile string) string {
 		}
 	}
 	r.naiveTargets(row)
+	r.gatewayTarget(row)
 	var p99s, cpus []string
 	p99ok, cpuOK := true, true
 	for i, res := range r.results {
@@ -471,7 +473,9 @@ func (r report) markdown(chartFile string) string {
 	r.floorSection(p, all)
 	r.waitsSection(p)
 	r.llmSection(p)
+	r.gatewaySection(p)
 	r.memorySection(p)
+	r.failModeSection(p)
 	r.perRunSection(p)
 	r.notesSection(p, all)
 	return b.String()
