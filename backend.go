@@ -75,6 +75,9 @@ type backend struct {
 	// which close waits for; charging is set while one runs.
 	recovering sync.WaitGroup
 	charging   atomic.Bool
+	// settling is the settles queued and not yet answered, which close
+	// waits for.
+	settling sync.WaitGroup
 	// redis and conn are set with Redis: the store (which alone knows its
 	// key layout) and its connection (breaker, reset bus).
 	redis *limiter.RedisStore
@@ -378,13 +381,37 @@ const (
 // cost may undo, as lowered says for each: in this instance's deny cache,
 // and on every instance through an announcement. A failure is logged: the
 // reservations then count until they age out.
+//
+// In Redis, it returns once the settle is queued, before Redis answers:
+// the response is then not held for a round trip (with HTTP/1.1, nor is
+// the next request on its connection), and the client's next decision,
+// queued after it, is still decided after it. What follows the answer runs
+// when it comes; checks and decisions are the settle's (its settlement's)
+// until then, and close waits for it.
 func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
-	if err := b.settleIn(ctx, checks, decisions, lowered, src); err != nil {
-		if redisconn.OutOfMemory(err) {
-			limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
-		}
-		b.settleFailures.record(b.failMode, err)
+	if src == fromStore && b.redis != nil && b.store == limiter.Store(b.redis) {
+		b.settling.Add(1)
+		b.redis.SettleLater(ctx, checks, decisions, func(err error) {
+			defer b.settling.Done()
+			if err == nil {
+				err = b.settled(ctx, checks, decisions, lowered, src)
+			}
+			b.settleFailed(err)
+		})
+		return
 	}
+	b.settleFailed(b.settleIn(ctx, checks, decisions, lowered, src))
+}
+
+// settleFailed counts and logs a settle that failed with err, if it did.
+func (b *backend) settleFailed(err error) {
+	if err == nil {
+		return
+	}
+	if redisconn.OutOfMemory(err) {
+		limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
+	}
+	b.settleFailures.record(b.failMode, err)
 }
 
 // failed counts and logs, throttled, a decision that the store failed: a
@@ -399,6 +426,8 @@ func (b *backend) failed(err error) {
 	b.failures.record(b.failMode, err)
 }
 
+// settleIn settles checks in the store that src says took them, and waits
+// for it.
 func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {
 	var store limiter.Store = b.store
 	if src == fromLocal {
@@ -407,6 +436,12 @@ func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decision
 	if err := store.Settle(ctx, checks, decisions); err != nil {
 		return err
 	}
+	return b.settled(ctx, checks, decisions, lowered, src)
+}
+
+// settled forgets the denials that the settle of checks may undo, as
+// lowered says.
+func (b *backend) settled(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {
 	for i, c := range checks {
 		if lowered[i] == notLowered {
 			continue
@@ -582,6 +617,7 @@ func (b *backend) Subscribed() {
 
 // close releases this use of the pooled parts.
 func (b *backend) close() error {
+	b.settling.Wait()
 	b.recovering.Wait()
 	var first error
 	for i := len(b.releases) - 1; i >= 0; i-- {

@@ -317,6 +317,9 @@ type instance struct {
 	*Handler
 }
 
+// settled waits for the settles the instance queued to be answered.
+func (in *instance) settled() { in.backend.settling.Wait() }
+
 // newInstance provisions a handler from its JSON config.
 func newInstance(t *testing.T, config string) *instance {
 	t.Helper()

@@ -208,10 +208,34 @@ func (b *batcher) close() {
 
 // do queues r and waits for its answer, its deadline or its context.
 func (b *batcher) do(r *request) error {
+	if err := b.watchFor(r); err != nil {
+		return err
+	}
+	return b.await(r, false)
+}
+
+// queueNow puts r on the queue unless it is full, and reports whether it
+// did: a decision queued after it is then decided after it, in its call or
+// a later one. await(r, queued) gives its answer. The error is the
+// batcher's closing.
+func (b *batcher) queueNow(r *request) (queued bool, err error) {
+	if err := b.watchFor(r); err != nil {
+		return false, err
+	}
+	select {
+	case b.queue <- r:
+		return true, nil
+	default:
+		return false, nil
+	}
+}
+
+// watchFor puts r on the watch list, which answers it at its deadline.
+func (b *batcher) watchFor(r *request) error {
 	r.done = make(chan struct{})
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.closed {
-		b.mu.Unlock()
 		return errClosed
 	}
 	b.watch = append(b.watch, r)
@@ -221,20 +245,28 @@ func (b *batcher) do(r *request) error {
 		default:
 		}
 	}
-	b.mu.Unlock()
+	return nil
+}
 
-	select {
-	case b.queue <- r:
+// await queues r, unless it is (queued), and waits for its answer.
+func (b *batcher) await(r *request, queued bool) error {
+	if !queued {
+		select {
+		case b.queue <- r:
+			queued = true
+		case <-r.done:
+		case <-r.ctx.Done():
+			r.abandon(r.ctx.Err())
+			<-r.done
+		}
+	}
+	if queued {
 		select {
 		case <-r.done:
 		case <-r.ctx.Done():
 			r.abandon(r.ctx.Err())
 			<-r.done
 		}
-	case <-r.done:
-	case <-r.ctx.Done():
-		r.abandon(r.ctx.Err())
-		<-r.done
 	}
 	// The watch list holds r until the watcher passes it, up to a timeout
 	// from now. What r refers to of its caller (its context, and with it
@@ -686,7 +718,6 @@ func (b *batcher) firstVia() (via callVia, load bool) {
 	b.loadEverywhere()
 	return viaScript, false
 }
-
 
 // retry reports whether c is to be sent again, and sets how. A server
 // without the library (restarted, flushed, a new cluster master) most

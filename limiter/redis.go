@@ -186,6 +186,43 @@ func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Dec
 	return s.spend(ctx, methodSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
 }
 
+// SettleLater is Settle without the wait for Redis: the settle is queued
+// before it returns, so that a decision asked for after it (the client's
+// next request) is decided after it, in its script call or a later one;
+// done is called once, from a goroutine of its own, with Settle's error,
+// once Redis answered. checks and decisions are the settle's until then.
+// A settle that cannot be queued so (zones in several Redis Cluster slots,
+// a full queue) runs in that goroutine, as Settle does.
+func (s *RedisStore) SettleLater(ctx context.Context, checks []Check, decisions []Decision, done func(error)) {
+	if s.settlesWhole(checks, decisions) {
+		r, _, err := s.request(ctx, methodSettle, nil, checks, decisions, nil, 0)
+		if err == nil {
+			queued, err := s.batch.queueNow(r)
+			if err != nil {
+				go done(err)
+				return
+			}
+			go func() { done(s.batch.await(r, queued)) }()
+			return
+		}
+	}
+	go func() { done(s.Settle(ctx, checks, decisions)) }()
+}
+
+// settlesWhole reports whether a Settle of checks is one request: valid
+// input, each decision recorded, in one slot.
+func (s *RedisStore) settlesWhole(checks []Check, decisions []Decision) bool {
+	if checkInput(checks, decisions) != nil || s.cluster && len(checks) > 1 {
+		return false
+	}
+	for _, d := range decisions {
+		if !d.held.recorded {
+			return false
+		}
+	}
+	return len(checks) > 0
+}
+
 // Extend implements Store: one script call extends the leases, another
 // moves the log zones' reservations, as a Settle of each to what it
 // reserved (holdReservations); the script finds a moved record again by
@@ -251,10 +288,27 @@ func (s *RedisStore) Reset(ctx context.Context, zone, key string) error {
 // as its input and, after it, its output. It ends at ctx's deadline or the
 // store's timeout, whichever is sooner, with one clock read.
 func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) error {
-	if n := len(idx); idx == nil && len(checks) > 255 || n > 255 {
-		return fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
+	r, sub, err := s.request(ctx, m, keys, checks, decisions, idx, wait)
+	if err != nil {
+		return err
 	}
-	r := &request{
+	sent := r.decisions
+	err = s.batch.do(r)
+	if sub && (err == nil || errors.Is(err, ErrLeaseLost)) {
+		for j, i := range idx {
+			decisions[i] = sent[j]
+		}
+	}
+	return err
+}
+
+// request makes do's request; sub says that it holds the checks at idx
+// alone, whose decisions do copies back.
+func (s *RedisStore) request(ctx context.Context, m method, keys []string, checks []Check, decisions []Decision, idx []int, wait time.Duration) (r *request, sub bool, err error) {
+	if n := len(idx); idx == nil && len(checks) > 255 || n > 255 {
+		return nil, false, fmt.Errorf("%d checks in one request, want at most 255", max(n, len(checks)))
+	}
+	r = &request{
 		ctx:    ctx,
 		op:     scriptOps[m],
 		keys:   keys,
@@ -265,7 +319,7 @@ func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []C
 	if keys == nil {
 		r.keys = s.appendKeys(r.key[:0], checks)
 	}
-	sub := idx != nil && len(idx) != len(checks)
+	sub = idx != nil && len(idx) != len(checks)
 	if sub {
 		r.keys, r.checks = make([]string, len(idx)), make([]Check, len(idx))
 		r.decisions = make([]Decision, len(idx))
@@ -297,14 +351,7 @@ func (s *RedisStore) do(ctx context.Context, m method, keys []string, checks []C
 	if s.cluster {
 		r.slot = hashSlot(r.keys[0])
 	}
-	sent := r.decisions
-	err := s.batch.do(r)
-	if sub && (err == nil || errors.Is(err, ErrLeaseLost)) {
-		for j, i := range idx {
-			decisions[i] = sent[j]
-		}
-	}
-	return err
+	return r, sub, nil
 }
 
 // scriptOps are the script's opcodes of the stores' methods.
