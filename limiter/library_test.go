@@ -10,6 +10,16 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
+// libraryStore starts a redis-server of its own (with flags) and a store
+// on it, which has loaded nothing there yet.
+func libraryStore(t *testing.T, flags ...string) (*redis.Client, *RedisStore) {
+	t.Helper()
+	client := redistest.StartWith(t, flags...).Client(t)
+	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 2 * time.Second})
+	t.Cleanup(func() { s.Close() })
+	return client, s
+}
+
 // callCounts returns how many times srv ran each of limit.lua's ways in:
 // FCALL, EVALSHA and EVAL.
 func callCounts(t *testing.T, client *redis.Client) (fcall, evalsha, eval float64) {
@@ -49,10 +59,7 @@ func waitForCalls(t *testing.T, s *RedisStore, client *redis.Client, key string,
 // of a Redis without persistence loses it, SCRIPT FLUSH too) costs no
 // decision, and the store loads it again.
 func TestCallsGoThroughTheLibrary(t *testing.T) {
-	srv := redistest.Start(t)
-	client := srv.Client(t)
-	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 2 * time.Second})
-	defer s.Close()
+	client, s := libraryStore(t)
 	key := testKey(t)
 	waitForCalls(t, s, client, key, 1_000, true)
 
@@ -110,10 +117,7 @@ func TestCallsGoThroughTheLibrary(t *testing.T) {
 // TestScriptsWhereFunctionIsMissing: a Redis without FUNCTION (before 7,
 // or an ACL that refuses it) decides through EVALSHA alone.
 func TestScriptsWhereFunctionIsMissing(t *testing.T) {
-	srv := redistest.StartWith(t, "--rename-command", "FUNCTION", "")
-	client := srv.Client(t)
-	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 2 * time.Second})
-	defer s.Close()
+	client, s := libraryStore(t, "--rename-command", "FUNCTION", "")
 	waitForCalls(t, s, client, testKey(t), 1_000, false)
 	if !s.batch.library.refused.Load() {
 		t.Error("the store did not take note that Redis has no FUNCTION")
@@ -128,10 +132,7 @@ func TestScriptsWhereFunctionIsMissing(t *testing.T) {
 // first write; a batch of denials (no write) is still decided by Redis, and
 // a batch that must record gets the OOM error.
 func TestFullRedisStillDecidesThroughScripts(t *testing.T) {
-	srv := redistest.Start(t)
-	client := srv.Client(t)
-	s := NewRedisStore(client, RedisOptions{KeyPrefix: testPrefix(t), Timeout: 2 * time.Second})
-	defer s.Close()
+	client, s := libraryStore(t)
 	key := testKey(t)
 	waitForCalls(t, s, client, key, 1, true) // the client is at its limit
 	ctx := context.Background()

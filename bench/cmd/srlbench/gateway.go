@@ -88,13 +88,7 @@ func parseZoneCounters(body, zone string) zoneCounters {
 	return c
 }
 
-func (after zoneCounters) sub(before zoneCounters) zoneCounters {
-	d := make(zoneCounters)
-	for k, v := range after {
-		d[k] = v - before[k]
-	}
-	return d
-}
+func (after zoneCounters) sub(before zoneCounters) zoneCounters { return subCounts(after, before) }
 
 // bodyKB is the body bytes of a run's counted calls, request and response,
 // per call, in KB of 1,024 bytes.

@@ -369,8 +369,11 @@ func parseDecisions(body string) decisions {
 	return d
 }
 
-func (after decisions) sub(before decisions) decisions {
-	d := make(decisions)
+func (after decisions) sub(before decisions) decisions { return subCounts(after, before) }
+
+// subCounts returns after's counts less before's, name by name.
+func subCounts[M ~map[string]float64](after, before M) M {
+	d := make(M, len(after))
 	for k, v := range after {
 		d[k] = v - before[k]
 	}
