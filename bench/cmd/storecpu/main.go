@@ -338,6 +338,9 @@ type pipeliner struct {
 	*redis.Client
 	mu      sync.Mutex
 	waiting []*pending
+	// ending is set by the first done: a call that comes after it goes at
+	// once, since the callers that would fill its pipeline have stopped.
+	ending bool
 }
 
 type pending struct {
@@ -355,7 +358,7 @@ func (p *pipeliner) EvalSha(ctx context.Context, sha string, keys []string, args
 	p.mu.Lock()
 	p.waiting = append(p.waiting, w)
 	var batch []*pending
-	if len(p.waiting) == perCall {
+	if len(p.waiting) == perCall || p.ending {
 		batch, p.waiting = p.waiting, nil
 	}
 	p.mu.Unlock()
@@ -366,11 +369,12 @@ func (p *pipeliner) EvalSha(ctx context.Context, sha string, keys []string, args
 	return w.cmd
 }
 
-// done says a caller will send no more: what waits goes out.
+// done says a caller will send no more: what waits goes out, and from now
+// on every call at once.
 func (p *pipeliner) done() {
 	p.mu.Lock()
 	batch := p.waiting
-	p.waiting = nil
+	p.waiting, p.ending = nil, true
 	p.mu.Unlock()
 	if batch != nil {
 		p.send(context.Background(), batch)
