@@ -250,6 +250,12 @@ func TestPriceLoadErrors(t *testing.T) {
 // the key's second part (sk-acme-... is tenant acme).
 func spendAuth(t *testing.T) string {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A connection per check, so that forward_auth waits for its own
+		// dial. With keep-alive, a dial that loses to a connection come
+		// free reads the request's vars while the reverse_proxy after
+		// forward_auth writes them: a race in Caddy, which the race
+		// detector reports under many calls at once.
+		w.Header().Set("Connection", "close")
 		key := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if key == "" {
 			key = r.Header.Get("X-Goog-Api-Key")
