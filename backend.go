@@ -278,7 +278,7 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 		// A caller that went away: nothing failed, and no one waits.
 		return src, err
 	}
-	if redisconn.OutOfMemory(err) {
+	if limiter.OutOfMemory(err) {
 		return b.decideFull(ctx, checks, decisions, err)
 	}
 	b.failed(err)
@@ -389,7 +389,7 @@ const (
 // when it comes; checks and decisions are the settle's (its settlement's)
 // until then, and close waits for it.
 func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
-	if src == fromStore && b.redis != nil && b.store == limiter.Store(b.redis) {
+	if src == fromStore && b.redis != nil {
 		b.settling.Add(1)
 		b.redis.SettleLater(ctx, checks, decisions, func(err error) {
 			defer b.settling.Done()
@@ -408,7 +408,7 @@ func (b *backend) settleFailed(err error) {
 	if err == nil {
 		return
 	}
-	if redisconn.OutOfMemory(err) {
+	if limiter.OutOfMemory(err) {
 		limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
 	}
 	b.settleFailures.record(b.failMode, err)
@@ -418,7 +418,7 @@ func (b *backend) settleFailed(err error) {
 // Redis out of memory apart, since it fails every write until someone
 // frees memory or changes its policy, and the line says so.
 func (b *backend) failed(err error) {
-	if redisconn.OutOfMemory(err) {
+	if limiter.OutOfMemory(err) {
 		b.oom.Inc()
 		b.oomFailures.record(b.failMode, err)
 		return

@@ -41,10 +41,7 @@ func TestJSONTypoRefusedByLoad(t *testing.T) {
 		max_requests 2
 	}
 	respond "ok"`))
-	config := `{"admin": {"listen": "localhost:2999"}, "apps": {"http": {"servers": {"s": {"listen": [":9080"], "routes": [{"handle": [
-		{"handler": "sliding_ratelimit", "window": "1m", "max_request": 5},
-		{"handler": "static_response", "body": "ok"}]}]}}}}}`
-	res := send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("application/json", config))
+	res := loadHandler(t, `{"handler": "sliding_ratelimit", "window": "1m", "max_request": 5}`)
 	if want := `unknown field \"max_request\" (did you mean max_requests?)`; res.status != http.StatusBadRequest || !strings.Contains(res.body, want) {
 		t.Errorf("/load with max_request: %d %s, want 400 with %s", res.status, res.body, want)
 	}

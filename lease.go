@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -325,7 +324,7 @@ func (k *leaseKeeper) extendOnce(batch []*runningLease) {
 		}
 		return
 	}
-	if redisconn.OutOfMemory(err) {
+	if limiter.OutOfMemory(err) {
 		limiterMetrics.storeErrors.WithLabelValues(reasonOOM).Inc()
 	}
 	k.mu.Lock()

@@ -136,14 +136,21 @@ func TestWindowOutsideTheEngineRefusedByLoad(t *testing.T) {
 	respond "ok"`))
 	client := from("127.0.0.2")
 	expect(t, "before the refused load", site, []int{200}, client)
-	config := `{"admin": {"listen": "localhost:2999"}, "apps": {"http": {"servers": {"s": {"listen": [":9080"], "routes": [{"handle": [
-		{"handler": "sliding_ratelimit", "window": 60, "max_requests": 5},
-		{"handler": "static_response", "body": "ok"}]}]}}}}}`
-	res := send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("application/json", config))
+	res := loadHandler(t, `{"handler": "sliding_ratelimit", "window": 60, "max_requests": 5}`)
 	if want := `\"window\": 60 is 60ns; for seconds write \"60s\"`; res.status != http.StatusBadRequest || !strings.Contains(res.body, want) {
 		t.Errorf("/load of a window of 60ns: %d %s, want 400 with %s", res.status, res.body, want)
 	}
 	expect(t, "after the refused load: the running limit", site, []int{200, 429}, client)
+}
+
+// loadHandler posts to the running Caddy's /load a config whose one site on
+// :9080 runs handler, then answers "ok", and returns the answer.
+func loadHandler(t *testing.T, handler string) answer {
+	t.Helper()
+	config := `{"admin": {"listen": "localhost:2999"}, "apps": {"http": {"servers": {"s": {"listen": [":9080"], "routes": [{"handle": [
+		` + handler + `,
+		{"handler": "static_response", "body": "ok"}]}]}}}}}`
+	return send(t, adminURL+"/load", withMethod(http.MethodPost), withBody("application/json", config))
 }
 
 // TestInputErrorsDoNotOpenTheSharedBreaker: a request whose own figures the

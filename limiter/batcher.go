@@ -731,7 +731,7 @@ func (b *batcher) retry(c *slotCall) bool {
 	case c.via == viaFunction && noFunction(err):
 		c.via = viaSource
 		b.library.loaded.Store(false)
-	case c.via == viaFunction && outOfMemory(err):
+	case c.via == viaFunction && OutOfMemory(err):
 		c.via = viaScript
 		b.library.loaded.Store(false)
 	case c.via == viaScript && noScript(err):

@@ -62,18 +62,11 @@ type processor interface {
 // there found it missing), replacing one of the same name (the same code).
 func loadLibrary(ctx context.Context, client processor) error {
 	if c, ok := client.(*redis.ClusterClient); ok {
-		return c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.FunctionLoadReplace(ctx, librarySource).Err()
-		})
+		return c.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return loadLibrary(ctx, c) })
 	}
-	cmd := libraryLoad(ctx)
+	cmd := redis.NewCmd(ctx, "function", "load", "replace", librarySource)
 	_ = client.Process(ctx, cmd)
 	return cmd.Err()
-}
-
-// libraryLoad returns the command that loads the library.
-func libraryLoad(ctx context.Context) *redis.Cmd {
-	return redis.NewCmd(ctx, "function", "load", "replace", librarySource)
 }
 
 // noFunction reports an error that says Redis lacks the library: it was
@@ -141,7 +134,10 @@ func (l *library) took(err error) {
 	}
 }
 
-// outOfMemory reports Redis's refusal of a write for lack of memory.
-func outOfMemory(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "OOM ")
+// OutOfMemory reports whether err is Redis refusing a command for lack of
+// memory: maxmemory reached with maxmemory-policy noeviction (or nothing
+// left to evict).
+func OutOfMemory(err error) bool {
+	var reply redis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "OOM ")
 }

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
@@ -302,7 +300,7 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, ch
 	}()
 	err := next(ctx, checks, decisions)
 	switch {
-	case err == nil, errors.Is(err, limiter.ErrLeaseLost), OutOfMemory(err):
+	case err == nil, errors.Is(err, limiter.ErrLeaseLost), limiter.OutOfMemory(err):
 		// Redis answered.
 		b.transition(e, BreakerClosed)
 	case countsAsFailure(ctx, err):
@@ -321,19 +319,11 @@ func (b *Breaker) probe(ctx context.Context, e *breakerEpoch, next storeCall, ch
 // its CPUs (limiter.ErrHostBusy): counted, a connection storm would open the
 // breaker and fail open the requests that Redis would have decided.
 func countsAsFailure(ctx context.Context, err error) bool {
-	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) || OutOfMemory(err) ||
+	if errors.Is(err, limiter.ErrLeaseLost) || errors.Is(err, limiter.ErrInvalidCheck) || limiter.OutOfMemory(err) ||
 		errors.Is(err, limiter.ErrHostBusy) {
 		return false
 	}
 	return ctx.Err() != context.Canceled || !errors.Is(err, context.Canceled)
-}
-
-// OutOfMemory reports whether err is Redis refusing a command for lack of
-// memory: maxmemory reached with maxmemory-policy noeviction (or nothing
-// left to evict).
-func OutOfMemory(err error) bool {
-	var reply redis.Error
-	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "OOM ")
 }
 
 // IsDialError reports whether err is a failure to connect: refused, no

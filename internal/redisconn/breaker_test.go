@@ -1111,7 +1111,7 @@ func TestBreakerOutOfMemoryIsNoFailure(t *testing.T) {
 	check := []limiter.Check{{Zone: "z", Key: "client", Limit: limiter.Limit{Window: time.Minute, Max: 10}}}
 	for i := range 5 {
 		err := g.Allow(ctx, check, make([]limiter.Decision, 1))
-		if !OutOfMemory(err) {
+		if !limiter.OutOfMemory(err) {
 			t.Fatalf("Allow %d on a full Redis: %v, want an OOM error", i, err)
 		}
 	}
@@ -1120,7 +1120,7 @@ func TestBreakerOutOfMemoryIsNoFailure(t *testing.T) {
 	// A probe that meets a full Redis closes the breaker: Redis answered.
 	b.transition(b.epoch.Load(), BreakerOpen)
 	clock.Advance(time.Minute)
-	if err := g.Allow(ctx, check, make([]limiter.Decision, 1)); !OutOfMemory(err) {
+	if err := g.Allow(ctx, check, make([]limiter.Decision, 1)); !limiter.OutOfMemory(err) {
 		t.Fatalf("probe on a full Redis: %v, want an OOM error", err)
 	}
 	wantState(t, b, BreakerClosed)

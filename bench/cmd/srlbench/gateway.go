@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strconv"
 	"strings"
 )
 
@@ -58,21 +57,9 @@ func readZoneCounters(ctx context.Context, admin, zone string) (zoneCounters, er
 // series whose zone label is zone.
 func parseZoneCounters(body, zone string) zoneCounters {
 	c := make(zoneCounters)
-	for _, line := range strings.Split(body, "\n") {
-		name, rest, _ := strings.Cut(line, "{")
-		labelText, value, _ := strings.Cut(rest, "} ")
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
-		labels := map[string]string{}
-		for _, l := range strings.Split(labelText, ",") {
-			if k, lv, ok := strings.Cut(l, "="); ok {
-				labels[k] = strings.Trim(lv, `"`)
-			}
-		}
+	forEachSample(body, func(name string, labels map[string]string, v float64) {
 		if labels["zone"] != zone {
-			continue
+			return
 		}
 		switch strings.TrimPrefix(name, "caddy_sliding_ratelimit_") {
 		case "decisions_total":
@@ -84,7 +71,7 @@ func parseZoneCounters(body, zone string) zoneCounters {
 		case "body_refusals_total":
 			c["body_refusals"] += v
 		}
-	}
+	})
 	return c
 }
 

@@ -348,25 +348,37 @@ func readDecisions(ctx context.Context, admin string) (decisions, error) {
 // parseDecisions reads the Prometheus text format of /metrics.
 func parseDecisions(body string) decisions {
 	d := make(decisions)
-	for _, line := range strings.Split(body, "\n") {
-		name, rest, _ := strings.Cut(line, "{")
-		labels, value, _ := strings.Cut(rest, "} ")
-		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			continue
-		}
+	forEachSample(body, func(name string, labels map[string]string, v float64) {
 		switch name {
 		case "caddy_sliding_ratelimit_decisions_total":
-			for _, l := range strings.Split(labels, ",") {
-				if r, ok := strings.CutPrefix(l, "result="); ok {
-					d[strings.Trim(r, `"`)] += v
-				}
+			if r, ok := labels["result"]; ok {
+				d[r] += v
 			}
 		case "caddy_sliding_ratelimit_deny_cache_hits_total":
 			d["deny_cache_hits"] += v
 		}
-	}
+	})
 	return d
+}
+
+// forEachSample calls f with each sample of a /metrics body in the
+// Prometheus text format that has labels: its name, labels and value.
+func forEachSample(body string, f func(name string, labels map[string]string, v float64)) {
+	for _, line := range strings.Split(body, "\n") {
+		name, rest, _ := strings.Cut(line, "{")
+		labelText, value, _ := strings.Cut(rest, "} ")
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			continue
+		}
+		labels := map[string]string{}
+		for _, l := range strings.Split(labelText, ",") {
+			if k, lv, ok := strings.Cut(l, "="); ok {
+				labels[k] = strings.Trim(lv, `"`)
+			}
+		}
+		f(name, labels, v)
+	}
 }
 
 func (after decisions) sub(before decisions) decisions { return subCounts(after, before) }
