@@ -387,7 +387,9 @@ const (
 // the next request on its connection), and the client's next decision,
 // queued after it, is still decided after it. What follows the answer runs
 // when it comes; checks and decisions are the settle's (its settlement's)
-// until then, and close waits for it.
+// until then, and close waits for it. A settle that charges more than was
+// reserved is answered before it returns (limiter.RedisStore.SettleLater),
+// so that the client's next request, through any instance, counts it.
 func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
 	if src == fromStore && b.redis != nil {
 		b.settling.Add(1)

@@ -183,8 +183,11 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 // which filled decisions recorded, even when others were recorded after
 // them.
 func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Decision) error {
-	return s.spend(ctx, methodSettle, checks, decisions, func(d Decision) bool { return d.held.recorded })
+	return s.spend(ctx, methodSettle, checks, decisions, recorded)
 }
+
+// recorded reports whether d recorded an admission, which a settle changes.
+func recorded(d Decision) bool { return d.held.recorded }
 
 // SettleLater is Settle without the wait for Redis: the settle is queued
 // before it returns, so that a decision asked for after it (the client's
@@ -193,8 +196,19 @@ func (s *RedisStore) Settle(ctx context.Context, checks []Check, decisions []Dec
 // once Redis answered. checks and decisions are the settle's until then.
 // A settle that cannot be queued so (zones in several Redis Cluster slots,
 // a full queue) runs in that goroutine, as Settle does.
+//
+// A settle that charges any zone more than it reserved is the exception:
+// SettleLater returns only once Redis answered it (done is called first,
+// in the caller's goroutine). Queued, it would let the client's next
+// request through another process, whose call can reach Redis before
+// this one's, with the extra units not yet counted; a settle that gives
+// units back only keeps a client waiting a round trip longer.
 func (s *RedisStore) SettleLater(ctx context.Context, checks []Check, decisions []Decision, done func(error)) {
-	if s.settlesWhole(checks, decisions) {
+	if chargesMore(checks, decisions) {
+		done(s.Settle(ctx, checks, decisions))
+		return
+	}
+	if _, whole := s.holding(decisions, recorded); whole && checkInput(checks, decisions) == nil {
 		r, _, err := s.request(ctx, methodSettle, nil, checks, decisions, nil, 0)
 		if err == nil {
 			queued, err := s.batch.queueNow(r)
@@ -209,18 +223,27 @@ func (s *RedisStore) SettleLater(ctx context.Context, checks []Check, decisions 
 	go func() { done(s.Settle(ctx, checks, decisions)) }()
 }
 
-// settlesWhole reports whether a Settle of checks is one request: valid
-// input, each decision recorded, in one slot.
-func (s *RedisStore) settlesWhole(checks []Check, decisions []Decision) bool {
-	if checkInput(checks, decisions) != nil || s.cluster && len(checks) > 1 {
-		return false
-	}
-	for _, d := range decisions {
-		if !d.held.recorded {
-			return false
+// chargesMore reports whether a settle of checks records more units in a
+// zone than its admission reserved.
+func chargesMore(checks []Check, decisions []Decision) bool {
+	for i, d := range decisions {
+		if d.held.recorded && i < len(checks) && checks[i].Cost > d.held.units {
+			return true
 		}
 	}
-	return len(checks) > 0
+	return false
+}
+
+// holding counts the decisions that hold something for holds (a settle,
+// an extend), and reports whether a call of them is one request: each
+// holds, and they share a slot.
+func (s *RedisStore) holding(decisions []Decision, holds func(Decision) bool) (held int, whole bool) {
+	for _, d := range decisions {
+		if holds(d) {
+			held++
+		}
+	}
+	return held, held > 0 && held == len(decisions) && (!s.cluster || held == 1)
 }
 
 // Extend implements Store: one script call extends the leases, another
@@ -245,16 +268,11 @@ func (s *RedisStore) spend(ctx context.Context, m method, checks []Check, decisi
 	if err := checkInput(checks, decisions); err != nil {
 		return err
 	}
-	held := 0
-	for _, d := range decisions {
-		if holds(d) {
-			held++
-		}
-	}
+	held, whole := s.holding(decisions, holds)
 	if held == 0 {
 		return nil
 	}
-	if held == len(checks) && (!s.cluster || held == 1) {
+	if whole {
 		return s.do(ctx, m, nil, checks, decisions, nil, 0)
 	}
 	idx := make([]int, 0, held)
