@@ -1004,35 +1004,51 @@ func TestReservationHoldsPastWindow(t *testing.T) {
 	}
 }
 
-// TestSettleHoldsNoResponse: a settle is queued before the handler returns
-// and answered after it: a Redis that answers it two seconds late holds
-// neither the response nor (with HTTP/1.1) the connection's next request,
-// and the client's next decision, queued after the settle, sees it.
+// TestSettleHoldsNoResponse: a settle that gives units back is queued
+// before the handler returns and answered after it: a Redis reached two
+// seconds late holds neither the response nor (with HTTP/1.1) the
+// connection's next request, and the client's next decision, queued after
+// the settle, sees it. A settle that charges more than was reserved is
+// answered before the response ends, so that the client's next request,
+// through another instance whose Redis is reached at once, counts it.
 func TestSettleHoldsNoResponse(t *testing.T) {
-	_, proxy := faultRedis(t)
-	in := newInstance(t, `{"window": "1m", "max_requests": 100, "settle": {"header": "X-Usage"}, "redis": "redis://`+proxy.Addr()+`", "timeout": "5s"}`)
+	srv, proxy := faultRedis(t)
+	prefix := uniquePrefix(t)
+	config := `{"window": "1m", "max_requests": 100, "cost": "30", "settle": {"header": "X-Usage"}, "key_prefix": "` + prefix + `", "timeout": "5s", "redis": `
+	in := newInstance(t, config+`"redis://`+proxy.Addr()+`"}`)
+	direct := newInstance(t, config+`"`+srv.URL()+`"}`)
 	var late atomic.Bool
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		if late.CompareAndSwap(false, true) {
-			// The decision is made; what Redis says next comes late.
-			proxy.Latency(t, redistest.Downstream, 2*time.Second, 0)
-		}
-		w.Header().Set("X-Usage", "60")
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
+	usage := func(units string) caddyhttp.Handler {
+		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			if late.CompareAndSwap(false, true) {
+				// The decision is made; what is sent to Redis next
+				// reaches it 2s late.
+				proxy.Latency(t, redistest.Upstream, 2*time.Second, 0)
+			}
+			w.Header().Set("X-Usage", units)
+			w.WriteHeader(http.StatusOK)
+			return nil
+		})
+	}
 	start := time.Now()
-	if res := send(t, "/", to(in), from("192.0.2.7"), withNext(next)); res.status != http.StatusOK {
+	if res := send(t, "/", to(in), from("192.0.2.7"), withNext(usage("20"))); res.status != http.StatusOK {
 		t.Fatalf("status %d, want 200", res.status)
 	}
 	if took := time.Since(start); took > time.Second {
-		t.Errorf("the response took %v: it waited for its settle, which Redis answers 2s late", took)
+		t.Errorf("the response took %v: it waited for its settle, which reaches Redis 2s late", took)
 	}
-	// The next decision goes after the settle: 60 of 100 spent, so a
-	// request that reserves 1 sees 39 left.
-	res := send(t, "/", to(in), from("192.0.2.7"), withNext(next))
-	if got := res.header.Get("RateLimit"); !strings.Contains(got, ";r=39;") {
-		t.Errorf("the decision after the settle: RateLimit %q, want r=39", got)
+	// The next decision goes after the settle: 20 of 100 spent, so a
+	// request that reserves 30 sees 50 left (40 had it missed the settle).
+	res := send(t, "/", to(in), from("192.0.2.7"), withNext(usage("45")))
+	if got := res.header.Get("RateLimit"); !strings.Contains(got, ";r=50;") {
+		t.Errorf("the decision after the settle: RateLimit %q, want r=50", got)
+	}
+	// 20 + 45 spent: through the other instance, a request that reserves
+	// 30 sees 5 left (20, had the response not waited for the settle of
+	// 45, which reaches Redis 2s late).
+	if got := send(t, "/", to(direct), from("192.0.2.7"), withNext(usage("0"))).header.Get("RateLimit"); !strings.Contains(got, ";r=5;") {
+		t.Errorf("through another instance after the settle of 45: RateLimit %q, want r=5", got)
 	}
 	in.settled()
+	direct.settled()
 }
