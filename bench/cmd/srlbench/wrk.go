@@ -47,7 +47,7 @@ type scenario struct {
 // of 10s is ~150 requests per key per minute, far below max_requests 1000.
 var scenarios = []scenario{
 	{
-		name: "many clients", slug: "many", target: 0.75,
+		name: "many clients", slug: "many", target: math.NaN(), // held to the floor script (goals.go)
 		about:  "10,000 distinct keys in turn, all under the limit",
 		keyLua: `n = n + 1; local key = "mc-" .. (n % 10000)`,
 	},
@@ -58,7 +58,7 @@ var scenarios = []scenario{
 		prime:  []string{"bot"},
 	},
 	{
-		name: "mixed", slug: "mixed", target: 0.80,
+		name: "mixed", slug: "mixed", target: math.NaN(),
 		about: "90% of requests from 10,000 good clients, 10% from 10 bots, each pushed to its limit before every limited run, so bots are denied except while admissions from a minute earlier age out",
 		keyLua: `n = n + 1; local key
 	if n % 10 == 0 then b = b + 1; key = "mxbot-" .. (b % 10) else g = g + 1; key = "mx-" .. (g % 10000) end`,
