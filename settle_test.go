@@ -292,7 +292,10 @@ func unitsHeld(t *testing.T, in *instance, zone, key string) int64 {
 // TestSettleInProcess: without Redis, the in-process store settles as Redis
 // does: a client is charged its usage and denied once its budget is spent.
 func TestSettleInProcess(t *testing.T) {
-	in := newInstance(t, `{"window": "1m", "max_requests": 20, "settle": {"header": "X-Usage"}}`)
+	// A zone of its own: the in-process store outlives the handler, as it
+	// outlives a reload, so a run with -count above 1 finds the last one's.
+	zone := uniqueZone("inprocess")
+	in := newInstance(t, `{"zones": [{"name": "`+zone+`", "window": "1m", "max_requests": 20, "settle": {"header": "X-Usage"}}]}`)
 	usage := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("X-Usage", "8")
 		w.WriteHeader(http.StatusOK)
@@ -303,7 +306,7 @@ func TestSettleInProcess(t *testing.T) {
 			t.Errorf("request %d: %d, want %d", i+1, got, want)
 		}
 	}
-	if held := unitsHeld(t, in, "default", "192.0.2.80"); held != 24 {
+	if held := unitsHeld(t, in, zone, "192.0.2.80"); held != 24 {
 		t.Errorf("%d units held, want 24", held)
 	}
 }
