@@ -19,8 +19,20 @@ const maxType = 32
 // top-level "type". Anything that is not JSON stops it until reset. The
 // documents are the values of a sequence (NDJSON, or JSON values one after
 // another) and the elements of a top-level array.
+//
+// An object or array inside a document that no path of paths can lead
+// into (an array, or an object whose keys from the document's top are no
+// path's first names) is skipped: read by its strings and brackets alone,
+// several times faster than token by token, since it decides nothing (the
+// choices of a chat completion chunk are most of its bytes). What it holds
+// is checked as far as that reading goes (bytes that are not JSON's, a
+// string's bytes and escapes, brackets that match, the depth), not its
+// grammar (a missing comma).
 type jsonScanner struct {
-	state  uint8
+	state uint8
+	// paths are where the numbers wanted are, from the top of a document.
+	paths  [][]string
+	skip   skipState
 	frames []jsonFrame
 	// base is 1 inside a top-level array (its elements are the
 	// documents), else 0: the frames of a document are frames[base:].
@@ -63,6 +75,7 @@ const (
 	jsEscape
 	jsNumber
 	jsLiteral
+	jsSkip // in a skipped object or array
 	jsBroken
 )
 
@@ -183,6 +196,10 @@ func (s *jsonScanner) step(c byte) int {
 		// then steps c again.
 		s.state = jsAfter
 		return scanNumber
+	case jsSkip:
+		if s.skipBytes([]byte{c}) == 1 && s.state == jsAfter {
+			return s.done()
+		}
 	case jsLiteral:
 		if c != s.literal[0] {
 			s.state = jsBroken
@@ -231,6 +248,10 @@ func (s *jsonScanner) value(c byte) int {
 			s.state = jsBroken
 			return scanNothing
 		}
+		if len(s.frames) > s.base && !s.leadsToPath() {
+			s.state, s.skip = jsSkip, skipState{depth: 1, arrays: boolBit(c == '[')}
+			return scanNothing
+		}
 		if len(s.frames) == 0 && c == '[' {
 			s.base = 1
 		}
@@ -273,6 +294,26 @@ func (s *jsonScanner) atKey(name string) bool {
 	}
 	f := &s.frames[len(s.frames)-1]
 	return f.object && !f.odd && string(f.key[:f.keyLen]) == name
+}
+
+// leadsToPath reports whether a container that begins now can hold a path's
+// number: the objects it is in, from the document's top, have the first
+// names of a longer path as keys.
+func (s *jsonScanner) leadsToPath() bool {
+	frames := s.frames[s.base:]
+	for _, path := range s.paths {
+		if len(path) <= len(frames) {
+			continue
+		}
+		i := 0
+		for i < len(frames) && frames[i].object && !frames[i].odd && string(frames[i].key[:frames[i].keyLen]) == path[i] {
+			i++
+		}
+		if i == len(frames) {
+			return true
+		}
+	}
+	return false
 }
 
 // after reads what follows a value in a container.

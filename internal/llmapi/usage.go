@@ -1,6 +1,7 @@
 package llmapi
 
 import (
+	"bytes"
 	"strings"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
@@ -135,6 +136,7 @@ func NewPathReader(paths [][]string, contentType, contentEncoding string) *PathR
 	for i, p := range paths {
 		spec.kinds[i] = sum
 		spec.places = append(spec.places, usagePlace{path: p, slot: i})
+		spec.paths = append(spec.paths, p)
 	}
 	pr := &PathReader{}
 	pr.r.init(spec, contentType, contentEncoding)
@@ -179,6 +181,8 @@ type usageSpec struct {
 	// input_tokens are one).
 	kinds    []kind
 	perField bool
+	// paths are the places' paths, which the scanner reads its way to.
+	paths [][]string
 }
 
 // usagePlace is a path, from the top of a document, where a number is a
@@ -241,6 +245,7 @@ func (s *usageSpec) add(p usagePlace) {
 		}
 	}
 	s.places = append(s.places, p)
+	s.paths = append(s.paths, p.path)
 }
 
 // slotValue is a number found at a slot's place.
@@ -288,6 +293,7 @@ func (r *reader) init(spec *usageSpec, contentType, contentEncoding string) {
 	if mt, _, _ := strings.Cut(contentType, ";"); strings.EqualFold(strings.TrimSpace(mt), "application/vnd.amazon.eventstream") {
 		r.mode = modeFrames
 	}
+	r.scan.paths = spec.paths
 	r.scan.reset()
 }
 
@@ -344,9 +350,12 @@ func (r *reader) events(b []byte) {
 	for i := 0; i < len(b); i++ {
 		if r.sse.state == sseValue {
 			// The rest of a data line, at once.
-			j := i
-			for j < len(b) && b[j] != '\n' && b[j] != '\r' {
-				j++
+			j := len(b)
+			if k := bytes.IndexByte(b[i:], '\n'); k >= 0 {
+				j = i + k
+			}
+			if k := bytes.IndexByte(b[i:j], '\r'); k >= 0 {
+				j = i + k
 			}
 			r.feed(b[i:j])
 			if i = j; i == len(b) {
@@ -383,12 +392,21 @@ func (r *reader) restart() {
 }
 
 // feed reads bytes of a document sequence, skipping at once what a string
-// holds and everything after the scanner stopped.
+// or a skipped value holds and everything after the scanner stopped.
 func (r *reader) feed(b []byte) {
 	s := &r.scan
 	for i := 0; i < len(b); i++ {
 		switch {
 		case s.state == jsBroken:
+			return
+		case s.state == jsSkip:
+			j := i + s.skipBytes(b[i:])
+			if s.state == jsAfter && s.done() == scanDocument {
+				r.commit()
+			}
+			if i = j - 1; s.state != jsBroken {
+				continue
+			}
 			return
 		case s.state == jsString:
 			j := i

@@ -41,6 +41,23 @@ func TestUsageReader(t *testing.T) {
 				"data: {\"choices\": [], " + chatUsage + "}\n\n" +
 				"data: {\"choices\": [{\"delta\": {\"usage\": {\"prompt_tokens\": 0, \"total_tokens\": 0}}}], \"usage\": null}\n\n" +
 				"data: [DONE]\n\n", chat, ""},
+		{"chat: a skipped value's strings and brackets are read", OpenAIChat, jsonCT,
+			`{"choices": [{"delta": {"content": "]}\\\"]} \u00e9\n"}, "x": [[], {}, true, null, -1.5e3]}], ` + chatUsage + `}`, chat, ""},
+		{"chat: a skipped value may lack a comma", OpenAIChat, jsonCT, `{"choices": [1 2], ` + chatUsage + `}`, chat, ""},
+		{"chat: a skipped value with a byte not JSON's stops its document", OpenAIChat, jsonCT,
+			`{"choices": [{"delta": {}} @], ` + chatUsage + `}`, Usage{}, strictnum.Missing},
+		{"chat: a skipped value's brackets must match", OpenAIChat, jsonCT,
+			`{"choices": [{"delta": 1]], ` + chatUsage + `}`, Usage{}, strictnum.Missing},
+		{"chat: a skipped value's control character", OpenAIChat, jsonCT,
+			"{\"choices\": [\"a\x01\"], " + chatUsage + "}", Usage{}, strictnum.Missing},
+		{"chat: a skipped value's bad escape", OpenAIChat, jsonCT,
+			`{"choices": ["\x"], ` + chatUsage + `}`, Usage{}, strictnum.Missing},
+		{"chat: a skipped value's bad \\u escape", OpenAIChat, jsonCT,
+			`{"choices": ["\u12g4"], ` + chatUsage + `}`, Usage{}, strictnum.Missing},
+		{"chat: a skipped value nested too deep", OpenAIChat, jsonCT,
+			`{"choices": ` + strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth) + `, ` + chatUsage + `}`, Usage{}, strictnum.Missing},
+		{"chat: a skipped value nested as deep as allowed", OpenAIChat, jsonCT,
+			`{"choices": ` + strings.Repeat("[", MaxDepth-1) + strings.Repeat("]", MaxDepth-1) + `, ` + chatUsage + `}`, chat, ""},
 		{"chat: events typed as JSON", OpenAIChat, jsonCT,
 			"data: {\"choices\": [], " + chatUsage + "}\n\ndata: [DONE]\n\n", chat, ""},
 		{"chat: events without a type", OpenAIChat, "",
@@ -212,10 +229,11 @@ func TestUsageReaderKeepsLittle(t *testing.T) {
 	events := strings.Repeat("data: {\"choices\": [{\"delta\": {\"content\": \"hello\"}}]}\n\n", 10000) + "data: {\"usage\": {\"total_tokens\": 5}}\n\n"
 	for _, c := range []struct{ contentType, body string }{{jsonCT, doc}, {sse, events}} {
 		var u *UsageReader
+		body := []byte(c.body) // converted once: the reader's allocations are counted, not the test's
 		allocs := testing.AllocsPerRun(3, func() {
 			u = NewUsageReader(OpenAIChat, c.contentType, "")
-			for i := 0; i < len(c.body); i += 4096 {
-				u.Write([]byte(c.body[i:min(i+4096, len(c.body))]))
+			for i := 0; i < len(body); i += 4096 {
+				u.Write(body[i:min(i+4096, len(body))])
 			}
 		})
 		if got, why := u.Usage(); got.Total() != 5 || why != "" {
