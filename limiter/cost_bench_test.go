@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -85,8 +86,11 @@ func (m cpuMode) String() string { return [...]string{"store", "batch32", "funct
 // SET per key, batched alike) is measured too, on the same keys, as the
 // reference that a loaded machine shifts along with the rest. The units
 // scenario (units/settle: each request allowed, then settled to its real
-// cost; units/allow: the same allows alone, its reference) counts a request
-// as one decision. It reports
+// cost; units/allow: the same allows alone, its reference; units/peek: each
+// allow followed by a peek of its zone, the least a second request that
+// reads the ring costs; units/empty: each followed by a request the script
+// answers without touching the ring, the least a request of its own costs)
+// counts a request as one decision. It reports
 // INFO cpu's delta and INFO commandstats' script time per decision; it
 // asserts nothing about them.
 //
@@ -107,14 +111,35 @@ func BenchmarkRedisCPUPerDecision(b *testing.B) {
 			})
 		}
 	}
-	for _, settle := range []bool{true, false} {
-		b.Run(map[bool]string{true: "units/settle", false: "units/allow"}[settle], func(b *testing.B) {
+	for _, then := range []unitsThen{thenSettle, thenNothing, thenPeek, thenEmpty} {
+		b.Run("units/"+then.String(), func(b *testing.B) {
 			for b.Loop() {
-				redisCPUPerUnits(b, settle)
+				redisCPUPerUnits(b, then)
 			}
 		})
 	}
 }
+
+// unitsThen is what the units scenario of BenchmarkRedisCPUPerDecision
+// sends after each request's allow.
+type unitsThen int
+
+const (
+	// thenSettle: the settle of the request's real cost.
+	thenSettle unitsThen = iota
+	// thenNothing: the allows alone, the reference.
+	thenNothing
+	// thenPeek: a peek of the same zone, a second request of the batch that
+	// reads the ring and writes nothing: what a settle that reads the ring
+	// costs at least.
+	thenPeek
+	// thenEmpty: an extend of the log zone, a second request of the batch
+	// that the script reads and answers but that neither reads nor writes
+	// the ring: what a request of its own costs at least.
+	thenEmpty
+)
+
+func (t unitsThen) String() string { return [...]string{"settle", "allow", "peek", "empty"}[t] }
 
 func redisCPUPerDecision(b *testing.B, max, clients, rounds int, mode cpuMode) {
 	const (
@@ -312,7 +337,7 @@ func reportRedisCPU(b *testing.B, client *redis.Client, cpuBefore map[string]flo
 // with 36 admissions over the last 70 s, the oldest 3 aged out (as a client
 // of that scenario holds after a few runs). A decision here is a request:
 // its allow and its settle.
-func redisCPUPerUnits(b *testing.B, settle bool) {
+func redisCPUPerUnits(b *testing.B, then unitsThen) {
 	const (
 		window  = time.Minute
 		clients = 10_000
@@ -369,11 +394,19 @@ func redisCPUPerUnits(b *testing.B, settle bool) {
 				if !ds[0].Allowed {
 					denied.Add(1)
 				}
-				if !settle {
-					continue
+				var err error
+				switch then {
+				case thenSettle:
+					checks[0].Cost = 1 + n%50
+					err = s.Settle(ctx, checks, ds)
+				case thenPeek:
+					err = s.Peek(ctx, checks, ds)
+				case thenEmpty: // a log zone's extend is done in Go: sent as is, the script only answers it
+					if err = s.do(ctx, methodExtend, nil, checks, ds, nil, 0); errors.Is(err, ErrLeaseLost) {
+						err = nil
+					}
 				}
-				checks[0].Cost = 1 + n%50
-				if err := s.Settle(ctx, checks, ds); err != nil {
+				if err != nil {
 					b.Error(err)
 					return
 				}
@@ -384,7 +417,7 @@ func redisCPUPerUnits(b *testing.B, settle bool) {
 	if denied.Load() != 0 {
 		b.Errorf("%d of %d requests denied under a budget they never reach", denied.Load(), decisions)
 	}
-	what := map[bool]string{true: "allow then settle", false: "allow alone"}[settle]
+	what := [...]string{"allow then settle", "allow alone", "allow then peek", "allow then an empty request"}[then]
 	reportRedisCPU(b, client, cpuBefore, decisions, time.Since(start), fmt.Sprintf("units, %s, %d clients", what, clients))
 }
 
