@@ -355,3 +355,12 @@ func (r report) llmSection(p func(string, ...any)) {
 		(med("json", ttfb)-med("header", ttfb))/1e6, med("json", llmRun.caddyUsecPerCall)-med("header", llmRun.caddyUsecPerCall))
 	p("")
 }
+
+// llmCPUs is each site's median Caddy CPU per call, for -only llm.
+func (r report) llmCPUs() string {
+	var parts []string
+	for _, site := range llmSites {
+		parts = append(parts, fmt.Sprintf("%s %.1f (%.0f calls/s)", site, r.llmMedian(site, llmRun.caddyUsecPerCall), r.llmMedian(site, llmRun.callsPerSecond)))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -86,13 +86,13 @@ func main() {
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
 	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited sites, separated by ';' (e.g. 'timeout 50ms')")
 	flag.StringVar(&cfg.seed, "seed", "", "folder of the seed peer (default: ../shared/peers/seed-express relative to -repo; skipped if absent)")
-	only := flag.String("only", "", "run only these scenarios (comma-separated: many, bot, mixed, local, far, units, or memory for the memory phase), print their runs and write no report: for comparing builds")
+	only := flag.String("only", "", "run only these scenarios (comma-separated: many, bot, mixed, local, far, units, memory for the memory phase, llm for the LLM streams and the AI gateway, settlecost for what a settle costs Redis), print their runs and write no report: for comparing builds")
 	flag.Parse()
 	cfg.args = os.Args[1:]
 	if *only != "" {
 		cfg.only = strings.Split(*only, ",")
 		for _, slug := range cfg.only {
-			if slug != memorySlug && !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
+			if slug != memorySlug && slug != llmSlug && slug != settleCostSlug && !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
 				fmt.Fprintf(os.Stderr, "srlbench: -only: no scenario %q\n", slug)
 				os.Exit(2)
 			}
@@ -185,7 +185,21 @@ func run(ctx context.Context, cfg config) error {
 				return err
 			}
 		}
-		return runOnly(ctx, cfg, tmp, site, runSc)
+		if err := runOnly(ctx, cfg, tmp, site, runSc); err != nil {
+			return err
+		}
+		if slices.Contains(cfg.only, settleCostSlug) {
+			measureSettleCost(ctx, cfg)
+		}
+		if slices.Contains(cfg.only, llmSlug) {
+			llm, err := runLLM(ctx, cfg, meter, site.admin, redisURL)
+			if err != nil {
+				return fmt.Errorf("llm: %w", err)
+			}
+			rep := report{cfg: cfg, llm: llm}
+			say("llm medians: AI gateway / no limiter %.3f; Caddy CPU us/call: %s", rep.gatewayStats().ratio, rep.llmCPUs())
+		}
+		return nil
 	}
 	mems, err := measureMemories(ctx, cfg, rc, site)
 	if err != nil {
@@ -256,6 +270,7 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("llm: %w", err)
 	}
 	failMode := measureFailMode(ctx, cfg)
+	settleCost := measureSettleCost(ctx, cfg)
 
 	profileNote := ""
 	if cfg.cpuprofile != "" {
@@ -265,7 +280,7 @@ func run(ctx context.Context, cfg config) error {
 		profileNote = cfg.cpuprofile
 	}
 
-	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm, failMode: failMode}
+	rep := report{cfg: cfg, machine: machine, results: results, mems: mems, profile: profileNote, seedSkip: seedSkip, rtt: rtt, waits: waits, naive: naiveRes, llm: llm, failMode: failMode, settleCost: settleCost}
 	rep.caddyErrors = readCaddyErrors(cdy.logPath)
 	return rep.write()
 }
@@ -327,6 +342,13 @@ const memWorkers = 8
 // memorySlug names the memory phase for -only: it runs alone, first, and
 // prints what each size measured.
 const memorySlug = "memory"
+
+// llmSlug names the LLM streams and the AI gateway for -only, and
+// settleCostSlug the settle-cost phase.
+const (
+	llmSlug        = "llm"
+	settleCostSlug = "settlecost"
+)
 
 // measureMemories runs the memory phase: each size on its own site, in
 // turn, saying what it measured.

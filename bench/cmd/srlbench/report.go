@@ -253,6 +253,7 @@ type report struct {
 	naive       naiveResult
 	llm         []llmRun
 	failMode    failModeState
+	settleCost  settleCostState
 }
 
 // command is how to reproduce the run.
@@ -457,6 +458,7 @@ func (r report) markdown(chartFile string) string {
 
 	r.farSection(p, all)
 	r.floorSection(p, all)
+	r.settleCostSection(p)
 	r.waitsSection(p)
 	r.llmSection(p)
 	r.gatewaySection(p)

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// The settle-cost phase: why the settled (units) path's Redis CPU goal
+// cannot be met by a settle that is a request of its own. The limiter's
+// BenchmarkRedisCPUPerDecision/units runs the units load on the store alone
+// (10,000 clients, 32 callers, each request allowed against a budget it never
+// reaches) and follows each allow with nothing, with a request the script
+// answers without touching the ring, with a peek of the ring, or with the
+// settle: Redis's CPU per request of each, against the allow alone, tells
+// what a second request costs before it does anything.
+const (
+	settleCostBench = "BenchmarkRedisCPUPerDecision"
+	settleCostCount = 5
+)
+
+// settleCostModes are the benchmark's units sub-benchmarks, in the order
+// reported, with what each sends after an allow.
+var settleCostModes = []struct{ name, then string }{
+	{"allow", "nothing (the allow alone)"},
+	{"empty", "a request the script answers without reading or writing the ring"},
+	{"peek", "a peek: a request that reads the ring and writes nothing"},
+	{"settle", "the settle of its real cost (1 to 50 units, reserved 1)"},
+}
+
+// settleCostState is the benchmark's medians over its runs, by mode, or why
+// it was not measured.
+type settleCostState struct {
+	runs        int
+	cpuPerReq   map[string]float64 // Redis CPU µs per request, by mode
+	notMeasured error
+	command     string
+}
+
+// measureSettleCost runs the benchmark in the repository.
+func measureSettleCost(ctx context.Context, cfg config) settleCostState {
+	args := []string{"test", "-run", "^$", "-bench", "^" + settleCostBench + "$/^units$/", "-benchtime", "1x", "-count", strconv.Itoa(settleCostCount), "./limiter"}
+	st := settleCostState{command: "go " + strings.Join(args, " ")}
+	say("settle cost: %s", st.command)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = cfg.repo
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		st.notMeasured = fmt.Errorf("%s: %w: %s", st.command, err, truncate(strings.TrimSpace(tailLines(string(out), 5)), 300))
+		say("settle cost: not measured: %v", st.notMeasured)
+		return st
+	}
+	parsed, err := parseSettleCostBench(string(out))
+	if err != nil {
+		st.notMeasured = err
+		say("settle cost: not measured: %v", err)
+		return st
+	}
+	parsed.command = st.command
+	say("settle cost: Redis CPU us per request %v (medians of %d runs)", parsed.cpuPerReq, parsed.runs)
+	return parsed
+}
+
+// parseSettleCostBench reads the medians of `go test -bench` output lines
+// such as
+//
+//	BenchmarkRedisCPUPerDecision/units/settle-2   1   985551103 ns/op   17.60 cpu-µs/decision   7.977 decisions/call   14.69 script-µs/decision
+//
+// read as words: the test's redis-server logs to the same output, and its
+// lines may fall between a benchmark's name and its figures. Every mode must
+// have a result, and every result a cpu-µs/decision.
+func parseSettleCostBench(out string) (settleCostState, error) {
+	byMode := map[string][]float64{}
+	prefix := settleCostBench + "/units/"
+	mode := "" // the benchmark whose figures come next
+	words := strings.Fields(out)
+	for i, w := range words {
+		switch {
+		case strings.HasPrefix(w, prefix) && (i == 0 || words[i-1] != "BENCH:"): // not the heading of its log
+			if mode != "" {
+				return settleCostState{}, fmt.Errorf("%s: no cpu-µs/decision for units/%s", settleCostBench, mode)
+			}
+			mode, _, _ = strings.Cut(strings.TrimPrefix(w, prefix), "-")
+		case w == "cpu-µs/decision" && mode != "":
+			v, err := strconv.ParseFloat(words[i-1], 64)
+			if err != nil {
+				return settleCostState{}, fmt.Errorf("%s: units/%s: %q is not a number", settleCostBench, mode, words[i-1])
+			}
+			byMode[mode] = append(byMode[mode], v)
+			mode = ""
+		}
+	}
+	if mode != "" {
+		return settleCostState{}, fmt.Errorf("%s: no cpu-µs/decision for units/%s", settleCostBench, mode)
+	}
+	st := settleCostState{cpuPerReq: map[string]float64{}}
+	for _, m := range settleCostModes {
+		xs := byMode[m.name]
+		if len(xs) == 0 {
+			return settleCostState{}, fmt.Errorf("no %s/units/%s result in the output: %s", settleCostBench, m.name, truncate(strings.TrimSpace(tailLines(out, 5)), 300))
+		}
+		st.cpuPerReq[m.name] = median(xs)
+		if st.runs == 0 || len(xs) < st.runs {
+			st.runs = len(xs)
+		}
+	}
+	return st, nil
+}
+
+// settleCostSection reports the phase: each mode's Redis CPU per request,
+// and against the allow alone.
+func (r report) settleCostSection(p func(string, ...any)) {
+	st := r.settleCost
+	if st.runs == 0 && st.notMeasured == nil {
+		return
+	}
+	p("## What a settle costs Redis")
+	p("")
+	p("The units load on the store alone, without Caddy: 10,000 clients, 32 concurrent callers whose requests the")
+	p("store batches, each request allowed (1 unit reserved against a budget it never reaches) and then followed")
+	p("by a second request of the same zone, or by none. Redis CPU (INFO cpu) per request. Run in the repository,")
+	p("after the load, as `%s`.", st.command)
+	p("")
+	if st.notMeasured != nil {
+		p("Not measured: %s", truncate(st.notMeasured.Error(), 400))
+		p("")
+		return
+	}
+	allow := st.cpuPerReq["allow"]
+	p("| each allow followed by | Redis CPU us per request (median of %d runs) | against the allow alone |", st.runs)
+	p("|---|--:|--:|")
+	for _, m := range settleCostModes {
+		p("| %s | %s | %sx |", m.then, num(st.cpuPerReq[m.name], 2), num(st.cpuPerReq[m.name]/allow, 2))
+	}
+	p("")
+	p("A second request costs Redis its share of a script call and of the call's reading and replying before it")
+	p("does anything: the empty request's row is the least any settle that is a request of its own can cost, and")
+	p("it is above the %.1fx that the units goal (Targets) leaves the settle.", goalUnitsRedisVsMany)
+	p("")
+}
