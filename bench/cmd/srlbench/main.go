@@ -82,7 +82,7 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "../BENCHMARKS.md", "report to write; the chart goes next to it with the extension .svg")
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test the tool: 1 run of 3s, 1s warm-up, 3s settle")
 	flag.StringVar(&cfg.cpuprofile, "cpuprofile", "", "save a Caddy CPU profile of one extra limited run to this file")
-	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot, mixed, local or far")
+	flag.StringVar(&cfg.profiled, "profile-scenario", "many", "scenario of the -cpuprofile run: many, bot, mixed, local, far or units")
 	flag.StringVar(&cfg.repo, "repo", "..", "repository root (where the Makefile builds ./caddy)")
 	flag.StringVar(&cfg.limiter, "limiter", "", "extra sliding_ratelimit subdirectives for the limited sites, separated by ';' (e.g. 'timeout 50ms')")
 	flag.StringVar(&cfg.seed, "seed", "", "folder of the seed peer (default: ../shared/peers/seed-express relative to -repo; skipped if absent)")
@@ -485,7 +485,7 @@ func runScenario(ctx context.Context, cfg config, rc *redis.Client, meter *cpuMe
 func profileRun(ctx context.Context, cfg config, scripts map[string]string, site sites) error {
 	script, ok := scripts[cfg.profiled]
 	if !ok {
-		return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local or far", cfg.profiled)
+		return fmt.Errorf("-profile-scenario %q: want many, bot, mixed, local, far or units", cfg.profiled)
 	}
 	secs := int(cfg.duration.Seconds()) - 1
 	if secs < 1 {
@@ -507,6 +507,10 @@ func profileRun(ctx context.Context, cfg config, scripts map[string]string, site
 		url = site.far
 	case "local":
 		url = site.local
+	default:
+		if u, ok := site.extra[cfg.profiled]; ok {
+			url = u
+		}
 	}
 	_, werr := runWrk(ctx, cfg, nil, cfg.duration, script, url+"/")
 	f := <-ch
