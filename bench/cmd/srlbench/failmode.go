@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 )
@@ -37,15 +36,13 @@ func measureFailMode(ctx context.Context, cfg config) failModeState {
 	args := []string{"test", "-run", "^$", "-bench", "^" + failModeBench + "$", "-benchmem", "-count", strconv.Itoa(failModeCount), "./limiter"}
 	st := failModeState{command: "go " + strings.Join(args, " ")}
 	say("fail-mode state: %s", st.command)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = cfg.repo
-	out, err := cmd.CombinedOutput()
+	out, err := goInRepo(ctx, cfg, args)
 	if err != nil {
-		st.notMeasured = fmt.Errorf("%s: %w: %s", st.command, err, truncate(strings.TrimSpace(tailLines(string(out), 5)), 300))
+		st.notMeasured = err
 		say("fail-mode state: not measured: %v", st.notMeasured)
 		return st
 	}
-	parsed, err := parseFailModeBench(string(out))
+	parsed, err := parseFailModeBench(out)
 	if err != nil {
 		st.notMeasured = err
 		say("fail-mode state: not measured: %v", err)
@@ -92,15 +89,6 @@ func parseFailModeBench(out string) (failModeState, error) {
 		return failModeState{}, fmt.Errorf("no %s result in the output: %s", failModeBench, truncate(strings.TrimSpace(tailLines(out, 5)), 300))
 	}
 	return failModeState{runs: len(ns), nsPerObserve: median(ns), bytesPerClient: median(bytes), allocsPerObserve: median(allocs)}, nil
-}
-
-// tailLines returns the last n lines of s.
-func tailLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // failModeSection reports the phase, the time of an Observe as a share of

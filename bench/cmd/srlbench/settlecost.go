@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strconv"
 	"strings"
 )
@@ -49,15 +48,13 @@ func measureSettleCost(ctx context.Context, cfg config) settleCostState {
 	say("settle cost: %s, %d times", st.command, settleCostCount)
 	var all strings.Builder
 	for range settleCostCount {
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Dir = cfg.repo
-		out, err := cmd.CombinedOutput()
+		out, err := goInRepo(ctx, cfg, args)
 		if err != nil {
-			st.notMeasured = fmt.Errorf("%s: %w: %s", st.command, err, truncate(strings.TrimSpace(tailLines(string(out), 5)), 300))
+			st.notMeasured = err
 			say("settle cost: not measured: %v", st.notMeasured)
 			return st
 		}
-		all.Write(out)
+		all.WriteString(out)
 	}
 	parsed, err := parseSettleCostBench(all.String())
 	if err != nil {
