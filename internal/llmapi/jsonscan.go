@@ -197,9 +197,8 @@ func (s *jsonScanner) step(c byte) int {
 		s.state = jsAfter
 		return scanNumber
 	case jsSkip:
-		if s.skipBytes([]byte{c}) == 1 && s.state == jsAfter {
-			return s.done()
-		}
+		_, end := s.skip.read([]byte{c}, len(s.frames))
+		return s.skipped(end)
 	case jsLiteral:
 		if c != s.literal[0] {
 			s.state = jsBroken
@@ -249,7 +248,8 @@ func (s *jsonScanner) value(c byte) int {
 			return scanNothing
 		}
 		if len(s.frames) > s.base && !s.leadsToPath() {
-			s.state, s.skip = jsSkip, skipState{depth: 1, arrays: boolBit(c == '[')}
+			s.state = jsSkip
+			s.skip.start(c)
 			return scanNothing
 		}
 		if len(s.frames) == 0 && c == '[' {
@@ -294,6 +294,18 @@ func (s *jsonScanner) atKey(name string) bool {
 	}
 	f := &s.frames[len(s.frames)-1]
 	return f.object && !f.odd && string(f.key[:f.keyLen]) == name
+}
+
+// skipped moves on from what bytes of a skipped value came to: the value
+// ends when they closed it, the document when one was not JSON.
+func (s *jsonScanner) skipped(end uint8) int {
+	switch end {
+	case skipClosed:
+		return s.done()
+	case skipBad:
+		s.state = jsBroken
+	}
+	return scanNothing
 }
 
 // leadsToPath reports whether a container that begins now can hold a path's

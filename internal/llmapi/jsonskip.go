@@ -1,16 +1,26 @@
 package llmapi
 
-// skipState is where the scanner is in a skipped object or array.
+// skipState reads a skipped object or array: by its strings and brackets
+// alone, checking what that reading can (bytes that are not JSON's, a
+// string's bytes and escapes, brackets that match, the depth), not its
+// grammar.
 type skipState struct {
 	// depth counts the containers open, the skipped one included; bit i of
 	// arrays is set when the i-th of them (0: the skipped one) is an array.
 	depth  uint8
 	arrays uint64
 	// inString: in a string; escape: after its backslash, hex: the digits
-	// left of a \\u escape.
+	// left of a \u escape.
 	inString, escape bool
 	hex              uint8
 }
+
+// What a skipped value's bytes came to.
+const (
+	skipGoesOn uint8 = iota // the value goes on past them
+	skipClosed              // the last byte read closed it
+	skipBad                 // the byte after those read is not JSON
+)
 
 // Classes of the bytes of a skipped value outside its strings.
 const (
@@ -38,19 +48,22 @@ func boolBit(b bool) uint64 {
 	return 0
 }
 
-// skipBytes reads b in a skipped value, and returns how many bytes it read:
-// all of b, or up to the byte that closes the value (the scanner is then
-// jsAfter, and the caller ends the value) or that is not JSON (jsBroken).
-func (s *jsonScanner) skipBytes(b []byte) int {
-	k := &s.skip
+// start begins the skipped value whose first byte is c, with outer
+// containers around it.
+func (k *skipState) start(c byte) { *k = skipState{depth: 1, arrays: boolBit(c == '[')} }
+
+// read reads b in the skipped value, which outer containers hold, and
+// returns how many bytes it read and what they came to: all of b (the value
+// goes on), up to the byte that closes the value, or up to a byte that is
+// not JSON (or that nests the value past MaxDepth).
+func (k *skipState) read(b []byte, outer int) (int, uint8) {
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		if k.inString {
 			switch {
 			case k.hex > 0:
 				if !isHex(c) {
-					s.state = jsBroken
-					return i
+					return i, skipBad
 				}
 				k.hex--
 			case k.escape:
@@ -59,8 +72,7 @@ func (s *jsonScanner) skipBytes(b []byte) int {
 				case 'u':
 					k.hex = 4
 				default:
-					s.state = jsBroken
-					return i
+					return i, skipBad
 				}
 				k.escape = false
 			default:
@@ -69,14 +81,13 @@ func (s *jsonScanner) skipBytes(b []byte) int {
 				}
 				switch {
 				case i == len(b):
-					return i
+					return i, skipGoesOn
 				case b[i] == '"':
 					k.inString = false
 				case b[i] == '\\':
 					k.escape = true
 				default: // a control character
-					s.state = jsBroken
-					return i
+					return i, skipBad
 				}
 			}
 			continue
@@ -86,27 +97,23 @@ func (s *jsonScanner) skipBytes(b []byte) int {
 		case skipQuote:
 			k.inString = true
 		case skipOpen:
-			if len(s.frames)+int(k.depth) == MaxDepth {
-				s.state = jsBroken
-				return i
+			if outer+int(k.depth) == MaxDepth {
+				return i, skipBad
 			}
 			k.arrays |= boolBit(c == '[') << k.depth
 			k.depth++
 		case skipClose:
 			k.depth--
 			if k.arrays>>k.depth&1 != boolBit(c == ']') {
-				s.state = jsBroken
-				return i
+				return i, skipBad
 			}
 			k.arrays &^= 1 << k.depth
 			if k.depth == 0 {
-				s.state = jsAfter
-				return i + 1
+				return i + 1, skipClosed
 			}
 		default:
-			s.state = jsBroken
-			return i
+			return i, skipBad
 		}
 	}
-	return len(b)
+	return len(b), skipGoesOn
 }

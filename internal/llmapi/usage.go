@@ -400,11 +400,11 @@ func (r *reader) feed(b []byte) {
 		case s.state == jsBroken:
 			return
 		case s.state == jsSkip:
-			j := i + s.skipBytes(b[i:])
-			if s.state == jsAfter && s.done() == scanDocument {
+			n, end := s.skip.read(b[i:], len(s.frames))
+			if s.skipped(end) == scanDocument {
 				r.commit()
 			}
-			if i = j - 1; s.state != jsBroken {
+			if i += n - 1; s.state != jsBroken {
 				continue
 			}
 			return
