@@ -92,7 +92,7 @@ func main() {
 	if *only != "" {
 		cfg.only = strings.Split(*only, ",")
 		for _, slug := range cfg.only {
-			if slug != memorySlug && slug != llmSlug && slug != settleCostSlug && !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
+			if !slices.Contains(phaseSlugs, slug) && !slices.ContainsFunc(scenarios, func(sc scenario) bool { return sc.slug == slug }) {
 				fmt.Fprintf(os.Stderr, "srlbench: -only: no scenario %q\n", slug)
 				os.Exit(2)
 			}
@@ -349,6 +349,9 @@ const (
 	llmSlug        = "llm"
 	settleCostSlug = "settlecost"
 )
+
+// phaseSlugs are what -only takes beside the scenarios.
+var phaseSlugs = []string{memorySlug, llmSlug, settleCostSlug}
 
 // measureMemories runs the memory phase: each size on its own site, in
 // turn, saying what it measured.
