@@ -42,4 +42,47 @@ var bedrockConverse = &table{
 		{"outputTokens", output},
 		{"totalTokens", total},
 	},
+	body: bedrockBody,
+}
+
+// The Converse request body (API_runtime_Converse.html), every field; a
+// field or content block not listed cannot be bounded.
+//
+//	text, toolUse, toolResult text and    their bytes
+//	json, reasoning, cache points
+//	documents of txt, md, csv, html by    their bytes
+//	bytes
+//	images, videos, other documents, S3   cannot: what they cost depends on
+//	locations                             the model, the page or the second
+//	additionalModelRequestFields          only top_k, thinking,
+//	                                      reasoning_config and max_tokens
+//	promptVariables                       cannot: a managed prompt is input
+//	                                      the body does not carry
+var (
+	bedrockBody = obj("the request",
+		"messages", listOf(bedrockMessage), "system", listOf(bedrockBlock),
+		"inferenceConfig", free, "toolConfig", free, "guardrailConfig", free,
+		"additionalModelRequestFields", obj("additionalModelRequestFields",
+			"top_k", free, "thinking", free, "reasoning_config", free, "max_tokens", free),
+		"additionalModelResponseFieldPaths", free, "requestMetadata", free,
+		"performanceConfig", free, "serviceTier", free,
+		"promptVariables", cannot("promptVariables: a managed prompt is input the body does not carry"),
+	)
+	bedrockMessage = obj("a message", "role", free, "content", listOf(bedrockBlock))
+	bedrockBlock   = obj("a content block")
+)
+
+// Blocks nest (a tool result holds blocks), so they are filled in here.
+func init() {
+	textDocument := obj("a text document", "format", free, "name", free,
+		"source", obj("a document's source", "bytes", free, "text", free),
+		"citations", free, "context", free)
+	bedrockBlock.fields = obj("a content block",
+		"text", free, "toolUse", free, "reasoningContent", free, "cachePoint", free,
+		"guardContent", free, "citationsContent", free,
+		"toolResult", obj("a tool result", "toolUseId", free, "status", free, "content", listOf(bedrockBlock)),
+		"json", free,
+		"document", byTag("a document", "format", "txt", textDocument, "md", textDocument,
+			"csv", textDocument, "html", textDocument),
+	).fields
 }

@@ -41,4 +41,71 @@ var gemini = &table{
 		{"thoughtsTokenCount", output},
 		{"totalTokenCount", total},
 	},
+	body: geminiBody,
+}
+
+// The request body (ai.google.dev/api/generate-content#request-body), every
+// field, in proto JSON's both spellings; a field, part or tool not listed
+// cannot be bounded.
+//
+//	text, function calls and responses,  their bytes
+//	code, thoughts
+//	inlineData image/*                   258 tokens a 768-pixel tile, at
+//	                                     least 1,120 (media.go), its size
+//	                                     read from the image's header
+//	inlineData audio/*                   its bytes: 32 tokens a second,
+//	                                     which no codec carries in fewer
+//	inlineData text/*                    its bytes
+//	inlineData of video, PDF, other      cannot: billed by the second or
+//	                                     the page, not by the bytes
+//	fileData, cachedContent              cannot: input the body does not
+//	                                     carry
+//	tools other than functions           cannot: a hosted tool's results
+//	(search, code execution, URL         are input the body does not carry
+//	context, maps, file search)
+var (
+	geminiBody = protoFields(obj("the request",
+		"model", free, "contents", listOf(geminiContent), "systemInstruction", geminiContent,
+		"tools", listOf(geminiTool), "toolConfig", free, "safetySettings", free,
+		"generationConfig", free, "labels", free,
+		"cachedContent", cannot("cachedContent: a cache's contents are input the body does not carry"),
+	))
+	geminiContent = obj("a content", "role", free, "parts", listOf(geminiPart))
+	geminiPart    = obj("a part",
+		"text", free, "thought", free, "thoughtSignature", free, "partMetadata", free,
+		"inlineData", byTag("an inline blob", "mimeType",
+			"image/*", obj("an inline image", "mimeType", free, "data", &shape{kind: anyJSON, media: imageData, name: "an inline image"}, "displayName", free),
+			"audio/*", free,
+			"text/*", free,
+		),
+		"fileData", cannot("fileData: a file by URI is input the body does not carry"),
+		"functionCall", free, "functionResponse", free,
+		"executableCode", free, "codeExecutionResult", free,
+	)
+	geminiTool = obj("a tool", "functionDeclarations", free)
+
+	// Batch mode, POST .../models/{model}:batchGenerateContent
+	// (ai.google.dev/gemini-api/docs/batch-mode): the sum of its inline
+	// requests' bounds; requests in a file cannot be bounded.
+	geminiBatchBody = protoFields(obj("the request",
+		"batch", obj("the batch",
+			"model", free, "displayName", free, "priority", free,
+			"inputConfig", obj("the batch's input",
+				"requests", obj("the batch's requests",
+					"requests", listOf(obj("a batch's request", "request", nested(Gemini), "metadata", free)),
+				),
+				"fileName", cannot("inputConfig.fileName: a batch's requests are in a file the body does not carry"),
+			),
+		),
+	))
+)
+
+// Batch mode: each inline request's bound, added up; its answer is an
+// operation, with no usage, so a batch pays its reservation.
+var geminiBatch = &table{
+	api:              GeminiBatch,
+	name:             "gemini_batch",
+	generatesNothing: true,
+	modelInPath:      true,
+	body:             geminiBatchBody,
 }

@@ -20,6 +20,10 @@ var tables = [...]*table{
 	Gemini:               gemini,
 	Ollama:               ollama,
 	BedrockConverse:      bedrockConverse,
+	OpenAIEmbeddings:     openAIEmbeddings,
+	OpenAIBatches:        openAIBatches,
+	AnthropicBatches:     anthropicBatches,
+	GeminiBatch:          geminiBatch,
 }
 
 // union returns the table that reads every field of ts.

@@ -67,12 +67,21 @@ func detect(path string) (API, string) {
 		return OpenAIResponses, ""
 	case strings.HasSuffix(path, "/messages/count_tokens"):
 		return AnthropicCountTokens, ""
+	case strings.HasSuffix(path, "/messages/batches"):
+		return AnthropicBatches, ""
+	case strings.HasSuffix(path, "/batches"):
+		return OpenAIBatches, ""
+	case strings.HasSuffix(path, "/embeddings"):
+		return OpenAIEmbeddings, ""
 	case strings.HasSuffix(path, "/messages"):
 		return AnthropicMessages, ""
 	case strings.HasSuffix(path, "/api/chat"), strings.HasSuffix(path, "/api/generate"):
 		return Ollama, ""
 	}
-	if model, ok := geminiModel(path); ok {
+	if model, method, ok := geminiModel(path); ok {
+		if method == "batchGenerateContent" {
+			return GeminiBatch, model
+		}
 		return Gemini, model
 	}
 	if model, ok := bedrockModel(path); ok {
@@ -82,21 +91,21 @@ func detect(path string) (API, string) {
 }
 
 // geminiModel reads .../models/{model}:generateContent (or
-// :streamGenerateContent, the ':' possibly escaped).
-func geminiModel(path string) (string, bool) {
+// :streamGenerateContent, :batchGenerateContent, the ':' possibly escaped).
+func geminiModel(path string) (model, method string, ok bool) {
 	i := strings.LastIndex(path, "/models/")
 	if i < 0 {
-		return "", false
+		return "", "", false
 	}
 	rest := path[i+len("/models/"):]
-	for _, method := range [...]string{"generateContent", "streamGenerateContent"} {
+	for _, method := range [...]string{"generateContent", "streamGenerateContent", "batchGenerateContent"} {
 		for _, colon := range [...]string{":", "%3A", "%3a"} {
 			if model, ok := strings.CutSuffix(rest, colon+method); ok && model != "" && !strings.Contains(model, "/") {
-				return unescape(model), true
+				return unescape(model), method, true
 			}
 		}
 	}
-	return "", false
+	return "", "", false
 }
 
 // bedrockModel reads /model/{modelId}/converse and /converse-stream. The

@@ -47,9 +47,22 @@ type Request struct {
 	Output int64
 	// Input is the input bound: the body's bytes.
 	Input int64
-	// Reserve is Output + Input: the most the call can spend.
+	// Media is what the body's parts bill beyond their bytes: each image
+	// at the most its API bills for one, and the tokens a vendor adds (a
+	// tool-use system prompt).
+	Media int64
+	// Reserve is Output + Input + Media: the most the call can spend.
 	Reserve int64
+	// Unbounded says, when not "", what the body holds that no bound
+	// covers: input by reference (a file, an earlier response, a cache), a
+	// hosted tool, a part type, a field or a path the package does not
+	// know. Reserve then counts only the parts it could bound.
+	Unbounded string
 }
+
+// noAPI is what cannot be bounded of a body sent to a path of no API this
+// package knows.
+const noAPI = "the path names no API whose calls the limiter can bound"
 
 // ReadRequest reads what the request to the URL path (escaped, see
 // Detect) with the JSON body may spend, the output bound being
@@ -69,8 +82,18 @@ type Request struct {
 //     llama.cpp's n_predict);
 //   - a multiplier of 0, negative, or not a number: 1 (servers refuse it,
 //     or read 0 as unset, as proto does candidateCount).
+//
+// Then every part of the body is read by the API's shapes, a closed world:
+// each known media part adds the most its vendor bills for one, a prompt
+// list multiplies the output bound, a batch's requests add up, and what
+// cannot be bounded is named in Unbounded.
 func ReadRequest(path string, body []byte, defaultOutput int64) (Request, error) {
 	api, model := detect(path)
+	return readRequest(api, model, body, defaultOutput)
+}
+
+// readRequest is ReadRequest of api's request, the path naming model.
+func readRequest(api API, model string, body []byte, defaultOutput int64) (Request, error) {
 	t := tables[api]
 	r := Request{API: api, Model: model, Input: min(int64(len(body)), strictnum.Max)}
 	places := requestPlaces[api]
@@ -103,8 +126,22 @@ func ReadRequest(path string, body []byte, defaultOutput int64) (Request, error)
 			bound = addSat(bound, v.N)
 		}
 	}
-	r.Output = mulSat(bound, multiplier)
-	r.Reserve = addSat(r.Output, r.Input)
+	b := bounder{w: walker{data: body}, api: api, model: r.Model, defaultOutput: defaultOutput}
+	if len(bytes.TrimSpace(body)) > 0 {
+		if t.body == nil {
+			r.Unbounded = noAPI
+		} else if err := b.walk(t.body); errors.Is(err, errUnbounded) {
+			r.Unbounded = b.why
+		} else if err != nil {
+			return Request{API: api, Model: model}, err
+		}
+	}
+	r.Output = addSat(mulSat(mulSat(bound, multiplier), max(b.prompts, 1)), b.batch)
+	if b.images > 0 {
+		r.Media = mulSat(b.images, imageTokens(api, r.Model))
+	}
+	r.Media = addSat(r.Media, b.adds)
+	r.Reserve = addSat(addSat(r.Output, r.Input), r.Media)
 	return r, nil
 }
 

@@ -37,7 +37,11 @@ func TestDetect(t *testing.T) {
 		// What no table claims exactly is read with every table.
 		{"/v1/chat/completions/", Unknown, ""},
 		{"/v1/Chat/Completions", Unknown, ""},
-		{"/v1/embeddings", Unknown, ""},
+		{"/v1/embeddings", OpenAIEmbeddings, ""},
+		{"/v1/batches", OpenAIBatches, ""},
+		{"/v1/messages/batches", AnthropicBatches, ""},
+		{"/v1beta/models/gemini-2.5-flash:batchGenerateContent", GeminiBatch, "gemini-2.5-flash"},
+		{"/v1/rerank", Unknown, ""},
 		{"/v1beta/models/gemini-2.0-flash:countTokens", Unknown, ""},
 		{"", Unknown, ""},
 	}

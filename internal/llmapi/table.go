@@ -5,7 +5,8 @@ import "strings"
 // API is one LLM API's wire format, as told by the request's URL path.
 type API uint8
 
-// The APIs this package knows. Unknown is read with every table at once.
+// The APIs this package knows. Unknown's responses are read with every
+// table at once; its requests cannot be bounded.
 const (
 	Unknown              API = iota
 	OpenAIChat               // .../chat/completions (OpenAI, vLLM, llama.cpp, Ollama's /v1)
@@ -16,6 +17,10 @@ const (
 	Gemini                   // .../models/{model}:generateContent and :streamGenerateContent
 	Ollama                   // /api/chat and /api/generate
 	BedrockConverse          // /model/{modelId}/converse and /converse-stream
+	OpenAIEmbeddings         // .../embeddings: generates nothing
+	OpenAIBatches            // .../batches: its requests are in a file
+	AnthropicBatches         // .../messages/batches: its requests added up
+	GeminiBatch              // .../models/{model}:batchGenerateContent: its requests added up
 )
 
 // A table is what this package knows of one API: a vendor file fills one
@@ -40,6 +45,10 @@ type table struct {
 	// modelInPath is set when the model is named by the URL path rather
 	// than by the body's top-level "model".
 	modelInPath bool
+	// body is the shape of the request body: every key, part type and
+	// reference the API takes, and what each costs beyond its bytes
+	// (shape.go). nil: no body can be bounded.
+	body *shape
 
 	// Of the response:
 	// usageAt are the places of the usage object (dotted, from the top of

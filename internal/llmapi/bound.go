@@ -1,0 +1,378 @@
+package llmapi
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+)
+
+// errUnbounded stops a bound's walk at the first value it cannot bound.
+var errUnbounded = errors.New("unbounded")
+
+// bounder walks a request body (one JSON value, checked by the places'
+// walk) by its API's shapes: it counts what the body's bytes do not bound
+// (media parts, prompts, tokens a vendor adds, the requests of a batch)
+// and stops at the first value it cannot bound, saying why.
+type bounder struct {
+	w     walker
+	api   API
+	model string
+	// defaultOutput is the output bound of a nested request that names
+	// none.
+	defaultOutput int64
+
+	images  int64
+	adds    int64
+	prompts int64
+	// batch is the sum of the nested requests' output and media bounds.
+	batch int64
+	why   string
+}
+
+// walk reads the body by s; errUnbounded when a value cannot be bounded
+// (b.why says which).
+func (b *bounder) walk(s *shape) error {
+	b.w.space()
+	if b.w.i == len(b.w.data) {
+		return nil
+	}
+	return b.value(s, 1)
+}
+
+func (b *bounder) cannot(why string) error {
+	b.why = why
+	return errUnbounded
+}
+
+// value reads the value at b.w.i by s, at nesting depth.
+func (b *bounder) value(s *shape, depth int) error {
+	w := &b.w
+	if depth > MaxDepth {
+		return ErrNotJSON
+	}
+	c := w.data[w.i]
+	if c == 'n' {
+		return w.literal("null")
+	}
+	if c == '[' && s.kind == unbounded && b.emptyArray() {
+		return w.value(depth, 0, 0)
+	}
+	if s.adds > 0 {
+		b.adds = addSat(b.adds, s.adds)
+	}
+	if s.media == anImage {
+		b.images++
+	}
+	switch s.kind {
+	case unbounded:
+		return b.cannot(s.why)
+	case prompts:
+		return b.prompts1(depth)
+	case request:
+		return b.nested(depth, s.api)
+	}
+	if s.media == imageData {
+		return b.imageData(s)
+	}
+	switch {
+	case c == '[' && s.kind == list:
+		return b.array(s.elem, depth)
+	case c == '[' && (s.kind == object || s.kind == tagged):
+		return b.cannot(s.name + ": a list where one object goes")
+	case c == '{' && s.kind == list:
+		// One object where a list goes: read as its only element.
+		return b.value(s.elem, depth)
+	case c == '{' && s.kind == object:
+		return b.object(s, depth)
+	case c == '{' && s.kind == tagged:
+		return b.tagged(s, depth)
+	}
+	// A scalar, or any value of a free shape: its bytes bound it.
+	return w.value(depth, 0, 0)
+}
+
+// imageData reads an inline image (base64 text) and adds what its size
+// bills.
+func (b *bounder) imageData(s *shape) error {
+	w := &b.w
+	if w.data[w.i] != '"' {
+		return b.cannot(s.name + ": an inline image that is not base64 text")
+	}
+	start := w.i
+	if err := w.skipString(); err != nil {
+		return err
+	}
+	raw := w.data[start+1 : w.i-1]
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		raw = decodeString(nil, raw)
+	}
+	n, ok := geminiImageTokens(raw)
+	if !ok {
+		return b.cannot(s.name + ": an inline image whose size cannot be read (PNG, JPEG, GIF and WebP can be)")
+	}
+	b.adds = addSat(b.adds, n)
+	return nil
+}
+
+// emptyArray reports whether the array at b.w.i holds nothing.
+func (b *bounder) emptyArray() bool {
+	d := b.w.data[b.w.i+1:]
+	return len(bytes.TrimLeft(d, " \t\r\n")) > 0 && bytes.TrimLeft(d, " \t\r\n")[0] == ']'
+}
+
+func (b *bounder) array(elem *shape, depth int) error {
+	w := &b.w
+	w.i++
+	if w.space(); w.i < len(w.data) && w.data[w.i] == ']' {
+		w.i++
+		return nil
+	}
+	for {
+		w.space()
+		if err := b.value(elem, depth+1); err != nil {
+			return err
+		}
+		if w.space(); w.i >= len(w.data) {
+			return ErrNotJSON
+		}
+		switch w.data[w.i] {
+		case ',':
+			w.i++
+		case ']':
+			w.i++
+			return nil
+		default:
+			return ErrNotJSON
+		}
+	}
+}
+
+// object reads an object of s's fields; a key no field names cannot be
+// bounded, unless s is open.
+func (b *bounder) object(s *shape, depth int) error {
+	w := &b.w
+	w.i++
+	if w.space(); w.i < len(w.data) && w.data[w.i] == '}' {
+		w.i++
+		return nil
+	}
+	for {
+		w.space()
+		key, err := w.readKey()
+		if err != nil {
+			return err
+		}
+		f := s.field(key)
+		if f == nil && !s.open {
+			return b.cannot(fmt.Sprintf("%s: the field %q, which the limiter does not know", s.name, clip(key)))
+		}
+		if w.space(); w.i >= len(w.data) || w.data[w.i] != ':' {
+			return ErrNotJSON
+		}
+		w.i++
+		w.space()
+		if f == nil {
+			err = w.value(depth+1, 0, 0)
+		} else {
+			err = b.value(f, depth+1)
+		}
+		if err != nil {
+			return err
+		}
+		if w.space(); w.i >= len(w.data) {
+			return ErrNotJSON
+		}
+		switch w.data[w.i] {
+		case ',':
+			w.i++
+		case '}':
+			w.i++
+			return nil
+		default:
+			return ErrNotJSON
+		}
+	}
+}
+
+// field returns the shape of the key (folded as servers fold it), nil when
+// no field names it; a key too long to be a name (nil) names none.
+func (s *shape) field(key []byte) *shape {
+	if key == nil {
+		return nil
+	}
+	for _, f := range s.fields {
+		for _, name := range f.names {
+			if bytes.EqualFold(key, []byte(name)) {
+				return f.shape
+			}
+		}
+	}
+	return nil
+}
+
+// tagged reads an object whose tag's value chooses its shape: the object
+// is read twice, for its tag, then by the variant's shape.
+func (b *bounder) tagged(s *shape, depth int) error {
+	w := &b.w
+	start := w.i
+	tag, ok, err := b.tagOf(s, depth)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return b.cannot(s.name + ": a type given twice, differently")
+	}
+	v := s.variant(tag)
+	if v == nil {
+		if len(tag) == 0 {
+			return b.cannot(s.name + " without a type")
+		}
+		return b.cannot(fmt.Sprintf("%s of type %q, which the limiter cannot bound", s.name, clip(tag)))
+	}
+	w.i = start
+	return b.value(v, depth)
+}
+
+// tagOf reads the object at b.w.i for its tag's string value: "" when it
+// has none, ok false when it has two that differ or one that is no string.
+func (b *bounder) tagOf(s *shape, depth int) (tag []byte, ok bool, err error) {
+	w := &b.w
+	names := splitNames(s.tag)
+	w.i++
+	if w.space(); w.i < len(w.data) && w.data[w.i] == '}' {
+		w.i++
+		return nil, true, nil
+	}
+	seen := false
+	ok = true
+	for {
+		w.space()
+		key, err := w.readKey()
+		if err != nil {
+			return nil, false, err
+		}
+		isTag := false
+		for _, n := range names {
+			isTag = isTag || key != nil && bytes.EqualFold(key, []byte(n))
+		}
+		w.space()
+		w.i++ // ':'
+		w.space()
+		switch {
+		case isTag && w.data[w.i] == '"':
+			start := w.i
+			if err := w.skipString(); err != nil {
+				return nil, false, err
+			}
+			v := w.data[start+1 : w.i-1]
+			if bytes.IndexByte(v, '\\') >= 0 {
+				v = decodeString(nil, v)
+			}
+			if seen && !bytes.Equal(v, tag) {
+				ok = false
+			}
+			tag, seen = v, true
+		case isTag && w.data[w.i] == 'n':
+			err = w.literal("null")
+		default:
+			if isTag {
+				ok = false
+			}
+			err = w.value(depth+1, 0, 0)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		if w.space(); w.i >= len(w.data) {
+			return nil, false, ErrNotJSON
+		}
+		switch w.data[w.i] {
+		case ',':
+			w.i++
+		case '}':
+			w.i++
+			return tag, ok, nil
+		default:
+			return nil, false, ErrNotJSON
+		}
+	}
+}
+
+// variant returns the shape of the tag's value: an exact match (vendors
+// match types exactly), or a pattern ending in '*' by prefix.
+func (s *shape) variant(tag []byte) *shape {
+	for _, v := range s.variants {
+		if p, ok := cutStar(v.value); ok {
+			if len(tag) > 0 && len(tag) >= len(p) && string(tag[:len(p)]) == p {
+				return v.shape
+			}
+		} else if string(tag) == v.value {
+			return v.shape
+		}
+	}
+	return nil
+}
+
+func cutStar(s string) (string, bool) {
+	if n := len(s); n > 0 && s[n-1] == '*' {
+		return s[:n-1], true
+	}
+	return s, false
+}
+
+// prompts1 reads Completions' prompt: a string or an array of token ids is
+// one prompt; an array of strings or of token arrays is a prompt each.
+func (b *bounder) prompts1(depth int) error {
+	w := &b.w
+	if w.data[w.i] != '[' {
+		b.prompts = max(b.prompts, 1)
+		return w.value(depth, 0, 0)
+	}
+	w.i++
+	var n int64
+	for {
+		w.space()
+		if w.i < len(w.data) && w.data[w.i] == ']' {
+			w.i++
+			break
+		}
+		if c := w.data[w.i]; c == '"' || c == '[' {
+			n++
+		}
+		if err := w.value(depth+1, 0, 0); err != nil {
+			return err
+		}
+		if w.space(); w.i < len(w.data) && w.data[w.i] == ',' {
+			w.i++
+		}
+	}
+	b.prompts = max(b.prompts, n, 1)
+	return nil
+}
+
+// nested reads a whole request of s.api inside a batch, adding its output
+// and media bounds to the batch's (its bytes are the batch's already).
+func (b *bounder) nested(depth int, api API) error {
+	w := &b.w
+	start := w.i
+	if err := w.value(depth, 0, 0); err != nil {
+		return err
+	}
+	r, err := readRequest(api, b.model, w.data[start:w.i], b.defaultOutput)
+	switch {
+	case err != nil:
+		return err
+	case r.Unbounded != "":
+		return b.cannot("a batch's request: " + r.Unbounded)
+	}
+	b.batch = addSat(b.batch, addSat(r.Output, r.Media))
+	return nil
+}
+
+// clip shortens a key for a message: it is the client's.
+func clip(key []byte) string {
+	if len(key) > MaxKey {
+		return string(key[:MaxKey]) + "..."
+	}
+	return string(key)
+}
