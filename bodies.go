@@ -136,28 +136,34 @@ func (p *bodyPeek) Close() error {
 const (
 	refusedSlow = iota
 	refusedNotJSON
+	refusedUnbounded
 )
 
 // bodyRefusal is the answer to a request whose body cannot be priced: it
 // is refused before the next handler sees it.
 type bodyRefusal struct {
 	reason int
+	// why says, for refusedUnbounded, what could not be bounded.
+	why string
 }
 
-var refusalReasons = [...]string{refusedSlow: "slow", refusedNotJSON: "not_json"}
+var refusalReasons = [...]string{refusedSlow: "slow", refusedNotJSON: "not_json", refusedUnbounded: "unbounded"}
 
 func (b *bodyRefusal) Error() string {
-	if b.reason == refusedNotJSON {
+	switch b.reason {
+	case refusedNotJSON:
 		return "request body is not one JSON value that the rate limiter can read"
+	case refusedUnbounded:
+		return "the rate limiter cannot bound what this call may spend, so this route refuses it: " + b.why
 	}
 	return "request body did not arrive whole in time"
 }
 
 // status is the response's: 408 for a body that did not arrive, 400 for
-// one that is not JSON.
+// one that is not JSON or cannot be bounded.
 func (b *bodyRefusal) status() int {
-	if b.reason == refusedNotJSON {
-		return http.StatusBadRequest
+	if b.reason == refusedSlow {
+		return http.StatusRequestTimeout
 	}
-	return http.StatusRequestTimeout
+	return http.StatusBadRequest
 }

@@ -35,7 +35,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	sliding_ratelimit [<matcher>] {
 //		window       <duration>
 //		max_requests <n> | <placeholder> <fallback>
-//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>]
+//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>]
 //		settle       header <name> | bytes | json <path>... | llm
 //		key          <string>
 //		algorithm    log|counter
@@ -44,7 +44,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		zone <name> [<window> <max_requests>] {
 //			window       <duration>
 //			max_requests <n> | <placeholder> <fallback>
-//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>]
+//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>]
 //			settle       header <name> | bytes | json <path>... | llm
 //			key          <string>
 //			algorithm    log|counter
@@ -588,7 +588,7 @@ type unitsFields struct {
 // and a zone take:
 //
 //	max_requests <n> | <placeholder> <fallback>
-//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>]
+//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>]
 //	settle       header <name> | bytes | json <path>... | llm
 //
 // It reports false for any other name. Of cost's forms, the last one given
@@ -703,9 +703,16 @@ func parseCostJSON(d *caddyfile.Dispenser, args []string) (*CostJSON, error) {
 	return &c, nil
 }
 
-// parseCostLLM reads the arguments of cost llm: [<default>].
+// parseCostLLM reads the arguments of cost llm: [<default>] [ceiling <n>].
 func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 	var c CostLLM
+	if len(args) >= 2 && args[len(args)-2] == "ceiling" {
+		n, ok := strictnum.Parse(args[len(args)-1])
+		if !ok || n < 1 {
+			return nil, d.Errf("cost llm: the ceiling must be a whole number of at least 1 (cost llm 4096 ceiling 200000), got %q", args[len(args)-1])
+		}
+		c.Ceiling, args = n, args[:len(args)-2]
+	}
 	switch len(args) {
 	case 0:
 	case 1:
@@ -715,7 +722,7 @@ func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 		}
 		c.Default = n
 	default:
-		return nil, d.Errf("cost llm takes at most one argument, the output bound of a call that names none (cost llm 4096), got %q", args)
+		return nil, d.Errf("cost llm takes the output bound of a call that names none and a ceiling for calls it cannot bound (cost llm 4096 ceiling 200000), got %q", args)
 	}
 	return &c, nil
 }

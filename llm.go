@@ -24,6 +24,14 @@ import (
 // them: Unicode simple case folding, and of keys given twice the largest.
 // A path of none of these APIs takes every API's fields at once.
 //
+// The reader is a closed world: each media part adds the most its vendor
+// bills for one (an image by URL as inline), a prompt list and a batch add
+// up their requests, and what it cannot bound (input by reference: files,
+// earlier responses, cached contents; hosted tools; a field, part type or
+// path it does not know) takes the zone's policy: refused with 400 and
+// words that say what could not be bounded, or, with a ceiling, reserved
+// at the ceiling.
+//
 // A body that does not arrive whole within 10 seconds is answered 408, and
 // a body that is not one JSON value (trailing bytes, NaN, a comment) 400,
 // without reaching the next handler, since a server that reads it more
@@ -34,6 +42,16 @@ type CostLLM struct {
 	// Default is the output bound of a call that names none: it should be
 	// the most the upstream generates for such a call. Default: 4096.
 	Default int64 `json:"default,omitempty"`
+
+	// Ceiling is what a call reserves, in tokens, when the limiter cannot
+	// bound what it may spend (input by reference, a hosted tool, a field
+	// it does not know): the most the operator lets such a call cost, say
+	// the model's context window plus its output bound. Such a call then
+	// pays its usage as any other; it can overrun the ceiling, by what it
+	// uses beyond it. With prices, the ceiling is priced at the dearest
+	// rate. 0 (the default): such a call is refused with 400
+	// (body_refusals_total{reason="unbounded"}).
+	Ceiling int64 `json:"ceiling,omitempty"`
 }
 
 // defaultLLMOutput is cost llm's default output bound.
@@ -48,30 +66,41 @@ func (c *CostLLM) outputDefault() int64 {
 }
 
 // of returns what r reserves under the call's max (budget), or the refusal
-// of a body that cannot be priced: its tokens, or with prices its µ$.
-func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (int64, error) {
+// of a body that cannot be priced: its tokens, or with prices its µ$; why
+// is what could not be bounded, when the ceiling was reserved.
+func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64, why string, err error) {
 	body := peekBody(r)
 	switch body.why {
 	case "":
 	case costTooLarge:
-		return budget, nil
+		return budget, "", nil
 	default:
-		return 0, &bodyRefusal{reason: refusedSlow}
+		return 0, "", &bodyRefusal{reason: refusedSlow}
 	}
 	if len(body.data) == 0 {
-		return 1, nil
+		return 1, "", nil
 	}
 	call, err := llmapi.ReadRequest(r.URL.Path, body.data, c.outputDefault())
 	if err != nil {
-		return 0, &bodyRefusal{reason: refusedNotJSON}
+		return 0, "", &bodyRefusal{reason: refusedNotJSON}
 	}
 	if p, ok := r.Body.(*bodyPeek); ok {
 		p.model, p.modelRead = call.Model, true
 	}
-	if prices != nil {
-		return max(prices.of(call.Model).reserve(call.Input, call.Output), 1), nil
+	if call.Unbounded != "" {
+		if c.Ceiling == 0 {
+			return 0, "", &bodyRefusal{reason: refusedUnbounded, why: call.Unbounded}
+		}
+		tokens := max(call.Reserve, c.Ceiling)
+		if prices != nil {
+			return max(prices.of(call.Model).reserveDearest(tokens), 1), call.Unbounded, nil
+		}
+		return tokens, call.Unbounded, nil
 	}
-	return min(max(call.Reserve, 1), strictnum.Max), nil
+	if prices != nil {
+		return max(prices.of(call.Model).reserve(call.Input+call.Media, call.Output), 1), "", nil
+	}
+	return min(max(call.Reserve, 1), strictnum.Max), "", nil
 }
 
 // requestModel is the model that r names, as cost llm read it (its body's
@@ -98,6 +127,8 @@ func checkCostLLM(c *CostLLM, cost string, costJSON bool) error {
 		return errors.New("cost json and cost llm are one setting: set one")
 	case c.Default < 0 || c.Default > strictnum.Max:
 		return fmt.Errorf("cost llm: the default output bound must be a whole number of at least 1, got %d", c.Default)
+	case c.Ceiling < 0 || c.Ceiling > strictnum.Max:
+		return fmt.Errorf("cost llm: the ceiling must be a whole number of at least 1 (cost llm 4096 ceiling 200000), got %d", c.Ceiling)
 	}
 	return nil
 }
@@ -107,6 +138,9 @@ func checkCostLLM(c *CostLLM, cost string, costJSON bool) error {
 func checkCostLLMFits(c *CostLLM, maxRequests int64, maxRequestsFrom string) error {
 	if c != nil && maxRequestsFrom == "" && c.outputDefault() > maxRequests {
 		return fmt.Errorf("cost llm: the default output bound %d is above max_requests %d: no call that names no max_tokens would ever be admitted (give a smaller default: cost llm 1024)", c.outputDefault(), maxRequests)
+	}
+	if c != nil && maxRequestsFrom == "" && c.Ceiling > maxRequests {
+		return fmt.Errorf("cost llm: the ceiling %d is above max_requests %d: no call that it covers would ever be admitted (give a smaller ceiling, or none to refuse such calls)", c.Ceiling, maxRequests)
 	}
 	return nil
 }

@@ -115,7 +115,7 @@ func initMetrics(registry *prometheus.Registry) error {
 		m.unitsAdmitted = perZone("units_total",
 			"Units admitted by zones with a cost, a per-tenant max_requests or a settle: each admitted request's final cost (its reservation, or what it settled to). In other zones a request is one unit: see decisions_total.")
 		m.costFallbacks = perZone("cost_fallbacks_total",
-			"Requests whose cost placeholder gave no whole number of at least 1, so that they reserved 1.")
+			"Requests whose cost placeholder gave no whole number of at least 1, so that they reserved 1; of cost json, that found no usable body and reserved the default; of cost llm, calls it could not bound, which reserved the zone's ceiling.")
 		m.quotaFallbacks = perZone("max_requests_fallbacks_total",
 			"Requests whose max_requests placeholder gave no whole number from 1 to 2^48-1, so that the zone's fallback max_requests applied.")
 		m.settleFallbacks = perZone("settle_fallbacks_total",
@@ -126,7 +126,7 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Calls of zones with prices whose model no price line matched, so that they were priced at the dearest price of each kind listed.")
 		m.bodyRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "body_refusals_total",
-			Help: "Requests of zones with cost json or cost llm refused before they reached the next handler, by reason: slow (408, the body did not arrive whole in time), not_json (400, cost llm could not read the body as one JSON value).",
+			Help: "Requests of zones with cost json or cost llm refused before they reached the next handler, by reason: slow (408, the body did not arrive whole in time), not_json (400, cost llm could not read the body as one JSON value), unbounded (400, cost llm could not bound what the call may spend: input by reference, a hosted tool, a field, part type or path it does not know; a zone with a ceiling reserves it instead).",
 		}, []string{"zone", "reason"})
 		m.storeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",

@@ -156,6 +156,14 @@ func (r rates) reserve(input, output int64) int64 {
 	return s.micros()
 }
 
+// reserveDearest is, in µ$ rounded up, tokens of a call that could not be
+// bounded, each priced at the dearest kind.
+func (r rates) reserveDearest(tokens int64) int64 {
+	var s picoSum
+	s.add(tokens, r.dearest())
+	return s.micros()
+}
+
 // charge is, in µ$ rounded up, what usage u cost: each kind at its own
 // price, each token once. Tokens of the vendor's own total that none of the
 // kinds holds (a total above the sum of its parts) are priced at the

@@ -64,8 +64,11 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, costLLM *CostLLM, maxRe
 	}
 	m := &limiterMetrics
 	msg := "cost is not a whole number of at least 1: the request reserves 1"
-	if costJSON != nil {
+	switch {
+	case costJSON != nil:
 		msg = "cost json found no usable body: the request reserves the default"
+	case costLLM != nil:
+		msg = "cost llm cannot bound what a call may spend: it reserves the zone's ceiling"
 	}
 	u := &zoneUnits{
 		cost:     newZoneCost(cost, costJSON, costLLM, newValueFallbacks(logger, zone, msg, m.costFallbacks.WithLabelValues(zone))),
@@ -82,9 +85,10 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, costLLM *CostLLM, maxRe
 			fallbacks: newValueFallbacks(logger, zone, "max_requests placeholder gave no whole number from 1 to 2^48-1: the fallback applies", m.quotaFallbacks.WithLabelValues(zone)),
 		}
 	}
-	u.cost.refusals = [2]prometheus.Counter{
+	u.cost.refusals = [len(refusalReasons)]prometheus.Counter{
 		m.bodyRefusals.WithLabelValues(zone, refusalReasons[refusedSlow]),
 		m.bodyRefusals.WithLabelValues(zone, refusalReasons[refusedNotJSON]),
+		m.bodyRefusals.WithLabelValues(zone, refusalReasons[refusedUnbounded]),
 	}
 	if u.cost.from != nil || u.cost.json != nil || u.cost.llm != nil || u.cost.fixed > 1 {
 		u.unit = unitUnits
@@ -240,8 +244,8 @@ type zoneCost struct {
 	// fallbacks counts requests whose value reserved 1 instead.
 	fallbacks *valueFallbacks
 	// refusals count the requests refused for their body, by reason
-	// (refusedSlow, refusedNotJSON).
-	refusals [2]prometheus.Counter
+	// (refusedSlow, refusedNotJSON, refusedUnbounded).
+	refusals [len(refusalReasons)]prometheus.Counter
 }
 
 // newZoneCost returns the cost of the config value cost, which the rules
@@ -270,7 +274,11 @@ func newZoneCost(cost string, costJSON *CostJSON, costLLM *CostLLM, fallbacks *v
 func (c *zoneCost) of(r *http.Request, repl *caddy.Replacer, budget int64) (int64, error) {
 	switch {
 	case c.llm != nil:
-		return c.refused(c.llm.of(r, budget, c.prices))
+		n, why, err := c.llm.of(r, budget, c.prices)
+		if why != "" {
+			c.fallbacks.record("llm", why)
+		}
+		return c.refused(n, err)
 	case c.json != nil:
 		n, why, err := c.json.of(r, budget)
 		if why != "" {
