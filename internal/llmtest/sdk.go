@@ -33,9 +33,14 @@ type SDKCall struct {
 	Headers        map[string]string `json:"headers,omitempty"`
 	// ExtraBody is put at the end of the body's top-level object: an
 	// object, or a JSON text, which may repeat keys.
-	ExtraBody any  `json:"extraBody,omitempty"`
-	HTTP2     bool `json:"http2,omitempty"`
-	SigV4     bool `json:"sigv4,omitempty"`
+	ExtraBody any `json:"extraBody,omitempty"`
+	// Parts, when set, is the user message's content in place of Content
+	// (content parts: images, files; Completions' prompt list), and Params
+	// more of the SDK's parameters (previous_response_id, tools).
+	Parts  any            `json:"parts,omitempty"`
+	Params map[string]any `json:"params,omitempty"`
+	HTTP2  bool           `json:"http2,omitempty"`
+	SigV4  bool           `json:"sigv4,omitempty"`
 }
 
 // SDKResult is what one call got, as the SDK saw it.

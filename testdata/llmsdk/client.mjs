@@ -11,6 +11,7 @@
 //     "stream": false, "includeUsage": false, "maxTokens": 30,
 //     "n": 1, "bestOf": 1, "candidateCount": 1, "content": "...",
 //     "drop": false, "headers": {}, "extraBody": {} | "{...}",
+//     "parts": [...], "params": {},
 //     "http2": false, "sigv4": false}],
 //    "parallel": false}
 //
@@ -41,7 +42,13 @@
 // (an object, or a JSON text, which may hold duplicate keys:
 // '{"max_tokens":1,"Max_Tokens":50000}'), through each SDK's own hook:
 // the fetch option of OpenAI, Anthropic, Gemini (httpOptions.fetch) and
-// Ollama, a build-step middleware for Bedrock.
+// Ollama, a build-step middleware for Bedrock. parts, when set, is the
+// user message's content in place of content (a list of content parts:
+// images, files; for completions the prompt, a list of prompts), and
+// params are more of the SDK's parameters (previous_response_id, tools),
+// for chat, completions, responses and messages. The api
+// "messages-batch" creates an Anthropic Message Batch of the requests in
+// parts, "openai-batch" an OpenAI batch of the file params.input_file_id.
 //
 // The header each SDK sends its key in, at these versions:
 //   openai 6.30.1                         Authorization: Bearer <apiKey>
@@ -127,7 +134,8 @@ async function openaiCall(c, seen, r) {
     }
   };
   if (c.api === "chat" || c.api === "completions") {
-    const params = c.api === "chat" ? { model, messages: [{ role: "user", content: c.content }] } : { model, prompt: c.content };
+    const params = c.api === "chat" ? { model, messages: [{ role: "user", content: c.parts ?? c.content }] } : { model, prompt: c.parts ?? c.content };
+    Object.assign(params, c.params);
     if (c.maxTokens) params.max_tokens = c.maxTokens;
     if (c.n) params.n = c.n;
     if (c.bestOf) params.best_of = c.bestOf;
@@ -157,7 +165,8 @@ async function openaiCall(c, seen, r) {
     r.choices = indexes.size;
     return;
   }
-  const params = { model, input: c.content };
+  const params = { model, input: c.parts ? [{ role: "user", content: c.parts }] : c.content };
+  Object.assign(params, c.params);
   if (c.maxTokens) params.max_output_tokens = c.maxTokens;
   if (!c.stream) {
     const { data, response } = await client.responses.create(params).withResponse();
@@ -187,7 +196,8 @@ function anthropicTokens(u) {
 
 async function anthropicCall(c, seen, r) {
   const client = new Anthropic({ baseURL: c.baseURL, apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
-  const params = { model: c.model ?? defaultModels.messages, messages: [{ role: "user", content: c.content }] };
+  const params = { model: c.model ?? defaultModels.messages, messages: [{ role: "user", content: c.parts ?? c.content }] };
+  Object.assign(params, c.params);
   if (c.maxTokens) params.max_tokens = c.maxTokens;
   if (!c.stream) {
     const { data, response } = await client.messages.create(params).withResponse();
@@ -375,6 +385,22 @@ const calls = {
   converse: bedrockCall,
   "converse-stream": bedrockCall,
 };
+
+// batchCall creates a batch: Anthropic's of the requests in c.parts,
+// OpenAI's of the file in c.params.
+async function batchCall(c, seen, r) {
+  let data, response;
+  if (c.api === "messages-batch") {
+    const client = new Anthropic({ baseURL: c.baseURL, apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
+    ({ data, response } = await client.messages.batches.create({ requests: c.parts }).withResponse());
+  } else {
+    const client = new OpenAI({ baseURL: c.baseURL + "/v1", apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
+    ({ data, response } = await client.batches.create({ endpoint: "/v1/chat/completions", completion_window: "24h", ...c.params }).withResponse());
+  }
+  Object.assign(r, headersOf(response.headers), { status: response.status, text: data.id ?? "" });
+}
+calls["messages-batch"] = batchCall;
+calls["openai-batch"] = batchCall;
 
 async function call(c) {
   const seen = {};

@@ -1,0 +1,240 @@
+package slidingratelimit
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"image"
+	"image/png"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
+)
+
+// pngData is a w x h PNG, base64.
+func pngData(t *testing.T, w, h int) string {
+	var b bytes.Buffer
+	if err := png.Encode(&b, image.NewGray(image.Rect(0, 0, w, h))); err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b.Bytes())
+}
+
+// imageParts are n content parts of chat, each the image at url.
+func imageParts(kind, url string, n int) []any {
+	parts := []any{map[string]any{"type": "text", "text": "What is in these?"}}
+	for range n {
+		switch kind {
+		case "chat":
+			parts = append(parts, map[string]any{"type": "image_url", "image_url": map[string]any{"url": url}})
+		case "responses":
+			parts = append(parts, map[string]any{"type": "input_image", "image_url": url})
+		case "messages":
+			parts = append(parts, map[string]any{"type": "image", "source": map[string]any{"type": "url", "url": url}})
+		}
+	}
+	if kind == "responses" {
+		parts[0] = map[string]any{"type": "input_text", "text": "What is in these?"}
+	}
+	return parts
+}
+
+// postRaw sends body to path of base with key, and returns the status and
+// the answer's body.
+func postRaw(t *testing.T, base, path, key, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// TestCostLLMUnbounded: through the recipe of docs/ai-gateway.md on two
+// instances, every class of call whose cost its body does not carry is
+// either bounded by what its parts can bill (images by URL and inline,
+// prompt lists, batches) and charged at least what it used, or refused
+// before the upstream with words that say what could not be bounded (input
+// by reference, hosted tools, batches in files, paths of no API), with the
+// official SDKs where they send the shape.
+func TestCostLLMUnbounded(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	instances := startRecipe(t, api.Addr(), 9580)
+	tiny := pngData(t, 1, 1)
+
+	t.Run("refused before the upstream", func(t *testing.T) {
+		calls := []struct {
+			what string
+			call sdkCall
+			want string
+		}{
+			{"an Anthropic document by file id", sdkCall{API: "messages", MaxTokens: 100, Parts: []any{
+				map[string]any{"type": "document", "source": map[string]any{"type": "file", "file_id": "file_011"}},
+				map[string]any{"type": "text", "text": "Summarise"}}}, "file id"},
+			{"an Anthropic PDF inline", sdkCall{API: "messages", MaxTokens: 100, Parts: []any{
+				map[string]any{"type": "document", "source": map[string]any{"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQ="}}}}, "PDF"},
+			{"Anthropic's web search", sdkCall{API: "messages", MaxTokens: 100, Content: "Search",
+				Params: map[string]any{"tools": []any{map[string]any{"type": "web_search_20250305", "name": "web_search"}}}}, "web_search_20250305"},
+			{"a previous response", sdkCall{API: "responses", MaxTokens: 100, Content: "And then?",
+				Params: map[string]any{"previous_response_id": "resp_1"}}, "previous_response_id"},
+			{"a conversation", sdkCall{API: "responses", MaxTokens: 100, Content: "And then?",
+				Params: map[string]any{"conversation": "conv_1"}}, "conversation"},
+			{"a Responses file", sdkCall{API: "responses", MaxTokens: 100, Parts: []any{
+				map[string]any{"type": "input_file", "file_id": "file-1"}}}, "input_file"},
+			{"a chat file", sdkCall{API: "chat", MaxTokens: 100, Parts: []any{
+				map[string]any{"type": "file", "file": map[string]any{"file_id": "file-1"}}}}, "file part"},
+			{"an OpenAI batch", sdkCall{API: "openai-batch", Params: map[string]any{"input_file_id": "file-batch"}}, "input_file_id"},
+			{"a part type nobody wrote a rule for", sdkCall{API: "chat", MaxTokens: 100, Parts: []any{
+				map[string]any{"type": "video_url", "video_url": map[string]any{"url": "https://example.com/v.mp4"}}}}, "video_url"},
+		}
+		var plan []sdkCall
+		for i, c := range calls {
+			c.call.BaseURL, c.call.APIKey = instances[i%2], fmt.Sprintf("sk-refused-%d", i)
+			plan = append(plan, c.call)
+		}
+		for i, r := range runSDK(t, plan, true) {
+			c := calls[i]
+			if r.Status != http.StatusBadRequest || !strings.Contains(r.Message, c.want) {
+				t.Errorf("%s: status %d, %s %q; want 400 naming %q", c.what, r.Status, r.Error, r.Message, c.want)
+			}
+			if n := api.CallCount("Bearer " + plan[i].APIKey); n != 0 {
+				t.Errorf("%s: %d calls reached the upstream", c.what, n)
+			}
+		}
+		for i, c := range []struct{ path, body, want string }{
+			{"/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hi"}]}],"cachedContent":"cachedContents/1"}`, "cachedContent"},
+			{"/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"file_data":{"file_uri":"files/1","mime_type":"application/pdf"}}]}]}`, "fileData"},
+			{"/v1beta/models/gemini-2.5-flash:batchGenerateContent", `{"batch":{"input_config":{"file_name":"files/requests"}}}`, "fileName"},
+			{"/v1/chat/completions/", `{"model":"m","messages":[]}`, "no API"},
+		} {
+			key := fmt.Sprintf("sk-raw-%d", i)
+			status, body := postRaw(t, instances[i%2], c.path, key, c.body)
+			if status != http.StatusBadRequest || !strings.Contains(body, c.want) || api.CallCount("Bearer "+key) != 0 {
+				t.Errorf("%s %s: status %d %q, %d upstream calls; want 400 naming %q and none", c.path, c.body, status, body, api.CallCount("Bearer "+key), c.want)
+			}
+		}
+	})
+
+	t.Run("images and prompt lists are charged at least what they bill", func(t *testing.T) {
+		calls := []sdkCall{
+			{API: "chat", Model: "gpt-4o", MaxTokens: 50, Parts: imageParts("chat", "https://example.com/a.png", 5)},
+			{API: "chat", Model: "gpt-4o-mini", MaxTokens: 50, Parts: imageParts("chat", "data:image/png;base64,"+tiny, 1)},
+			{API: "chat", Model: "gpt-4o", MaxTokens: 50, Stream: true, Parts: imageParts("chat", "data:image/png;base64,"+pngData(t, 2000, 1000), 2)},
+			{API: "responses", Model: "gpt-4o", MaxTokens: 50, Parts: imageParts("responses", "https://example.com/a.png", 3)},
+			{API: "messages", Model: "claude-sonnet-4-5", MaxTokens: 50, Stream: true, Parts: imageParts("messages", "https://example.com/a.png", 4)},
+			{API: "completions", MaxTokens: 300, N: 2, Parts: []any{"one", "two", "three", "four", "five"}},
+		}
+		for i := range calls {
+			calls[i].BaseURL, calls[i].APIKey = instances[i%2], fmt.Sprintf("sk-media-%d", i)
+		}
+		for i, r := range runSDK(t, calls, true) {
+			key := "Bearer " + calls[i].APIKey
+			used := api.Used(key)
+			if r.Status != 200 {
+				t.Fatalf("%s %s: status %d (%s %s)", calls[i].API, calls[i].Model, r.Status, r.Error, r.Message)
+			}
+			if charged := unitsUsed(t, "tokens", key, used); charged < used || used < 1000 {
+				t.Errorf("%s %s: %d tokens charged for %d used", calls[i].API, calls[i].Model, charged, used)
+			}
+		}
+	})
+
+	t.Run("a batch reserves its requests", func(t *testing.T) {
+		request := func(maxTokens int) map[string]any {
+			return map[string]any{"custom_id": "r", "params": map[string]any{"model": "claude-sonnet-4-5", "max_tokens": maxTokens,
+				"messages": []any{map[string]any{"role": "user", "content": "Write"}}}}
+		}
+		var big, small []any
+		for range 500 {
+			big = append(big, request(4000))
+		}
+		for range 3 {
+			small = append(small, request(1000))
+		}
+		rs := runSDK(t, []sdkCall{
+			{API: "messages-batch", BaseURL: instances[0], APIKey: "sk-batch-big", Parts: big},
+			{API: "messages-batch", BaseURL: instances[1], APIKey: "sk-batch-small", Parts: small},
+		}, false)
+		if rs[0].Status != 429 || api.CallCount("Bearer sk-batch-big") != 0 {
+			t.Errorf("a batch of 500 x 4,000 tokens: status %d (%s), %d upstream calls; want 429, none", rs[0].Status, rs[0].Message, api.CallCount("Bearer sk-batch-big"))
+		}
+		// The stand-in serves no batches: the answer, without usage,
+		// leaves the reservation charged.
+		if charged := adminState(t, "tokens", "Bearer sk-batch-small").Count; rs[1].Status == 429 || charged < 3000 {
+			t.Errorf("a batch of 3 x 1,000 tokens: status %d, %d charged; want it admitted and charged its reservation", rs[1].Status, charged)
+		}
+	})
+}
+
+// TestCostLLMFleetWithImages: dozens of calls with images and prompt lists
+// at once over two instances, without the in-flight zone: the tokens the
+// upstream billed in any window never exceed the budget, and no key is
+// charged less than it used.
+func TestCostLLMFleetWithImages(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	instances := startRecipe(t, api.Addr(), 9680, "concurrent 2", "concurrent 60")
+	tiny := pngData(t, 1, 1)
+	var calls [2][]sdkCall
+	for i := range 30 {
+		c := sdkCall{BaseURL: instances[i%2], APIKey: "sk-fleet-media", MaxTokens: 200, Headers: map[string]string{llmtest.HeaderPause: "20ms"}}
+		switch i % 3 {
+		case 0:
+			c.API, c.Model, c.Parts = "chat", "gpt-4o-mini", imageParts("chat", "data:image/png;base64,"+tiny, 1)
+		case 1:
+			c.API, c.Model, c.Stream, c.Parts = "messages", "claude-sonnet-4-5", true, imageParts("messages", "https://example.com/a.png", 5)
+		default:
+			c.API, c.N, c.Parts = "completions", 3, []any{"a", "b", "c", "d"}
+		}
+		calls[i%2] = append(calls[i%2], c)
+	}
+	var results [2][]sdkResult
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = runSDK(t, calls[i], true)
+		}()
+	}
+	wg.Wait()
+	admitted, refused := 0, 0
+	for _, rs := range results {
+		for _, r := range rs {
+			switch r.Status {
+			case 200:
+				admitted++
+			case 429:
+				refused++
+			default:
+				t.Errorf("status %d (%s %s)", r.Status, r.Error, r.Message)
+			}
+		}
+	}
+	const key = "Bearer sk-fleet-media"
+	if most := api.MostInWindow(key, time.Minute); most > 100000 {
+		t.Errorf("the API billed %d tokens in one window: want at most the budget, 100,000", most)
+	}
+	used := api.Used(key)
+	if charged := unitsUsed(t, "tokens", key, used); charged < used {
+		t.Errorf("%d tokens charged for %d used", charged, used)
+	}
+	if admitted < 2 || refused == 0 {
+		t.Errorf("%d admitted, %d refused: want the budget to run out", admitted, refused)
+	}
+	t.Logf("%d admitted, %d refused, %d tokens used", admitted, refused, used)
+}
