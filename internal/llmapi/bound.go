@@ -24,9 +24,16 @@ type bounder struct {
 	images  int64
 	adds    int64
 	prompts int64
-	// batch is the sum of the nested requests' output and media bounds.
-	batch int64
+	// batch are the requests nested in a batch, for the caller to bound.
+	batch []nestedRequest
 	why   string
+}
+
+// nestedRequest is a whole request of api inside a batch, at
+// data[start:end].
+type nestedRequest struct {
+	api        API
+	start, end int
 }
 
 // walk reads the body by s; errUnbounded when a value cannot be bounded
@@ -350,22 +357,15 @@ func (b *bounder) prompts1(depth int) error {
 	return nil
 }
 
-// nested reads a whole request of s.api inside a batch, adding its output
-// and media bounds to the batch's (its bytes are the batch's already).
+// nested reads a whole request of api inside a batch, which the caller
+// bounds (its bytes are the batch's already).
 func (b *bounder) nested(depth int, api API) error {
 	w := &b.w
 	start := w.i
 	if err := w.value(depth, 0, 0); err != nil {
 		return err
 	}
-	r, err := readRequest(api, b.model, w.data[start:w.i], b.defaultOutput)
-	switch {
-	case err != nil:
-		return err
-	case r.Unbounded != "":
-		return b.cannot("a batch's request: " + r.Unbounded)
-	}
-	b.batch = addSat(b.batch, addSat(r.Output, r.Media))
+	b.batch = append(b.batch, nestedRequest{api: api, start: start, end: w.i})
 	return nil
 }
 

@@ -14,25 +14,6 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
 
-// media is what a part of a request counts as beyond its bytes: the
-// vendors bill an image by its pixels, not by the bytes that carry it (a
-// 1x1 PNG of 70 bytes is 2,833 input tokens on gpt-4o-mini), and by the
-// same rule whether it comes inline or by URL.
-type media uint8
-
-const (
-	noMedia media = iota
-	// anImage is an image billed at most imageBound(api, model) tokens,
-	// wherever it comes from: the vendor scales every image down to a
-	// largest size first.
-	anImage
-	// imageData is an inline image (base64) billed by its size in
-	// tiles that the vendor does not cap (Gemini): the bound reads the
-	// size from the image's header; an image whose size cannot be read
-	// cannot be bounded.
-	imageData
-)
-
 // imageBounds are, per API, the most one image can be billed, by model
 // (a pattern with '*'; the first match wins, and a model no pattern matches
 // takes the API's largest, so that a name nobody wrote a rule for never

@@ -437,7 +437,6 @@ func ReadRequest(api, model string, body []byte) (Request, error) {
 	if model != "" {
 		r.Model = model
 	}
-	r.Input += mediaTokens(api, r.Model, body)
 	r.Output = mul(r.Generations, r.Bound)
 	return r, nil
 }
