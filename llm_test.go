@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
+	"go.uber.org/zap"
 )
 
 // pngData is a w x h PNG, base64.
@@ -237,4 +238,32 @@ func TestCostLLMFleetWithImages(t *testing.T) {
 		t.Errorf("%d admitted, %d refused: want the budget to run out", admitted, refused)
 	}
 	t.Logf("%d admitted, %d refused, %d tokens used", admitted, refused, used)
+}
+
+// TestCostLLMCeiling: a call the reader cannot bound is refused without a
+// ceiling, and reserves the ceiling with one (priced at the dearest rate).
+func TestCostLLMCeiling(t *testing.T) {
+	const body = `{"model":"gpt-4o","input":"and then?","max_output_tokens":100,"previous_response_id":"resp_1"}`
+	call := func(c *CostLLM, prices *priceTable) (int64, string, error) {
+		r, err := http.NewRequest(http.MethodPost, "http://x/v1/responses", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.of(r, 1000000, prices)
+	}
+	if _, _, err := call(&CostLLM{}, nil); err == nil || !strings.Contains(err.Error(), "previous_response_id") {
+		t.Errorf("without a ceiling: %v, want a refusal naming previous_response_id", err)
+	}
+	n, why, err := call(&CostLLM{Ceiling: 50000}, nil)
+	if err != nil || n != 50000 || !strings.Contains(why, "previous_response_id") {
+		t.Errorf("with ceiling 50000: %d %q %v, want 50000 and why", n, why, err)
+	}
+	if err := initMetrics(nil); err != nil {
+		t.Fatal(err)
+	}
+	prices := newPriceTable("spend", []*Price{{Model: "*", Input: "1", Output: "4"}}, zap.NewNop())
+	// 50,000 tokens at $4 per million, the dearest: 200,000 µ$.
+	if n, _, err := call(&CostLLM{Ceiling: 50000}, prices); err != nil || n != 200000 {
+		t.Errorf("with prices: %d µ$ %v, want 200000", n, err)
+	}
 }
