@@ -244,7 +244,6 @@ func (b *bounder) tagged(s *shape, depth int) error {
 // has none, ok false when it has two that differ or one that is no string.
 func (b *bounder) tagOf(s *shape, depth int) (tag []byte, ok bool, err error) {
 	w := &b.w
-	names := splitNames(s.tag)
 	w.i++
 	if w.space(); w.i < len(w.data) && w.data[w.i] == '}' {
 		w.i++
@@ -259,7 +258,7 @@ func (b *bounder) tagOf(s *shape, depth int) (tag []byte, ok bool, err error) {
 			return nil, false, err
 		}
 		isTag := false
-		for _, n := range names {
+		for _, n := range s.tags {
 			isTag = isTag || key != nil && bytes.EqualFold(key, []byte(n))
 		}
 		w.space()

@@ -171,10 +171,11 @@ type shape struct {
 	// text, bounded by its bytes.
 	elem *shape
 
-	// tag is the key whose string value chooses the variant (kind tagged);
+	// tags are the spellings of the key whose string value chooses the
+	// variant (kind tagged);
 	// variants are tried in order, a name ending in '*' matching by prefix.
 	// A value without the tag takes the variant named "".
-	tag      string
+	tags     []string
 	variants []variant
 
 	// why is what cannot be bounded (kind unbounded).
@@ -251,7 +252,7 @@ func listOf(elem *shape) *shape { return &shape{kind: list, elem: elem} }
 
 // byTag returns a tagged shape: tag's value, then a shape, pairs.
 func byTag(name, tag string, kv ...any) *shape {
-	s := &shape{kind: tagged, name: name, tag: tag}
+	s := &shape{kind: tagged, name: name, tags: []string{tag}}
 	for i := 0; i < len(kv); i += 2 {
 		s.variants = append(s.variants, variant{value: kv[i].(string), shape: kv[i+1].(*shape)})
 	}
@@ -310,8 +311,8 @@ func protoFields(s *shape) *shape {
 			walk(v.shape)
 		}
 		if s.kind == tagged {
-			if snake := snakeCase(s.tag); snake != s.tag {
-				s.tag += "|" + snake
+			if snake := snakeCase(s.tags[0]); snake != s.tags[0] {
+				s.tags = append(s.tags, snake)
 			}
 		}
 	}
