@@ -232,7 +232,7 @@ var (
 	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
 	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
 		"redis", "key_prefix", "timeout", "wait", "max_waiting"}, limitSubdirectives...)
-	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease", "price"}, limitSubdirectives...)
+	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease", "price", "price_table"}, limitSubdirectives...)
 )
 
 // parseLimitOption parses a subdirective that both the handler and a zone
@@ -302,6 +302,16 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			return nil, d.Errf("zone %s: duplicate subdirective '%s'", z.Name, name)
 		}
 		seen[name] = true
+		if name == "price_table" {
+			if !d.NextArg() || d.CountRemainingArgs() > 0 {
+				return nil, d.Errf("zone %s: price_table takes the path of one price table file (price_table /etc/caddy/model_prices.json)", z.Name)
+			}
+			if pricesLine == 0 {
+				pricesLine = d.Line()
+			}
+			z.PriceTable = d.Val()
+			continue
+		}
 		if name == "match" {
 			matchers, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
@@ -353,12 +363,12 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			return nil, d.Errf("zone %s: %v", z.Name, err)
 		}
 	}
-	if len(z.Prices) > 0 && (z.Settle != nil || z.Cost != "" || z.CostJSON != nil || z.CostLLM != nil) {
+	if z.priced() && (z.Settle != nil || z.Cost != "" || z.CostJSON != nil || z.CostLLM != nil) {
 		// A zone that sets neither may take both from the handler, which
 		// Validate checks once they are merged.
 		settleLLM := z.Settle == nil || z.Settle.LLM
 		costLLM := z.CostLLM != nil || z.Cost == "" && z.CostJSON == nil
-		if err := checkPricesSettled(z.Prices, costLLM, settleLLM); err != nil {
+		if err := checkPricesSettled(z.priced(), costLLM, settleLLM); err != nil {
 			return nil, d.Errf("zone %s: %v (the price at line %d)", z.Name, err, pricesLine)
 		}
 	}

@@ -98,7 +98,13 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64
 		return tokens, call.Unbounded, nil
 	}
 	if prices != nil {
-		return max(prices.of(call.Model).reserve(call.Input+call.Media, call.Output), 1), "", nil
+		output := call.Output
+		if limit, ok := prices.outputLimit(call.Model); ok && (!call.Named || call.Bound > limit) {
+			// The model generates no more than its limit, whatever the
+			// call names: a call that names none, or more, reserves it.
+			output = min(strictnum.Max, limit*call.Completions+call.Batch)
+		}
+		return max(prices.of(call.Model).reserve(call.Input+call.Media, output), 1), "", nil
 	}
 	return min(max(call.Reserve, 1), strictnum.Max), "", nil
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
 
@@ -218,6 +219,8 @@ type priceLine struct {
 // none of them matches pays. Safe for concurrent use.
 type priceTable struct {
 	lines []priceLine
+	// file is the zone's price table, nil without one.
+	file *llmprice.Table
 	// unmatched prices a model no line matches: with no "*" line, the
 	// dearest price listed of each kind.
 	unmatched rates
@@ -255,16 +258,58 @@ func newPriceTable(zone string, prices []*Price, logger *zap.Logger) *priceTable
 	return t
 }
 
-// lookup returns the rates of model: the first line that matches it, or
-// the dearest prices listed and false.
+// withTable adds a price table file: a model it names is priced by it
+// unless a line names that model whole, and a model neither names pays the
+// dearest of both.
+func (t *priceTable) withTable(file *llmprice.Table) {
+	if file == nil {
+		return
+	}
+	t.file = file
+	d := file.Dearest()
+	if len(t.lines) == 0 {
+		t.unmatched = rates{}
+	}
+	t.unmatched = rates{
+		input:      max(t.unmatched.input, d.Input),
+		cached:     max(t.unmatched.cached, d.Cached),
+		cacheWrite: max(t.unmatched.cacheWrite, d.CacheWrite),
+		output:     max(t.unmatched.output, d.Output),
+	}
+}
+
+// lookup returns the rates of model: a line that names it whole, the
+// table's price of it, the first line whose pattern matches it, or the
+// dearest prices listed and false. (A line naming a model whole never
+// follows a pattern that matches it: checkPrices refuses it.)
 func (t *priceTable) lookup(model string) (rates, bool) {
 	lower := strings.ToLower(model)
+	for _, l := range t.lines {
+		if !strings.Contains(l.pattern, "*") && l.pattern == lower {
+			return l.rates, true
+		}
+	}
+	if t.file != nil {
+		if m, ok := t.file.Lookup(model); ok {
+			return rates{input: m.Input, cached: m.Cached, cacheWrite: m.CacheWrite, output: m.Output}, true
+		}
+	}
 	for _, l := range t.lines {
 		if globMatch(l.pattern, lower) {
 			return l.rates, true
 		}
 	}
 	return t.unmatched, false
+}
+
+// outputLimit is the most the model generates in one call, as the price
+// table says; false when it does not.
+func (t *priceTable) outputLimit(model string) (int64, bool) {
+	if t == nil || t.file == nil {
+		return 0, false
+	}
+	m, ok := t.file.Lookup(model)
+	return m.MaxOutput, ok && m.MaxOutput > 0
 }
 
 // of is lookup for a call's reservation: a model no line matches is
@@ -377,9 +422,9 @@ func checkPrices(prices []*Price) error {
 // checkPricesSettled accepts prices only in a zone whose calls are read as
 // LLM API calls: cost llm, which knows the model and the bounds to price,
 // and settle llm, which knows the kinds of tokens used.
-func checkPricesSettled(prices []*Price, costLLM, settleLLM bool) error {
+func checkPricesSettled(priced, costLLM, settleLLM bool) error {
 	switch {
-	case len(prices) == 0:
+	case !priced:
 		return nil
 	case !settleLLM:
 		return errors.New("price needs settle llm (and cost llm): a price turns the tokens of each kind that an LLM API reports into dollars, which only settle llm reads")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -217,6 +218,10 @@ func TestPriceLoadErrors(t *testing.T) {
 		{"without settle llm", strings.Replace(zone("price gpt-4o* input 2.50 output 10"), "settle llm", "settle header X-Usage", 1), []string{"zone spend: price needs settle llm", "the price at line 6"}},
 		{"at the top", ":8080 {\n\tsliding_ratelimit {\n\t\tprice * input 5 output 15\n\t}\n}\n", []string{"price belongs in a zone", "Caddyfile:3"}},
 		{"without cost llm", strings.Replace(zone("price gpt-4o* input 2.50 output 10"), "cost llm 4096", "cost json max_tokens 4096", 1), []string{"zone spend: price needs cost llm", "the price at line 6"}},
+		{"a price table without a path", zone("price_table"), []string{"price_table takes the path of one price table file", "Caddyfile:6"}},
+		{"a price table with two", zone("price_table a.json b.json"), []string{"price_table takes the path of one"}},
+		{"a price table without settle llm", strings.Replace(zone("price_table prices.json"), "settle llm", "settle header X-Usage", 1), []string{"zone spend: price needs settle llm", "the price at line 6"}},
+		{"a price table twice", zone("price_table a.json", "price_table b.json"), []string{"duplicate subdirective 'price_table'"}},
 	} {
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.caddyfile), nil)
 		if err == nil {
@@ -239,6 +244,9 @@ func TestPriceLoadErrors(t *testing.T) {
 		{`{"settle": {"llm": true}, "zones": [{"name": "spend", "window": "24h", "max_requests": 10000000, "prices": [{"model": "*", "input": "5", "output": 15}]}]}`, "zone spend: price needs cost llm"},
 		{`{"cost_llm": {}, "settle": {"llm": true}, "zones": [{"name": "spend", "window": "24h", "max_requests": 10000000, "prices": [{"model": "*", "input": -5, "output": 15}]}]}`, `zone spend: price *: input: "-5" is negative`},
 		{`{"cost_llm": {}, "settle": {"llm": true}, "zones": [{"name": "spend", "window": "24h", "max_requests": 10000000, "prices": [{"input": 5, "output": 15}]}]}`, "price needs a model pattern"},
+		{`{"cost_llm": {}, "settle": {"llm": true}, "zones": [{"name": "spend", "window": "24h", "max_requests": 10000000, "price_table": "/nonexistent/prices.json"}]}`, "zone spend: price_table: reading the price table: open /nonexistent/prices.json"},
+		{`{"cost_llm": {}, "settle": {"llm": true}, "zones": [{"name": "spend", "window": "24h", "max_requests": 10000000, "price_table": "internal/llmprice/testdata/../../../go.mod"}]}`, "not a JSON object of models"},
+		{`{"cost_llm": {}, "zones": [{"name": "spend", "window": "24h", "max_requests": 10000000, "price_table": "internal/llmprice/testdata/model_prices.json"}]}`, "zone spend: price needs settle llm"},
 	} {
 		if err := provisionError(t, c.config); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error saying %q", c.config, err, c.want)
@@ -577,4 +585,80 @@ func TestSpendKeyStaysSmall(t *testing.T) {
 	if size > 16<<10 {
 		t.Errorf("one key of a 30-day window takes %d bytes after %d calls, want at most 16 KB", size, calls)
 	}
+}
+
+// TestPriceTableFile runs the money recipe with a price table file in
+// place of its price lines (one line kept, which overrides the table for
+// its model), on two instances: a model the table names is priced at its
+// dearest price of each kind, a line naming a model whole wins over the
+// table, a model neither names pays the dearest of both, and a call that
+// names no output bound reserves the model's output limit.
+func TestPriceTableFile(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	file, err := filepath.Abs("internal/llmprice/testdata/model_prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := "price gpt-4o-mini* input 0.15 cached 0.075 output 0.60\n" +
+		"\t\t\t\tprice gpt-4o* input 2.50 cached 1.25 output 10.00\n" +
+		"\t\t\t\tprice claude-* input 3.00 cache_write 3.75 cached 0.30 output 15.00\n" +
+		"\t\t\t\tprice * input 15 output 75"
+	instances := startSpendRecipe(t, api.Addr(), 9780, lines, "price_table "+file+"\n\t\t\t\tprice claude-sonnet-4-5 input 1 output 1")
+
+	cases := []struct {
+		model string
+		usage string // input,output
+		want  int64  // µ$
+	}{
+		// The table's priority prices: $4.25 and $17 a million.
+		{"gpt-4o", "1000000,100000", 4_250_000 + 1_700_000},
+		// The line that names the model whole: $1 and $1.
+		{"claude-sonnet-4-5", "1000000,0", 1_000_000},
+		// Neither: the dearest input of both, the table's $10 a million
+		// (an audio token's), above the line's $1.
+		{"my-own-model", "100000,0", 1_000_000},
+	}
+	for i, c := range cases {
+		call := sdkCall{API: "chat", BaseURL: instances[i%2], APIKey: "sk-acme-table-" + c.model, Model: c.model, MaxTokens: 100, Content: "hi",
+			Headers: map[string]string{llmtest.HeaderUsage: c.usage}}
+		if r := runOne(t, call); r.Status != 200 {
+			t.Fatalf("%s: status %d (%s %s)", c.model, r.Status, r.Error, r.Message)
+		}
+		if got := unitsUsed(t, "spend", "Bearer "+call.APIKey, c.want); got != c.want {
+			t.Errorf("%s, usage %s: %d µ$ charged, want %d", c.model, c.usage, got, c.want)
+		}
+	}
+
+	// No max_tokens on gpt-4o-mini: 16,384 output tokens at $0.60 a
+	// million reserve 9,831 µ$ (the recipe's default, 4,096, would be
+	// 2,458), beside the prompt's bytes.
+	r := runOne(t, sdkCall{API: "chat", BaseURL: instances[1], APIKey: "sk-acme-table-nobound", Model: "gpt-4o-mini", Content: "hi",
+		Headers: map[string]string{llmtest.HeaderPause: "300ms"}})
+	remaining := rateLimitRemaining(t, r.RateLimit, "spend")
+	if reserved := 10_000_000 - remaining; r.Status != 200 || reserved < 9_831 || reserved > 11_000 {
+		t.Errorf("a call without max_tokens reserved %d µ$ (status %d, RateLimit %q): want its model's output limit's, about 9,900", reserved, r.Status, r.RateLimit)
+	}
+}
+
+// rateLimitRemaining reads r of zone's item of a RateLimit header.
+func rateLimitRemaining(t *testing.T, header, zone string) int64 {
+	t.Helper()
+	for _, item := range strings.Split(header, ",") {
+		item = strings.TrimSpace(item)
+		if !strings.HasPrefix(item, `"`+zone+`";`) {
+			continue
+		}
+		for _, p := range strings.Split(item, ";") {
+			if v, ok := strings.CutPrefix(p, "r="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatalf("RateLimit %q: %v", header, err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatalf("RateLimit %q has no item of %s", header, zone)
+	return 0
 }

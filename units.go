@@ -17,6 +17,7 @@ import (
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/jsonusage"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -122,11 +123,12 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, costLLM *CostLLM, maxRe
 // priceBy makes the zone count µ$ at prices, when it has any and reads its
 // calls with cost llm (the rules refuse prices without it), and reports
 // whether it does. u may be nil: a zone that counts requests.
-func (u *zoneUnits) priceBy(zone string, prices []*Price, logger *zap.Logger) bool {
-	if u == nil || len(prices) == 0 || u.cost.llm == nil {
+func (u *zoneUnits) priceBy(zone string, prices []*Price, table *llmprice.Table, logger *zap.Logger) bool {
+	if u == nil || len(prices) == 0 && table == nil || u.cost.llm == nil {
 		return false
 	}
 	u.cost.prices = newPriceTable(zone, prices, logger)
+	u.cost.prices.withTable(table)
 	u.unit = unitUSDMicros
 	return true
 }

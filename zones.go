@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/clientkey"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
@@ -106,6 +107,20 @@ type Zone struct {
 	// the zone counts tokens.
 	Prices []*Price `json:"prices,omitempty"`
 
+	// PriceTable is the path of a price table file in the format of
+	// LiteLLM's model_prices_and_context_window.json, which makes the zone
+	// count money as Prices do: a model the table names, matched whole
+	// (case aside), is priced at the dearest price of each kind the table
+	// gives for it (context tiers, priority service, audio, 1-hour cache
+	// writes: the usage does not always say which applied), and a call that
+	// names no output bound, or a larger one than the model's, reserves the
+	// model's output limit. Prices lines override it: a line naming a model
+	// whole comes first, then the table, then the lines with '*'; a model
+	// neither names pays the dearest price of each kind of both. The file
+	// is read when the config loads: a reload reads it again. Needs cost
+	// llm and settle llm. Default: none.
+	PriceTable string `json:"price_table,omitempty"`
+
 	// Key identifies the client in this zone, with placeholders expanded per
 	// request (see the handler's key). Default: the handler's key.
 	Key string `json:"key,omitempty"`
@@ -177,6 +192,10 @@ type Zone struct {
 // provision loads the zone's matchers and precomputes what requests need.
 // The key, algorithm, count_status, cost and settle of defaults (the
 // handler's) stand for those the zone leaves empty.
+// priced reports whether the zone counts money: it has prices, or a price
+// table.
+func (z *Zone) priced() bool { return len(z.Prices) > 0 || z.PriceTable != "" }
+
 func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) error {
 	if z.Key == "" {
 		z.Key = defaults.Key
@@ -225,7 +244,14 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	z.units = newZoneUnits(z.Name, z.Cost, z.CostJSON, z.CostLLM, z.MaxRequestsFrom, z.MaxRequests, z.Settle, logger)
 	warnClientChosenUnits(logger, z.Name, z.MaxRequestsFrom, z.Cost, z.Settle != nil)
 	z.identity = zoneIdentity(z.Name, z.site, z.limit, z.CountStatus, z.Settle)
-	if z.units.priceBy(z.Name, z.Prices, logger) {
+	var table *llmprice.Table
+	if z.PriceTable != "" {
+		var err error
+		if table, err = llmprice.Load(z.PriceTable); err != nil {
+			return fmt.Errorf("zone %s: price_table: %w", z.Name, err)
+		}
+	}
+	if z.units.priceBy(z.Name, z.Prices, table, logger) {
 		// µ$ are not tokens: a zone that starts or stops pricing on a
 		// reload starts its clients over rather than read one as the other.
 		z.identity += ":" + unitUSDMicros
@@ -300,7 +326,7 @@ func (z *Zone) validate() error {
 		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 		checkPrices(z.Prices),
-		checkPricesSettled(z.Prices, z.CostLLM != nil, z.Settle != nil && z.Settle.LLM),
+		checkPricesSettled(z.priced(), z.CostLLM != nil, z.Settle != nil && z.Settle.LLM),
 	}
 	if z.concurrency() {
 		rules = []error{
@@ -350,6 +376,9 @@ func (z *Zone) countingFields() string {
 	}
 	if z.Prices != nil {
 		set = append(set, "prices")
+	}
+	if z.PriceTable != "" {
+		set = append(set, "price_table")
 	}
 	return strings.Join(set, ", ")
 }

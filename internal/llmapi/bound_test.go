@@ -124,6 +124,9 @@ func TestBounds(t *testing.T) {
 			if r.Media != c.media {
 				t.Errorf("Media = %d, want %d", r.Media, c.media)
 			}
+			if want := r.Bound*r.Completions + r.Batch; r.Output != want {
+				t.Errorf("Output = %d, want Bound %d x Completions %d + Batch %d", r.Output, r.Bound, r.Completions, r.Batch)
+			}
 			if want := r.Output + r.Input + r.Media; r.Reserve != want {
 				t.Errorf("Reserve = %d, want Output + Input + Media = %d", r.Reserve, want)
 			}

@@ -20,8 +20,13 @@ type Request struct {
 	// generates nothing); false when the default was taken.
 	Named bool
 	// Output is the output bound (named, or the default), plus its addends,
-	// times the largest multiplier (at least 1).
+	// times the largest multiplier (at least 1) and the prompts: Bound x
+	// Completions + Batch.
 	Output int64
+	// Bound is the output bound of one completion, with its addends;
+	// Completions how many the call generates (multiplier x prompts);
+	// Batch the output and media bounds of a batch's requests.
+	Bound, Completions, Batch int64
 	// Input is the input bound: the body's bytes.
 	Input int64
 	// Media is what the body's parts bill beyond their bytes: each image
@@ -113,7 +118,8 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 			return Request{API: api, Model: model}, err
 		}
 	}
-	r.Output = mulSat(mulSat(bound, multiplier), max(b.prompts, 1))
+	r.Bound, r.Completions = bound, mulSat(multiplier, max(b.prompts, 1))
+	r.Output = mulSat(r.Bound, r.Completions)
 	for _, n := range b.batch {
 		one, err := readRequest(n.api, r.Model, body[n.start:n.end], defaultOutput)
 		switch {
@@ -122,8 +128,9 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 		case one.Unbounded != "" && r.Unbounded == "":
 			r.Unbounded = "a batch's request: " + one.Unbounded
 		}
-		r.Output = addSat(r.Output, addSat(one.Output, one.Media))
+		r.Batch = addSat(r.Batch, addSat(one.Output, one.Media))
 	}
+	r.Output = addSat(r.Output, r.Batch)
 	if b.images > 0 {
 		r.Media = mulSat(b.images, imageTokens(api, r.Model))
 	}
