@@ -25,6 +25,9 @@ const exceededEvent = "sliding_ratelimit.exceeded"
 // applies the fail mode).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if h.readsModel {
+		repl.Map(modelProvider(r))
+	}
 	var req request
 	if err := req.collect(h.zones, r, repl, h.IPv4Prefix, h.IPv6Prefix); err != nil {
 		var refused *bodyRefusal

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
@@ -107,6 +109,60 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64
 		return max(prices.of(call.Model).reserve(call.Input+call.Media, output), 1), "", nil
 	}
 	return min(max(call.Reserve, 1), strictnum.Max), "", nil
+}
+
+// modelPlaceholder is the model a request names: its body's "model", or
+// the path's for Gemini and Bedrock (noModel when it names none), for a
+// zone's key and matchers, and for the handlers after.
+const modelPlaceholder = "http.sliding_ratelimit.model"
+
+// noModel is the model placeholder of a request that names none: a value
+// of its own, never a named model's.
+const noModel = "(none)"
+
+// modelProvider gives r's model placeholder, reading its body ahead (as
+// cost llm does, once for both) only when a key, a matcher or a handler
+// asks for it.
+func modelProvider(r *http.Request) caddy.ReplacerFunc {
+	return func(key string) (any, bool) {
+		if key != modelPlaceholder {
+			return nil, false
+		}
+		if p, ok := r.Body.(*bodyPeek); ok && p.modelRead {
+			return orNoModel(p.model), true
+		}
+		body := peekBody(r)
+		call, _ := llmapi.ReadRequest(r.URL.Path, body.data, 1)
+		if p, ok := r.Body.(*bodyPeek); ok {
+			p.model, p.modelRead = call.Model, true
+		}
+		return orNoModel(call.Model), true
+	}
+}
+
+func orNoModel(model string) string {
+	if model == "" {
+		return noModel
+	}
+	return model
+}
+
+// readsModel reports whether a zone reads LLM calls (cost llm) or names
+// the model placeholder in its key or matchers.
+func readsModel(zones []*Zone) bool {
+	for _, z := range zones {
+		if z.CostLLM != nil || strings.Contains(z.Key, modelPlaceholder) {
+			return true
+		}
+		for _, set := range z.MatchersRaw {
+			for _, raw := range set {
+				if strings.Contains(string(raw), modelPlaceholder) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // requestModel is the model that r names, as cost llm read it (its body's

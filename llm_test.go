@@ -267,3 +267,53 @@ func TestCostLLMCeiling(t *testing.T) {
 		t.Errorf("with prices: %d µ$ %v, want 200000", n, err)
 	}
 }
+
+// TestModelPlaceholder: a zone keyed by the model a call names keeps a
+// budget per model: a key that spent its budget on one model still calls
+// another, and a call that names none has a budget of its own.
+func TestModelPlaceholder(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	startCaddy(t, `:9080 {
+	route {
+		sliding_ratelimit {
+			key {http.request.header.Authorization}
+			zone per_model 1m 5000 {
+				key {http.request.header.Authorization}/{http.sliding_ratelimit.model}
+				cost llm 100
+				settle llm
+			}
+			redis `+sharedRedis.URL()+`
+			key_prefix `+uniquePrefix(t)+`
+		}
+		reverse_proxy `+api.Addr()+` {
+			header_up -Accept-Encoding
+		}
+	}
+}`)
+	base := strings.TrimSuffix(site, "/")
+	call := func(model string, maxTokens int64) sdkResult {
+		return runOne(t, sdkCall{API: "chat", BaseURL: base, APIKey: "sk-models", Model: model, MaxTokens: maxTokens, Content: "hi",
+			Headers: map[string]string{llmtest.HeaderUsage: fmt.Sprintf("10,%d", maxTokens)}})
+	}
+	if r := call("gpt-4o", 4000); r.Status != 200 {
+		t.Fatalf("the first gpt-4o call: status %d (%s %s)", r.Status, r.Error, r.Message)
+	}
+	if r := call("gpt-4o", 4000); r.Status != 429 {
+		t.Errorf("a second gpt-4o call past its budget: status %d, want 429", r.Status)
+	}
+	if r := call("gpt-4o-mini", 4000); r.Status != 200 {
+		t.Errorf("another model: status %d (%s %s), want its own budget", r.Status, r.Error, r.Message)
+	}
+	// No model: a budget of its own.
+	status, body := postRaw(t, base, "/v1/chat/completions", "sk-models", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`)
+	if status == 429 {
+		t.Errorf("a call that names no model: status %d %q, want a budget of its own", status, body)
+	}
+	if got := adminState(t, "per_model", "Bearer sk-models/gpt-4o").Count; got < 4000 {
+		t.Errorf("gpt-4o's budget holds %d, want its call's 4,010", got)
+	}
+	if got := adminState(t, "per_model", "Bearer sk-models/(none)").Count; got < 4000 {
+		t.Errorf("the no-model budget holds %d, want its call's", got)
+	}
+}

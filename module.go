@@ -214,6 +214,9 @@ type Handler struct {
 	// concurrency zone).
 	waits  *waitRoom
 	leases *leaseKeeper
+	// readsModel is set when a zone reads LLM calls or names the model
+	// placeholder: requests then get its provider (llm.go).
+	readsModel bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -250,6 +253,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	warnPersistence(h.logger, b.conn, h.windows(), time.Duration(h.Timeout))
 	h.waits = newWaitRoom(h.zones, h.MaxWaiting, time.Duration(h.Timeout), h.Mode == modeReport, b)
 	h.leases = newLeaseKeeper(h.zones, b, h.logger)
+	h.readsModel = readsModel(h.zones)
 	handlers.add(h)
 	if h.Window != 0 {
 		// The zone of the three-line form, which nobody named.

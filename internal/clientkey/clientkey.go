@@ -414,6 +414,8 @@ func init() {
 		orig_uri.path.dir orig_uri.query orig_uri.prefixed_query`) {
 		knownRequestPlaceholders["http.request."+name] = true
 	}
+	// The model an LLM call names, which sliding_ratelimit provides.
+	knownRequestPlaceholders["http.sliding_ratelimit.model"] = true
 }
 
 // KnownPlaceholder reports whether name (without braces) is a placeholder a
