@@ -35,7 +35,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	sliding_ratelimit [<matcher>] {
 //		window       <duration>
 //		max_requests <n> | <placeholder> <fallback>
-//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>]
+//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
 //		settle       header <name> | bytes | json <path>... | llm
 //		key          <string>
 //		algorithm    log|counter
@@ -44,7 +44,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		zone <name> [<window> <max_requests>] {
 //			window       <duration>
 //			max_requests <n> | <placeholder> <fallback>
-//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>]
+//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
 //			settle       header <name> | bytes | json <path>... | llm
 //			key          <string>
 //			algorithm    log|counter
@@ -598,7 +598,7 @@ type unitsFields struct {
 // and a zone take:
 //
 //	max_requests <n> | <placeholder> <fallback>
-//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>]
+//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
 //	settle       header <name> | bytes | json <path>... | llm
 //
 // It reports false for any other name. Of cost's forms, the last one given
@@ -713,15 +713,30 @@ func parseCostJSON(d *caddyfile.Dispenser, args []string) (*CostJSON, error) {
 	return &c, nil
 }
 
-// parseCostLLM reads the arguments of cost llm: [<default>] [ceiling <n>].
+// parseCostLLM reads the arguments of cost llm: [<default>] [ceiling <n>]
+// [cap <n>].
 func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 	var c CostLLM
-	if len(args) >= 2 && args[len(args)-2] == "ceiling" {
-		n, ok := strictnum.Parse(args[len(args)-1])
-		if !ok || n < 1 {
-			return nil, d.Errf("cost llm: the ceiling must be a whole number of at least 1 (cost llm 4096 ceiling 200000), got %q", args[len(args)-1])
+	for len(args) >= 2 {
+		name, value := args[len(args)-2], args[len(args)-1]
+		var field *int64
+		switch name {
+		case "ceiling":
+			field = &c.Ceiling
+		case "cap":
+			field = &c.Cap
 		}
-		c.Ceiling, args = n, args[:len(args)-2]
+		if field == nil {
+			break
+		}
+		n, ok := strictnum.Parse(value)
+		if !ok || n < 1 {
+			return nil, d.Errf("cost llm: the %s must be a whole number of at least 1 (cost llm 4096 %s 200000), got %q", name, name, value)
+		}
+		if *field != 0 {
+			return nil, d.Errf("cost llm: %s is given twice", name)
+		}
+		*field, args = n, args[:len(args)-2]
 	}
 	switch len(args) {
 	case 0:
@@ -732,7 +747,7 @@ func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 		}
 		c.Default = n
 	default:
-		return nil, d.Errf("cost llm takes the output bound of a call that names none and a ceiling for calls it cannot bound (cost llm 4096 ceiling 200000), got %q", args)
+		return nil, d.Errf("cost llm takes the output bound of a call that names none, a ceiling for calls it cannot bound and a cap on any call's reservation (cost llm 4096 ceiling 200000 cap 300000), got %q", args)
 	}
 	return &c, nil
 }

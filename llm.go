@@ -54,6 +54,16 @@ type CostLLM struct {
 	// rate. 0 (the default): such a call is refused with 400
 	// (body_refusals_total{reason="unbounded"}).
 	Ceiling int64 `json:"ceiling,omitempty"`
+
+	// Cap is the most one call reserves, in tokens, whatever its bounds
+	// say: for agents that ask for 64k-128k output tokens and use a few
+	// thousand, whose reservations would refuse them while little is
+	// spent. A capped call still pays all it used, so a window can pass
+	// its budget by at most the cap's shortfall, the most a call can use
+	// beyond the cap, times the calls in flight; keep an inflight zone
+	// beside it. With prices, the cap is priced as the call's output.
+	// 0 (the default): no cap, a budget is never overshot.
+	Cap int64 `json:"cap,omitempty"`
 }
 
 // defaultLLMOutput is cost llm's default output bound.
@@ -100,13 +110,19 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64
 		return tokens, call.Unbounded, nil
 	}
 	if prices != nil {
-		output := call.Output
+		input, output := call.Input+call.Media, call.Output
 		if limit, ok := prices.outputLimit(call.Model); ok && (!call.Named || call.Bound > limit) {
 			// The model generates no more than its limit, whatever the
 			// call names: a call that names none, or more, reserves it.
 			output = min(strictnum.Max, limit*call.Completions+call.Batch)
 		}
-		return max(prices.of(call.Model).reserve(call.Input+call.Media, output), 1), "", nil
+		if c.Cap > 0 && input+output > c.Cap {
+			input, output = 0, c.Cap
+		}
+		return max(prices.of(call.Model).reserve(input, output), 1), "", nil
+	}
+	if c.Cap > 0 {
+		return max(min(call.Reserve, c.Cap), 1), "", nil
 	}
 	return min(max(call.Reserve, 1), strictnum.Max), "", nil
 }
@@ -191,6 +207,10 @@ func checkCostLLM(c *CostLLM, cost string, costJSON bool) error {
 		return fmt.Errorf("cost llm: the default output bound must be a whole number of at least 1, got %d", c.Default)
 	case c.Ceiling < 0 || c.Ceiling > strictnum.Max:
 		return fmt.Errorf("cost llm: the ceiling must be a whole number of at least 1 (cost llm 4096 ceiling 200000), got %d", c.Ceiling)
+	case c.Cap < 0 || c.Cap > strictnum.Max:
+		return fmt.Errorf("cost llm: the cap must be a whole number of at least 1 (cost llm 4096 cap 32000), got %d", c.Cap)
+	case c.Cap > 0 && c.Ceiling > c.Cap:
+		return fmt.Errorf("cost llm: the ceiling %d is above the cap %d, which every call's reservation stays within: give one or the other", c.Ceiling, c.Cap)
 	}
 	return nil
 }

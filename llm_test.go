@@ -317,3 +317,30 @@ func TestModelPlaceholder(t *testing.T) {
 		t.Errorf("the no-model budget holds %d, want its call's", got)
 	}
 }
+
+// TestCostLLMCap: a call's reservation stays within the cap, however much
+// it asks for; a smaller one is reserved as it is.
+func TestCostLLMCap(t *testing.T) {
+	reserve := func(body string, c *CostLLM) int64 {
+		r, err := http.NewRequest(http.MethodPost, "http://x/v1/messages", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _, err := c.of(r, 1000000, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	agent := `{"model":"claude-sonnet-4-5","max_tokens":128000,"messages":[{"role":"user","content":"Fix the bug"}]}`
+	if got := reserve(agent, &CostLLM{Cap: 32000}); got != 32000 {
+		t.Errorf("an agent's 128k call under cap 32000 reserved %d", got)
+	}
+	if got := reserve(agent, &CostLLM{}); got < 128000 {
+		t.Errorf("without a cap it reserved %d, want its bound", got)
+	}
+	small := `{"model":"claude-sonnet-4-5","max_tokens":100,"messages":[]}`
+	if got, want := reserve(small, &CostLLM{Cap: 32000}), int64(100+len(small)); got != want {
+		t.Errorf("a small call under the cap reserved %d, want %d", got, want)
+	}
+}
