@@ -1,8 +1,6 @@
 package slidingratelimit
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -84,10 +82,10 @@ func (f llmRefusal) write(w http.ResponseWriter) {
 }
 
 // body is the API's error document (each vendor's reference for a 429),
-// nil for an API without one here.
+// nil for an API without one here. It is built by appending, as the
+// RateLimit header is: a flood of refused calls pays for it on each.
 func (f llmRefusal) body() []byte {
-	msg := f.message()
-	var doc any
+	b := make([]byte, 0, 320)
 	switch f.api {
 	case llmapi.OpenAIChat, llmapi.OpenAICompletions, llmapi.OpenAIResponses:
 		// OpenAI's two 429s: a rate limit (type the kind of limit, code
@@ -100,42 +98,73 @@ func (f llmRefusal) body() []byte {
 		if f.d.RetryAfter > sdkSleepBound {
 			typ, code = "insufficient_quota", "insufficient_quota"
 		}
-		doc = map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": code}}
+		b = append(b, `{"error":{"message":`...)
+		b = f.appendMessage(b)
+		b = append(b, `,"type":"`+typ+`","param":null,"code":"`+code+`"}}`...)
 	case llmapi.AnthropicMessages, llmapi.AnthropicCountTokens:
-		doc = map[string]any{"type": "error", "error": map[string]any{"type": "rate_limit_error", "message": msg}}
+		b = append(b, `{"type":"error","error":{"type":"rate_limit_error","message":`...)
+		b = f.appendMessage(b)
+		b = append(b, "}}"...)
 	case llmapi.Gemini:
 		// google.rpc.Status, as Google's APIs answer errors.
-		doc = map[string]any{"error": map[string]any{"code": http.StatusTooManyRequests, "message": msg, "status": "RESOURCE_EXHAUSTED"}}
+		b = append(b, `{"error":{"code":429,"message":`...)
+		b = f.appendMessage(b)
+		b = append(b, `,"status":"RESOURCE_EXHAUSTED"}}`...)
 	case llmapi.Ollama:
-		doc = map[string]any{"error": msg}
+		b = append(b, `{"error":`...)
+		b = f.appendMessage(b)
+		b = append(b, '}')
 	case llmapi.BedrockConverse:
-		doc = map[string]any{"message": msg}
+		b = append(b, `{"message":`...)
+		b = f.appendMessage(b)
+		b = append(b, '}')
 	default:
 		return nil
 	}
-	body, _ := json.Marshal(doc)
-	return body
+	return b
 }
 
-// message says which limit denied the call and when it may pass, in the
-// zone's units.
-func (f llmRefusal) message() string {
+// appendMessage appends, as a JSON string, which limit denied the call and
+// when it may pass, in the zone's units:
+//
+//	Rate limit reached: zone "calls" allows 60 requests per 1m0s. Try again in 12s.
+//	Budget spent: zone "tokens" allows 100000 tokens per 24h0m0s. It has room again in 23h49m33s.
+//	Request too large: it may cost 150000 tokens, and zone "tokens" allows 100000 tokens per 1m0s.
+func (f llmRefusal) appendMessage(b []byte) []byte {
 	z, c, d := f.zone, f.check, f.d
 	unit := z.unit()
 	if z.readsLLM() && unit == unitUnits {
 		unit = "tokens"
 	}
-	per := "per " + (time.Duration(ceilSeconds(z.limit.Window)) * time.Second).String()
-	if z.limit.Algorithm == limiter.Concurrency {
-		per = "at once"
+	b = append(b, '"')
+	switch {
+	case d.Never:
+		b = append(b, "Request too large: it may cost "...)
+		b = strconv.AppendInt(b, c.Cost, 10)
+		b = append(b, " "+unit+", and "...)
+	case d.RetryAfter > sdkSleepBound:
+		b = append(b, "Budget spent: "...)
+	default:
+		b = append(b, "Rate limit reached: "...)
 	}
-	limit := fmt.Sprintf("zone %q allows %d %s %s", z.Name, c.Limit.Max, unit, per)
+	// A zone's name is letters, digits, '_', '-' and '.' (checkZoneName):
+	// nothing in it needs escaping.
+	b = append(b, `zone \"`+z.Name+`\" allows `...)
+	b = strconv.AppendInt(b, c.Limit.Max, 10)
+	b = append(b, " "+unit+" "...)
+	if z.limit.Algorithm == limiter.Concurrency {
+		b = append(b, "at once"...)
+	} else {
+		b = append(b, "per "+(time.Duration(ceilSeconds(z.limit.Window))*time.Second).String()...)
+	}
 	wait := (time.Duration(ceilSeconds(d.RetryAfter)) * time.Second).String()
 	switch {
 	case d.Never:
-		return fmt.Sprintf("Request too large: it may cost %d %s, and %s.", c.Cost, unit, limit)
+		b = append(b, '.')
 	case d.RetryAfter > sdkSleepBound:
-		return fmt.Sprintf("Budget spent: %s. It has room again in %s.", limit, wait)
+		b = append(b, ". It has room again in "+wait+"."...)
+	default:
+		b = append(b, ". Try again in "+wait+"."...)
 	}
-	return fmt.Sprintf("Rate limit reached: %s. Try again in %s.", limit, wait)
+	return append(b, '"')
 }
