@@ -19,12 +19,12 @@ import (
 
 // sdkSleepBound is the longest wait a denial lets an SDK sleep out. Above
 // it the answer says x-should-retry: false, and OpenAI's error type says
-// the quota is spent. The OpenAI and Anthropic Python SDKs obey a
-// Retry-After only up to 60 s (longer, they back off a second or so and
-// try again), while their Node SDKs sleep whatever it says, a day's budget
-// included; 60 s is the wait both already treat as worth sleeping, and a
-// budget of a day or a month, the one a client cannot outwait, is far
-// above it.
+// the quota is spent. The OpenAI and Anthropic Python SDKs and OpenAI's
+// Node SDK 7 obey a Retry-After only up to 60 s (longer, they back off a
+// second or so and try again, in vain), while OpenAI's Node SDK 6 and
+// Anthropic's 1.x sleep whatever it says, a day's budget included: 60 s is
+// the wait the vendors already treat as worth sleeping, and a budget of a
+// day or a month, the one a client cannot outwait, is far above it.
 const sdkSleepBound = 60 * time.Second
 
 // llmRefusal is a denial as an LLM API's SDK reads it.
