@@ -271,3 +271,41 @@ func TestWriteSDKHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestSDKHeadersBesideTheUpstreams: reverse_proxy adds an upstream's own
+// limit headers to the limiter's, and header_down -x-ratelimit-* leaves the
+// limiter's alone, as docs/responses.md says.
+func TestSDKHeadersBesideTheUpstreams(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Remaining-Tokens", "1999000")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"usage":{"total_tokens":10}}`))
+	}))
+	t.Cleanup(upstream.Close)
+	for _, c := range []struct {
+		headerDown string
+		want       int
+	}{{"", 2}, {"header_down -x-ratelimit-*", 1}} {
+		startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+route {
+	sliding_ratelimit {
+		zone tokens 1d 100000 {
+			cost llm 4096
+			settle llm
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")+` {
+		`+c.headerDown+`
+	}
+}`))
+		res, err := http.Post(site+"v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","max_tokens":10}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		got := res.Header.Values("X-Ratelimit-Remaining-Tokens")
+		if len(got) != c.want || got[0] == "1999000" {
+			t.Errorf("%q: x-ratelimit-remaining-tokens %q, want the limiter's first and %d in all", c.headerDown, got, c.want)
+		}
+	}
+}
