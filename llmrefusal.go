@@ -50,13 +50,14 @@ func (f llmRefusal) hopeless() bool {
 }
 
 // setRetryHeaders sets what the SDKs read to decide on a retry, beside
-// Retry-After: retry-after-ms, the wait in milliseconds (rounded up, as
-// Retry-After is to seconds), and x-should-retry: false when a retry
-// cannot help. A short wait says nothing of x-should-retry: the SDKs retry
-// a 429 by default.
+// Retry-After: retry-after-ms, the wait in milliseconds (rounded up, never
+// 0, as Retry-After is to seconds: OpenAI's Node SDK 7 retries a 0 at
+// once), and x-should-retry: false when a retry cannot help. A short wait
+// says nothing of x-should-retry: the SDKs retry a 429 by default.
 func (f llmRefusal) setRetryHeaders(h http.Header) {
 	if !f.d.Never {
-		h["Retry-After-Ms"] = []string{strconv.FormatInt(int64((f.d.RetryAfter+time.Millisecond-1)/time.Millisecond), 10)}
+		ms := max((f.d.RetryAfter+time.Millisecond-1)/time.Millisecond, 1)
+		h["Retry-After-Ms"] = []string{strconv.FormatInt(int64(ms), 10)}
 	}
 	if f.hopeless() {
 		h["X-Should-Retry"] = []string{"false"}
