@@ -91,6 +91,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("sliding_ratelimit takes no arguments besides a matcher, got '%s': options go in its block", d.Val())
 	}
 	seen := make(map[string]bool)
+	pricesLines := make(map[*Zone]int)
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		name := d.Val()
 		if seen[name] && name != "zone" {
@@ -99,11 +100,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		seen[name] = true
 		switch name {
 		case "zone":
-			z, err := parseZone(d)
+			z, line, err := parseZone(d)
 			if err != nil {
 				return err
 			}
 			h.Zones = append(h.Zones, z)
+			if line > 0 {
+				pricesLines[z] = line
+			}
 			if err := checkZoneNames(false, h.Zones); err != nil {
 				return d.Err(err.Error())
 			}
@@ -127,7 +131,34 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		}
 	}
+	if err := h.checkPricesSettled(d, pricesLines); err != nil {
+		return err
+	}
 	return h.checkLimitsGiven(d, seen["window"], seen["max_requests"])
+}
+
+// checkPricesSettled applies checkPricesSettled (which Validate applies to
+// the JSON) to each zone with prices, with the cost and settle it takes
+// from the handler when it sets none, and names the line of its first
+// price: a zone whose prices need a settle llm it lacks is found where
+// the price is written, not only when the config loads.
+func (h *Handler) checkPricesSettled(d *caddyfile.Dispenser, pricesLines map[*Zone]int) error {
+	for _, z := range h.Zones {
+		if !z.priced() {
+			continue
+		}
+		settle, costLLM := z.Settle, z.CostLLM != nil
+		if settle == nil {
+			settle = h.Settle
+		}
+		if z.Cost == "" && z.CostJSON == nil && z.CostLLM == nil {
+			costLLM = h.CostLLM != nil
+		}
+		if err := checkPricesSettled(z.priced(), costLLM, settle != nil && settle.LLM); err != nil {
+			return fmt.Errorf("zone %s: %w, at %s:%d", z.Name, err, d.File(), pricesLines[z])
+		}
+	}
+	return nil
 }
 
 // checkLimitsGiven checks, at the end of the block, that the limits that
@@ -271,19 +302,20 @@ func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duratio
 	return true, nil
 }
 
-// parseZone parses `zone <name> { ... }`.
-func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
+// parseZone parses `zone <name> { ... }`, and returns the line of its first
+// price (0 when it has none).
+func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 	z := new(Zone)
 	if !d.NextArg() {
-		return nil, d.Err("zone needs a name: zone <name> { ... }")
+		return nil, 0, d.Err("zone needs a name: zone <name> { ... }")
 	}
 	z.Name = d.Val()
 	if err := checkZoneName(z.Name); err != nil {
-		return nil, d.Err(err.Error())
+		return nil, 0, d.Err(err.Error())
 	}
 	seen, err := parseZoneShortForm(d, z)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	pricesLine := 0
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -294,17 +326,17 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 				pricesLine = d.Line()
 			}
 			if err := parsePrice(d, z); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			continue
 		}
 		if seen[name] {
-			return nil, d.Errf("zone %s: duplicate subdirective '%s'", z.Name, name)
+			return nil, 0, d.Errf("zone %s: duplicate subdirective '%s'", z.Name, name)
 		}
 		seen[name] = true
 		if name == "price_table" {
 			if !d.NextArg() || d.CountRemainingArgs() > 0 {
-				return nil, d.Errf("zone %s: price_table takes the path of one price table file (price_table /etc/caddy/model_prices.json)", z.Name)
+				return nil, 0, d.Errf("zone %s: price_table takes the path of one price table file (price_table /etc/caddy/model_prices.json)", z.Name)
 			}
 			if pricesLine == 0 {
 				pricesLine = d.Line()
@@ -315,7 +347,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 		if name == "match" {
 			matchers, err := caddyhttp.ParseCaddyfileNestedMatcherSet(d)
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			z.MatchersRaw = caddyhttp.RawMatcherSets{matchers}
 			continue
@@ -328,28 +360,28 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 			handled, err = parseZoneTimeOption(d, name, z)
 		}
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if !handled {
 			hint := didYouMean(name, zoneSubdirectives)
 			if hint == "" && slices.Contains(handlerSubdirectives, name) {
 				hint = " (it applies to the whole handler: put it outside the zone block)"
 			}
-			return nil, d.Errf("zone %s: unrecognized subdirective '%s'%s", z.Name, name, hint)
+			return nil, 0, d.Errf("zone %s: unrecognized subdirective '%s'%s", z.Name, name, hint)
 		}
 	}
 	if z.concurrency() {
 		err := checkConcurrencyZone(z.Concurrent, time.Duration(z.Lease), z.countingFields(), z.Algorithm, time.Duration(z.Wait))
 		if err != nil {
-			return nil, d.Errf("zone %s: %v", z.Name, err)
+			return nil, 0, d.Errf("zone %s: %v", z.Name, err)
 		}
-		return z, nil
+		return z, pricesLine, nil
 	}
 	if !seen["window"] {
-		return nil, d.Errf("zone %s: window is required", z.Name)
+		return nil, 0, d.Errf("zone %s: window is required", z.Name)
 	}
 	if !seen["max_requests"] {
-		return nil, d.Errf("zone %s: max_requests is required", z.Name)
+		return nil, 0, d.Errf("zone %s: max_requests is required", z.Name)
 	}
 	for _, err := range []error{
 		checkCostFits(z.Cost, z.MaxRequests, z.MaxRequestsFrom),
@@ -360,19 +392,10 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, error) {
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 	} {
 		if err != nil {
-			return nil, d.Errf("zone %s: %v", z.Name, err)
+			return nil, 0, d.Errf("zone %s: %v", z.Name, err)
 		}
 	}
-	if z.priced() && (z.Settle != nil || z.Cost != "" || z.CostJSON != nil || z.CostLLM != nil) {
-		// A zone that sets neither may take both from the handler, which
-		// Validate checks once they are merged.
-		settleLLM := z.Settle == nil || z.Settle.LLM
-		costLLM := z.CostLLM != nil || z.Cost == "" && z.CostJSON == nil
-		if err := checkPricesSettled(z.priced(), costLLM, settleLLM); err != nil {
-			return nil, d.Errf("zone %s: %v (the price at line %d)", z.Name, err, pricesLine)
-		}
-	}
-	return z, nil
+	return z, pricesLine, nil
 }
 
 // parsePrice reads a price line of zone z:
@@ -750,53 +773,4 @@ func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 		return nil, d.Errf("cost llm takes the output bound of a call that names none, a ceiling for calls it cannot bound and a cap on any call's reservation (cost llm 4096 ceiling 200000 cap 300000), got %q", args)
 	}
 	return &c, nil
-}
-
-// maxSuggestDistance is how many edits (a letter added, dropped, changed,
-// or two swapped) a misspelt name may be from the name it is taken for.
-const maxSuggestDistance = 2
-
-// didYouMean returns " (did you mean <name>?)" for the name among known
-// that typed is a typo of, or "" when none is near enough. Letter case does
-// not count: "Window" is window.
-func didYouMean(typed string, known []string) string {
-	best, bestDistance := "", maxSuggestDistance+1
-	lower := strings.ToLower(typed)
-	for _, name := range known {
-		// A name of one or two letters is a few edits from everything.
-		if d := editDistance(lower, name); d < bestDistance && d < len(typed) {
-			best, bestDistance = name, d
-		}
-	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (did you mean %s?)", best)
-}
-
-// editDistance counts the edits from a to b: a byte added, dropped or
-// changed, or two adjacent bytes swapped (the optimal string alignment
-// distance).
-func editDistance(a, b string) int {
-	// rows[k][j] is the distance from a[:i-2+k] to b[:j], for the current i.
-	rows := [3][]int{make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)}
-	for j := range rows[2] {
-		rows[2][j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		rows[0], rows[1], rows[2] = rows[1], rows[2], rows[0]
-		cur, prev, prev2 := rows[2], rows[1], rows[0]
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
-				cur[j] = min(cur[j], prev2[j-2]+1)
-			}
-		}
-	}
-	return rows[2][len(b)]
 }

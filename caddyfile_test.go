@@ -117,6 +117,7 @@ func TestRunningCaddyRefusesConfigMistakes(t *testing.T) {
 	for _, c := range []struct{ lines, want string }{
 		{"\t\tkey {http.request.header.X-Api-Key", `key \"{http.request.header.X-Api-Key\": the placeholder \"{http.request.header.X-Api-Key\" has no closing '}', so the key would be the same text for every client: one bucket for all, at Caddyfile:15`},
 		{"\t\tmax_request 10", `unrecognized subdirective 'max_request' (did you mean max_requests?), at Caddyfile:15`},
+		{"\t\tfail_mode close", `fail_mode must be open, closed or local, got \"close\" (did you mean closed?), at Caddyfile:15`},
 		{"\t\tzone api 1m 5 {\n\t\t\tkye {http.request.header.X-Api-Key}\n\t\t}", `zone api: unrecognized subdirective 'kye' (did you mean key?), at Caddyfile:16`},
 		{"\t\tzone line 1s 5 {\n\t\t\twait 17s\n\t\t}", `zone line: wait 17s is longer than 16 windows of 1s, the most a request may wait, at Caddyfile:17`},
 	} {

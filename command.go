@@ -49,9 +49,10 @@ its admin API, which must be enabled.
                                      the longest wait first (default 100)
 
 <zone> is a zone's name ("default" for the top-level window and
-max_requests), or its identity ("default@example.com", "login:401") where
-handlers have zones of that name that count apart. <key> is the client key as the zone builds
-it: a client address (127.0.0.1, or 2001:db8::/64 with the default
+max_requests), or its identity where handlers have zones of that name
+that count apart (as the zones subcommand shows it: Caddyfile.example's
+are "default@/api/*" and "login:401,403"). <key> is the client key as the
+zone builds it: a client address (127.0.0.1, or 2001:db8::/64 with the default
 ipv6_prefix) or a value of the zone's key ("Bearer abc"); "=" before a
 value names a value that looks like an address, and a hashed key ("#...")
 is taken as it is. The command escapes the key for the URL.

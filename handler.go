@@ -65,6 +65,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	shown := mostRestrictive(req.decisions)
 	traceDecision(r, &req, shown, source, h.Mode)
 	writeHeaders(w.Header(), h.Headers, req.zones, req.checks, req.decisions, shown)
+	writeSDKHeaders(w.Header(), h.Headers, r, req.zones, req.checks, req.decisions)
 	setPlaceholders(r, repl, req.zones[shown], req.checks[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {
 		count(req.zones, source.allowed())
@@ -118,6 +119,13 @@ func (h *Handler) deny(w http.ResponseWriter, r *http.Request, next caddyhttp.Ha
 		// A request that costs more than the zone's max is never admitted:
 		// a Retry-After would send it back for nothing.
 		w.Header().Set("Retry-After", formatSeconds(d.RetryAfter))
+	}
+	if refusal, ok := llmRefusalOf(r, req.zones, z, req.checks[shown], d); ok {
+		refusal.setRetryHeaders(w.Header())
+		if !hasErrorRoutes(r) {
+			refusal.write(w)
+			return nil
+		}
 	}
 	return refuse(w, r, http.StatusTooManyRequests, errRateLimited)
 }

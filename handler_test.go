@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
 )
 
@@ -402,7 +403,9 @@ func TestExampleCaddyfile(t *testing.T) {
 	if !strings.Contains(sites, "\n\tbind 127.0.0.1\n") {
 		t.Error("the site does not bind 127.0.0.1: it would serve every interface")
 	}
-	sites = strings.Replace(sites, ":8080 {", "http://localhost:9080 {", 1)
+	// On the test port, still a site of every host, as shipped: its zones'
+	// identities are the example's.
+	sites = strings.Replace(sites, ":8080 {", ":9080 {", 1)
 	sites = strings.Replace(sites, "key_prefix srl:", "key_prefix "+uniquePrefix(t), 1)
 	startCaddy(t, sites)
 
@@ -454,6 +457,15 @@ func TestExampleCaddyfile(t *testing.T) {
 	}
 	if status, _ := adminDo(t, http.MethodGet, "/sliding_ratelimit/zones/login:401/keys/127.0.0.2"); status != http.StatusNotFound {
 		t.Errorf("GET login:401: status %d, want 404 (no zone has that identity)", status)
+	}
+
+	// The identities the command's help names as the example's are the
+	// example's.
+	res = send(t, adminURL+"/sliding_ratelimit/zones")
+	for _, identity := range regexp.MustCompile(`"([^"\s]+[@:][^"\s]+)"`).FindAllStringSubmatch(caddycmd.Commands()["sliding-ratelimit"].Long, -1) {
+		if !strings.Contains(res.body, `"identity":"`+identity[1]+`"`) {
+			t.Errorf("the help names identity %s, which Caddyfile.example's zones (%s) do not have", identity[1], res.body)
+		}
 	}
 }
 

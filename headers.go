@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
@@ -124,6 +125,102 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Ch
 	h["Ratelimit-Policy"], h["Ratelimit"] = values[0:1:1], values[1:2:2]
 	h["X-Ratelimit-Limit"], h["X-Ratelimit-Remaining"], h["X-Ratelimit-Reset"] = values[2:3:3], values[3:4:4], values[4:5:5]
 }
+
+// readsLLM reports whether the zone reads its calls as an LLM API's (cost
+// llm): its units are then the API's tokens, and its answers speak the
+// API's words.
+func (z *Zone) readsLLM() bool {
+	return z.units != nil && z.units.cost.llm != nil
+}
+
+// llmRoute returns the API a request's path names (llmapi.Detect, Unknown
+// for a path it does not know), with ok set when one of the request's
+// zones reads an LLM API.
+func llmRoute(r *http.Request, zones []*Zone) (api llmapi.API, ok bool) {
+	for _, z := range zones {
+		if z.readsLLM() {
+			return llmapi.Detect(r.URL.EscapedPath()), true
+		}
+	}
+	return llmapi.Unknown, false
+}
+
+// writeSDKHeaders sets, on a route whose zones read an LLM API, the limit
+// headers its vendor's clients read, from the figures of the RateLimit
+// header: for requests, the zone counting requests with the fewest left;
+// for tokens, the zone with cost llm (and no prices: µ$ are not tokens)
+// with the fewest left. OpenAI's APIs get
+//
+//	x-ratelimit-limit-requests, x-ratelimit-remaining-requests, x-ratelimit-reset-requests (a duration: "1s", "6m0s")
+//	x-ratelimit-limit-tokens, x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens
+//
+// and Anthropic's
+//
+//	anthropic-ratelimit-requests-limit, -remaining, -reset (RFC 3339, UTC)
+//	anthropic-ratelimit-tokens-limit, -remaining, -reset
+//
+// where reset is when room frees, as RateLimit's t says, rounded up to the
+// second. A zone whose state the decision did not read is left out; with
+// headers off there are none.
+func writeSDKHeaders(h http.Header, mode string, r *http.Request, zones []*Zone, checks []limiter.Check, decisions []limiter.Decision) {
+	if mode == headersOff {
+		return
+	}
+	api, ok := llmRoute(r, zones)
+	if !ok {
+		return
+	}
+	var names *[2][3]string
+	switch api {
+	case llmapi.OpenAIChat, llmapi.OpenAICompletions, llmapi.OpenAIResponses:
+		names = &openAILimitHeaders
+	case llmapi.AnthropicMessages, llmapi.AnthropicCountTokens:
+		names = &anthropicLimitHeaders
+	default:
+		return
+	}
+	requests, tokens := -1, -1
+	for i, z := range zones {
+		d := decisions[i]
+		if d.Remaining == unread || z.limit.Algorithm == limiter.Concurrency {
+			continue
+		}
+		switch {
+		case z.unit() == unitRequests && (requests < 0 || d.Remaining < decisions[requests].Remaining):
+			requests = i
+		case z.readsLLM() && z.unit() == unitUnits && (tokens < 0 || d.Remaining < decisions[tokens].Remaining):
+			tokens = i
+		}
+	}
+	for kind, i := range [2]int{requests, tokens} {
+		if i < 0 {
+			continue
+		}
+		d := decisions[i]
+		resetText := (time.Duration(ceilSeconds(d.Reset)) * time.Second).String()
+		if names == &anthropicLimitHeaders {
+			// The instant rounded up: a client that waits for it is never
+			// early.
+			resetText = time.Now().Add(d.Reset + time.Second - 1).Truncate(time.Second).UTC().Format(time.RFC3339)
+		}
+		h[names[kind][0]] = []string{zones[i].maxOf(checks[i].Limit.Max)}
+		h[names[kind][1]] = []string{strconv.FormatInt(max(d.Remaining, 0), 10)}
+		h[names[kind][2]] = []string{resetText}
+	}
+}
+
+// The limit headers of the vendors' APIs, canonical: for requests, then
+// for tokens, the limit, remaining and reset.
+var (
+	openAILimitHeaders = [2][3]string{
+		{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+		{"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+	}
+	anthropicLimitHeaders = [2][3]string{
+		{"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
+		{"Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
+	}
+)
 
 // appendRateLimitItem appends zone z's RateLimit item for decision d.
 func appendRateLimitItem(item []byte, z *Zone, d limiter.Decision) []byte {

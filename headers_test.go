@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +197,115 @@ func TestCounterResetMayOutlastTheWindow(t *testing.T) {
 	}
 	if r != 1 || tSeconds < least || tSeconds > most {
 		t.Errorf("after 9 requests: r=%d;t=%d, want r=1 and t from %d to %d (the rest of the fixed window, then 1h/9)", r, tSeconds, least, most)
+	}
+}
+
+// TestWriteSDKHeaders: on an LLM route, the vendor's limit headers show
+// the zone counting requests and the zone counting tokens with the fewest
+// left, each read; money and requests in flight are neither.
+func TestWriteSDKHeaders(t *testing.T) {
+	llm := func(unit string) *zoneUnits { return &zoneUnits{cost: zoneCost{llm: &CostLLM{}}, unit: unit} }
+	zones := []*Zone{
+		{Name: "calls", Window: 60e9, MaxRequests: 60},
+		{Name: "burst", Window: 1e9, MaxRequests: 5},
+		{Name: "tokens", Window: 60e9, MaxRequests: 100000, units: llm(unitUnits)},
+		{Name: "spend", Window: 86400e9, MaxRequests: 10000000, units: llm(unitUSDMicros)},
+		{Name: "inflight", Concurrent: 2},
+	}
+	checks := make([]limiter.Check, len(zones))
+	for i, z := range zones {
+		z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
+		if z.Concurrent > 0 {
+			z.limit = limiter.Limit{Window: time.Minute, Max: z.Concurrent, Algorithm: limiter.Concurrency}
+		}
+		z.prepareHeaders()
+		checks[i].Limit = z.limit
+	}
+	decisions := func(burstLeft int64) []limiter.Decision {
+		return []limiter.Decision{
+			{Allowed: true, Remaining: 50, Reset: 40 * time.Second},
+			{Allowed: true, Remaining: burstLeft, Reset: 300 * time.Millisecond},
+			{Allowed: true, Remaining: 9000, Reset: 30 * time.Second},
+			{Allowed: true, Remaining: 1, Reset: time.Hour},
+			{Allowed: true, Remaining: 0},
+		}
+	}
+	openai := http.Header{
+		"X-Ratelimit-Limit-Requests": {"5"}, "X-Ratelimit-Remaining-Requests": {"2"}, "X-Ratelimit-Reset-Requests": {"1s"},
+		"X-Ratelimit-Limit-Tokens": {"100000"}, "X-Ratelimit-Remaining-Tokens": {"9000"}, "X-Ratelimit-Reset-Tokens": {"30s"},
+	}
+	for _, c := range []struct {
+		name, path, mode string
+		zones            []*Zone
+		burstLeft        int64
+		want             http.Header
+	}{
+		{"OpenAI", "/v1/chat/completions", headersDraft, zones, 2, openai},
+		{"legacy mode too", "/openai/v1/responses", headersLegacy, zones, 2, openai},
+		{"a zone not read is left out", "/v1/chat/completions", headersDraft, zones, unread, http.Header{
+			"X-Ratelimit-Limit-Requests": {"60"}, "X-Ratelimit-Remaining-Requests": {"50"}, "X-Ratelimit-Reset-Requests": {"40s"},
+			"X-Ratelimit-Limit-Tokens": {"100000"}, "X-Ratelimit-Remaining-Tokens": {"9000"}, "X-Ratelimit-Reset-Tokens": {"30s"},
+		}},
+		{"headers off", "/v1/chat/completions", headersOff, zones, 2, http.Header{}},
+		{"an API without limit headers", "/api/chat", headersDraft, zones, 2, http.Header{}},
+		{"no zone reads an LLM API", "/v1/chat/completions", headersDraft, zones[:2], 2, http.Header{}},
+	} {
+		h := http.Header{}
+		r := httptest.NewRequest(http.MethodPost, c.path, nil)
+		writeSDKHeaders(h, c.mode, r, c.zones, checks[:len(c.zones)], decisions(c.burstLeft)[:len(c.zones)])
+		if got, want := fmt.Sprint(h), fmt.Sprint(c.want); got != want {
+			t.Errorf("%s: %s, want %s", c.name, got, want)
+		}
+	}
+
+	h := http.Header{}
+	writeSDKHeaders(h, headersDraft, httptest.NewRequest(http.MethodPost, "/v1/messages", nil), zones, checks, decisions(2))
+	for _, c := range []struct {
+		kind, limit, left string
+		reset             time.Duration
+	}{{"requests", "5", "2", time.Second}, {"tokens", "100000", "9000", 30 * time.Second}} {
+		prefix := "Anthropic-Ratelimit-" + strings.ToUpper(c.kind[:1]) + c.kind[1:] + "-"
+		reset, err := time.Parse(time.RFC3339, h.Get(prefix+"Reset"))
+		if until := time.Until(reset); h.Get(prefix+"Limit") != c.limit || h.Get(prefix+"Remaining") != c.left || err != nil || until < c.reset-time.Second || until > c.reset+time.Second {
+			t.Errorf("Anthropic's %s: %v, want limit %s, remaining %s, reset %v from now", c.kind, h, c.limit, c.left, c.reset)
+		}
+	}
+}
+
+// TestSDKHeadersBesideTheUpstreams: reverse_proxy adds an upstream's own
+// limit headers to the limiter's, and header_down -x-ratelimit-* leaves the
+// limiter's alone, as docs/responses.md says.
+func TestSDKHeadersBesideTheUpstreams(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Remaining-Tokens", "1999000")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"usage":{"total_tokens":10}}`))
+	}))
+	t.Cleanup(upstream.Close)
+	for _, c := range []struct {
+		headerDown string
+		want       int
+	}{{"", 2}, {"header_down -x-ratelimit-*", 1}} {
+		startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+route {
+	sliding_ratelimit {
+		zone tokens 1d 100000 {
+			cost llm 4096
+			settle llm
+		}
+	}
+	reverse_proxy `+strings.TrimPrefix(upstream.URL, "http://")+` {
+		`+c.headerDown+`
+	}
+}`))
+		res, err := http.Post(site+"v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","max_tokens":10}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		got := res.Header.Values("X-Ratelimit-Remaining-Tokens")
+		if len(got) != c.want || got[0] == "1999000" {
+			t.Errorf("%q: x-ratelimit-remaining-tokens %q, want the limiter's first and %d in all", c.headerDown, got, c.want)
+		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
@@ -161,24 +160,6 @@ func orNoModel(model string) string {
 		return noModel
 	}
 	return model
-}
-
-// readsModel reports whether a zone reads LLM calls (cost llm) or names
-// the model placeholder in its key or matchers.
-func readsModel(zones []*Zone) bool {
-	for _, z := range zones {
-		if z.CostLLM != nil || strings.Contains(z.Key, modelPlaceholder) {
-			return true
-		}
-		for _, set := range z.MatchersRaw {
-			for _, raw := range set {
-				if strings.Contains(string(raw), modelPlaceholder) {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
 
 // requestModel is the model that r names, as cost llm read it (its body's

@@ -215,12 +215,13 @@ func TestPriceLoadErrors(t *testing.T) {
 		{"a narrower line after a wider one", zone("price gpt-4o* input 2.50 output 10", "price gpt-4o-mini input 0.15 output 0.60"), []string{"price gpt-4o-mini can never match", "price gpt-4o*"}},
 		{"the same pattern twice", zone("price claude-* input 3 output 15", "price Claude-* input 1 output 5"), []string{"price Claude-* can never match"}},
 		{"too many decimals", zone("price gpt-4o* input 2.5000001 output 10"), []string{"more than 6 decimals"}},
-		{"without settle llm", strings.Replace(zone("price gpt-4o* input 2.50 output 10"), "settle llm", "settle header X-Usage", 1), []string{"zone spend: price needs settle llm", "the price at line 6"}},
+		{"without settle llm", strings.Replace(zone("price gpt-4o* input 2.50 output 10"), "settle llm", "settle header X-Usage", 1), []string{"zone spend: price needs settle llm", "Caddyfile:6"}},
 		{"at the top", ":8080 {\n\tsliding_ratelimit {\n\t\tprice * input 5 output 15\n\t}\n}\n", []string{"price belongs in a zone", "Caddyfile:3"}},
-		{"without cost llm", strings.Replace(zone("price gpt-4o* input 2.50 output 10"), "cost llm 4096", "cost json max_tokens 4096", 1), []string{"zone spend: price needs cost llm", "the price at line 6"}},
+		{"without cost llm", strings.Replace(zone("price gpt-4o* input 2.50 output 10"), "cost llm 4096", "cost json max_tokens 4096", 1), []string{"zone spend: price needs cost llm", "Caddyfile:6"}},
+		{"settle llm from the handler, missing", ":8080 {\n\tsliding_ratelimit {\n\t\tcost llm 4096\n\t\tzone spend 1d 10000000 {\n\t\t\tprice * input 5 output 15\n\t\t}\n\t}\n}\n", []string{"zone spend: price needs settle llm", "Caddyfile:5"}},
 		{"a price table without a path", zone("price_table"), []string{"price_table takes the path of one price table file", "Caddyfile:6"}},
 		{"a price table with two", zone("price_table a.json b.json"), []string{"price_table takes the path of one"}},
-		{"a price table without settle llm", strings.Replace(zone("price_table prices.json"), "settle llm", "settle header X-Usage", 1), []string{"zone spend: price needs settle llm", "the price at line 6"}},
+		{"a price table without settle llm", strings.Replace(zone("price_table prices.json"), "settle llm", "settle header X-Usage", 1), []string{"zone spend: price needs settle llm", "Caddyfile:6"}},
 		{"a price table twice", zone("price_table a.json", "price_table b.json"), []string{"duplicate subdirective 'price_table'"}},
 	} {
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.caddyfile), nil)

@@ -192,6 +192,24 @@ type Zone struct {
 // provision loads the zone's matchers and precomputes what requests need.
 // The key, algorithm, count_status, cost and settle of defaults (the
 // handler's) stand for those the zone leaves empty.
+// readsModel reports whether a zone reads LLM calls (cost llm) or names
+// the model placeholder in its key or matchers.
+func readsModel(zones []*Zone) bool {
+	for _, z := range zones {
+		if z.CostLLM != nil || strings.Contains(z.Key, modelPlaceholder) {
+			return true
+		}
+		for _, set := range z.MatchersRaw {
+			for _, raw := range set {
+				if strings.Contains(string(raw), modelPlaceholder) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
 // priced reports whether the zone counts money: it has prices, or a price
 // table.
 func (z *Zone) priced() bool { return len(z.Prices) > 0 || z.PriceTable != "" }
@@ -776,7 +794,56 @@ func (e enum) check(value string) error {
 		return nil
 	}
 	last := len(e.values) - 1
-	return fmt.Errorf("%s must be %s or %s, got %q", e.field, strings.Join(e.values[:last], ", "), e.values[last], value)
+	return fmt.Errorf("%s must be %s or %s, got %q%s", e.field, strings.Join(e.values[:last], ", "), e.values[last], value, didYouMean(value, e.values))
+}
+
+// maxSuggestDistance is how many edits (a letter added, dropped, changed,
+// or two swapped) a misspelt name may be from the name it is taken for.
+const maxSuggestDistance = 2
+
+// didYouMean returns " (did you mean <name>?)" for the name among known
+// that typed is a typo of, or "" when none is near enough. Letter case does
+// not count: "Window" is window.
+func didYouMean(typed string, known []string) string {
+	best, bestDistance := "", maxSuggestDistance+1
+	lower := strings.ToLower(typed)
+	for _, name := range known {
+		// A name of one or two letters is a few edits from everything.
+		if d := editDistance(lower, name); d < bestDistance && d < len(typed) {
+			best, bestDistance = name, d
+		}
+	}
+	if best == "" {
+		return ""
+	}
+	return fmt.Sprintf(" (did you mean %s?)", best)
+}
+
+// editDistance counts the edits from a to b: a byte added, dropped or
+// changed, or two adjacent bytes swapped (the optimal string alignment
+// distance).
+func editDistance(a, b string) int {
+	// rows[k][j] is the distance from a[:i-2+k] to b[:j], for the current i.
+	rows := [3][]int{make([]int, len(b)+1), make([]int, len(b)+1), make([]int, len(b)+1)}
+	for j := range rows[2] {
+		rows[2][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		rows[0], rows[1], rows[2] = rows[1], rows[2], rows[0]
+		cur, prev, prev2 := rows[2], rows[1], rows[0]
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				cur[j] = min(cur[j], prev2[j-2]+1)
+			}
+		}
+	}
+	return rows[2][len(b)]
 }
 
 // syntax is the values as the Caddyfile syntax writes them: a|b|c.

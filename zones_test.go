@@ -419,6 +419,7 @@ func TestJSONRulesNameTheField(t *testing.T) {
 		{`{"window": "1m", "max_requests": 5, "ipv6_prefix": 129}`, "ipv6_prefix must be from 1 to 128, got 129"},
 		{`{"window": "1m", "max_requests": 5, "key_prefix": "a{b"}`, "key_prefix must not contain '{' or '}'"},
 		{`{"window": "1m", "max_requests": 5, "fail_mode": "shut"}`, `fail_mode must be open, closed or local, got "shut"`},
+		{`{"window": "1m", "max_requests": 5, "fail_mode": "close"}`, `fail_mode must be open, closed or local, got "close" (did you mean closed?)`},
 		{`{"window": "1m", "max_requests": 5, "headers": "x"}`, `headers must be draft, legacy or off, got "x"`},
 		{`{"window": "1m", "max_requests": 5, "mode": "x"}`, `mode must be enforce or report, got "x"`},
 		{`{"window": "1m", "max_requests": 5, "algorithm": "x"}`, `algorithm must be log or counter, got "x"`},

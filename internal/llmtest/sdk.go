@@ -41,6 +41,12 @@ type SDKCall struct {
 	Params map[string]any `json:"params,omitempty"`
 	HTTP2  bool           `json:"http2,omitempty"`
 	SigV4  bool           `json:"sigv4,omitempty"`
+	// DefaultRetries leaves the OpenAI and Anthropic clients at their
+	// SDK's default retries, rather than none.
+	DefaultRetries bool `json:"defaultRetries,omitempty"`
+	// WithinMs gives the call up after that many milliseconds (status -1,
+	// error "TimedOut"); 0: never.
+	WithinMs int64 `json:"withinMs,omitempty"`
 }
 
 // SDKResult is what one call got, as the SDK saw it.
@@ -54,8 +60,16 @@ type SDKResult struct {
 	Text            string          `json:"text"`
 	Choices         int             `json:"choices"`
 	Usage           json.RawMessage `json:"usage"`
-	Error           string          `json:"error"`
-	Message         string          `json:"message"`
+	// SDKHeaders are the vendors' limit and retry headers of the last
+	// response, by lower-case name.
+	SDKHeaders map[string]string `json:"sdkHeaders"`
+	Error      string            `json:"error"`
+	// ErrorType is the error's type as its body says (OpenAI's
+	// "type/code", Anthropic's error.type).
+	ErrorType string `json:"errorType"`
+	Message   string `json:"message"`
+	// Ms is how long the call took, retries and sleeps included.
+	Ms int64 `json:"ms"`
 }
 
 // NeedSDKs makes sure node and the SDKs are installed in dir (the folder

@@ -12,12 +12,13 @@
 //     "n": 1, "bestOf": 1, "candidateCount": 1, "content": "...",
 //     "drop": false, "headers": {}, "extraBody": {} | "{...}",
 //     "parts": [...], "params": {},
-//     "http2": false, "sigv4": false}],
+//     "http2": false, "sigv4": false, "defaultRetries": false,
+//     "withinMs": 0}],
 //    "parallel": false}
 //
 // and reads, on stdout, one JSON result per call: {status, retryAfter,
-// rateLimit, rateLimitPolicy, tokens, final, text, choices, usage,
-// error, message}.
+// rateLimit, rateLimitPolicy, sdkHeaders, tokens, final, text, choices,
+// usage, error, errorType, message, ms}.
 // tokens is the vendor's whole usage as the SDK saw it (OpenAI's
 // total_tokens; Anthropic's input_tokens + cache_creation_input_tokens +
 // cache_read_input_tokens + output_tokens; Gemini's totalTokenCount;
@@ -32,6 +33,17 @@
 // the error that ended the call, if one did, and message its message (a
 // refused call has the status of its refusal; a stream that broke off
 // keeps its status and what it got; any other error has status -1).
+//
+// OpenAI's and Anthropic's clients make no retries, unless defaultRetries
+// leaves them at their SDK's default (2, after retry-after-ms or
+// Retry-After, unless x-should-retry says false); Gemini's makes none by
+// default, Bedrock's one attempt. A call with withinMs gives up after that
+// many milliseconds, with status -1 and the error "TimedOut", and ms is how
+// long the call took, its retries and sleeps included. sdkHeaders are the
+// last response's x-ratelimit-*, anthropic-ratelimit-*, x-should-retry and
+// retry-after-ms headers; errorType is the error's type as its body says
+// (OpenAI's error.type, then its code after a slash; Anthropic's
+// error.type).
 //
 // maxTokens is each API's output bound (max_tokens, max_output_tokens,
 // generationConfig.maxOutputTokens, options.num_predict,
@@ -96,7 +108,13 @@ const defaultModels = {
 // object of lower-case names.
 function headersOf(h) {
   const get = (name) => (typeof h?.get === "function" ? h.get(name) : h?.[name]) ?? "";
-  return { retryAfter: get("retry-after"), rateLimit: get("ratelimit"), rateLimitPolicy: get("ratelimit-policy") };
+  const sdkHeaders = {};
+  const names = typeof h?.keys === "function" ? [...h.keys()] : Object.keys(h ?? {});
+  for (const name of names) {
+    const n = name.toLowerCase();
+    if (n.startsWith("x-ratelimit-") || n.startsWith("anthropic-ratelimit-") || n === "x-should-retry" || n === "retry-after-ms") sdkHeaders[n] = get(name);
+  }
+  return { retryAfter: get("retry-after"), rateLimit: get("ratelimit"), rateLimitPolicy: get("ratelimit-policy"), sdkHeaders };
 }
 
 // withExtra puts the members of extra at the end of the JSON object body.
@@ -124,7 +142,7 @@ function hookedFetch(c, seen) {
 
 // openaiCall runs chat, completions and responses.
 async function openaiCall(c, seen, r) {
-  const client = new OpenAI({ baseURL: c.baseURL + "/v1", apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
+  const client = new OpenAI({ baseURL: c.baseURL + "/v1", apiKey: c.apiKey, maxRetries: c.defaultRetries ? undefined : 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
   const model = c.model ?? defaultModels[c.api];
   const sawUsage = (u) => {
     if (u) {
@@ -195,7 +213,7 @@ function anthropicTokens(u) {
 }
 
 async function anthropicCall(c, seen, r) {
-  const client = new Anthropic({ baseURL: c.baseURL, apiKey: c.apiKey, maxRetries: 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
+  const client = new Anthropic({ baseURL: c.baseURL, apiKey: c.apiKey, maxRetries: c.defaultRetries ? undefined : 0, timeout: 30000, defaultHeaders: c.headers, fetch: hookedFetch(c, seen) });
   const params = { model: c.model ?? defaultModels.messages, messages: [{ role: "user", content: c.parts ?? c.content }] };
   Object.assign(params, c.params);
   if (c.maxTokens) params.max_tokens = c.maxTokens;
@@ -401,14 +419,28 @@ async function batchCall(c, seen, r) {
 }
 calls["messages-batch"] = batchCall;
 calls["openai-batch"] = batchCall;
+class TimedOut extends Error {}
 
 async function call(c) {
   const seen = {};
-  const r = { status: 0, retryAfter: "", rateLimit: "", rateLimitPolicy: "", tokens: 0, final: false, text: "", choices: 0, usage: null };
+  const r = { status: 0, retryAfter: "", rateLimit: "", rateLimitPolicy: "", sdkHeaders: {}, tokens: 0, final: false, text: "", choices: 0, usage: null, errorType: "" };
+  const start = performance.now();
   try {
     const run = calls[c.api];
     if (!run) throw new Error(`no api ${c.api}`);
-    await run(c, seen, r);
+    if (!c.withinMs) {
+      await run(c, seen, r);
+    } else {
+      let timer;
+      const late = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new TimedOut(`no answer within ${c.withinMs} ms`)), c.withinMs);
+      });
+      try {
+        await Promise.race([run(c, seen, r), late]);
+      } finally {
+        clearTimeout(timer);
+      }
+    }
   } catch (err) {
     // A refused call has the SDK's status (OpenAI, Anthropic, Gemini:
     // status; Ollama: status_code; Bedrock: $metadata.httpStatusCode); a
@@ -422,7 +454,11 @@ async function call(c) {
     }
     r.error = err?.constructor?.name ?? "Error";
     r.message = String(err?.message ?? err);
+    const body = err?.error;
+    if (typeof err?.type === "string") r.errorType = err.type + (err.code ? "/" + err.code : "");
+    else if (typeof body?.error?.type === "string") r.errorType = body.error.type;
   }
+  r.ms = Math.round(performance.now() - start);
   return r;
 }
 
@@ -433,4 +469,6 @@ if (plan.parallel) {
   results = [];
   for (const c of plan.calls) results.push(await call(c));
 }
-process.stdout.write(JSON.stringify(results));
+// A call given up on (withinMs) may still have an SDK asleep: exit once
+// the results are out rather than wait for it.
+process.stdout.write(JSON.stringify(results), () => process.exit(0));

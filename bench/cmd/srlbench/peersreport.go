@@ -82,11 +82,13 @@ func (r report) peersSection(p func(string, ...any)) {
 	p("  same redis-server as the limited site, each call on the next of %s keys. No HTTP: it shows what Redis", thousands(anchorKeys))
 	p("  pays per decision for a limiter that sends one script call per decision.")
 	if r.seedSkip != nil {
-		p("- **seed** (Express + ioredis, the article's limiter): **not run**: %v.", r.seedSkip)
+		p("- **seed** (the Express + ioredis limiter of the article this project started from): **not run**: %v.", r.seedSkip)
 	} else {
-		p("- **seed**: the article's Express + ioredis limiter (shared/peers/seed-express: a sorted set in a MULTI,")
-		p("  denials recorded too, %d a minute per X-Client on `GET %s`), copied, `npm install`ed and run with", seedMax, seedPath)
-		p("  Node.js on its own redis-server, loaded with the many clients wrk script (same keys, -t%d -c%d).", c.threads, c.connections)
+		p("- **seed**: the limiter of the article this project started from, its Express + ioredis sliding-window")
+		p("  log as printed there ([how this module differs](docs/how-it-works.md#compared-with-the-article-this-started-from);")
+		p("  its code: shared/peers/seed-express): a sorted set in a MULTI, denials recorded too, %d a minute per", seedMax)
+		p("  X-Client on `GET %s`, copied, `npm install`ed and run with Node.js on its own redis-server, loaded with", seedPath)
+		p("  the many clients wrk script (same keys, -t%d -c%d).", c.threads, c.connections)
 	}
 	p("")
 	p("| | decisions/s | 429s | p50 | p99 | Redis CPU us/decision (INFO cpu) | in scripts us/decision (commandstats) | Redis round trips/decision | server CPU us/req |")
