@@ -67,6 +67,7 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (int64, 
 	}
 	if p, ok := r.Body.(*bodyPeek); ok {
 		p.model, p.modelRead = call.Model, true
+		p.output = max(p.output, call.Output)
 	}
 	if prices != nil {
 		return max(prices.of(call.Model).reserve(call.Input, call.Output), 1), nil
