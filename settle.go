@@ -47,6 +47,12 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 			}
 		}
 	}
+	if m.readsLLM && m.llmAPI == llmapi.OpenAIChat && askUsage(r) {
+		// The meter reads the usage chunk; the client does not get it.
+		u := newUsageChunkWriter(w)
+		m.ResponseWriter = u
+		defer u.finish()
+	}
 	defer func() {
 		if s := req.settlement(m, m.finalStatus(err)); s != nil {
 			// The client may be gone; the request is settled all the same.
