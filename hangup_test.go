@@ -164,3 +164,28 @@ func TestAIGatewayHangUpFleet(t *testing.T) {
 	}
 	t.Logf("%d admitted, %d refused, %d tokens used", admitted, refused, used)
 }
+
+// TestSpendHangUps: in the spend recipe, a client that hangs up on an
+// Anthropic stream once message_start reported input the body does not
+// carry, and cache reads, pays that usage at its prices, the output at the
+// call's bound: what the upstream billed, to the µ$.
+func TestSpendHangUps(t *testing.T) {
+	api := llmtest.Start(t)
+	instances := startSpendRecipe(t, api.Addr(), 9900)
+	body := `{"model":"claude-sonnet-4","max_tokens":300,"stream":true,"messages":[{"role":"user","content":"Summarise the document"}]}`
+	headers := map[string]string{llmtest.HeaderInputByReference: "50000", llmtest.HeaderCacheRead: "3000", llmtest.HeaderPause: "30ms"}
+	for i := range 2 {
+		key := fmt.Sprintf("sk-acme-hangup-%d", i)
+		if status, read := hangUp(t, instances[i]+"/v1/messages", key, body, headers, 1+3*i); status != http.StatusOK || read != 1+3*i {
+			t.Fatalf("status %d, %d events read", status, read)
+		}
+		served := api.Calls("Bearer " + key)
+		if len(served) != 1 {
+			t.Fatalf("%d calls served", len(served))
+		}
+		want := priced(served[0], "messages", 3000, 0)
+		if got := unitsUsed(t, "spend", "Bearer "+key, want); got != want {
+			t.Errorf("hung up after %d events: %d µ$ charged, want the %d µ$ the call cost", 1+3*i, got, want)
+		}
+	}
+}
