@@ -164,3 +164,40 @@ func TestUsageChunkFilterAllocs(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(b []byte) (int, error) { return len(b), nil }
+
+// FuzzAskUsage: a body that is one JSON value stays one when asked, the
+// answer asks (asking again changes nothing, but for a stream_options of
+// another type, which stays as it was), and the keys other than
+// stream_options keep their values.
+func FuzzAskUsage(f *testing.F) {
+	f.Add([]byte(`{"stream": true, "messages": []}`))
+	f.Add([]byte(`{"stream": true, "stream_options": {"include_usage": false, "x": [1, {"y": "\u00e9"}]}, "Stream_Options": null}`))
+	f.Add([]byte(`{"STREAM": true, "stream_options": {"include_usage": true}}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, asked := AskUsage(body)
+		if !asked {
+			if !bytes.Equal(got, body) {
+				t.Fatalf("not asked, yet changed: %q to %q", body, got)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			return
+		}
+		var before, after map[string]json.RawMessage
+		if json.Unmarshal(body, &before) != nil {
+			return
+		}
+		if err := json.Unmarshal(got, &after); err != nil {
+			t.Fatalf("%q asked is no JSON: %q: %v", body, got, err)
+		}
+		for k, v := range before {
+			if !strings.EqualFold(k, "stream_options") && !bytes.Equal(after[k], v) {
+				t.Fatalf("%q asked: %s is %s, was %s", body, k, after[k], v)
+			}
+		}
+		if again, asked := AskUsage(got); asked && !bytes.Equal(again, got) {
+			t.Fatalf("%q asked twice: %q, then %q", body, got, again)
+		}
+	})
+}
