@@ -148,7 +148,20 @@ func NewUsageChunkFilter(w io.Writer) *UsageChunkFilter { return &UsageChunkFilt
 // usage chunk. It takes all of b unless w fails.
 func (f *UsageChunkFilter) Write(b []byte) (int, error) {
 	from := 0 // the bytes of b from which to write on, when passing
-	for i, c := range b {
+	for i := 0; i < len(b); i++ {
+		if f.sse.state == sseValue && !f.passing && !f.skipLF {
+			// The rest of a data line, at once, as far as it fits.
+			j := i + min(len(b)-i, maxHeldEvent-len(f.held))
+			if k := bytes.IndexAny(b[i:j], "\r\n"); k >= 0 {
+				j = i + k
+			}
+			f.held = append(f.held, b[i:j]...)
+			f.data = append(f.data, b[i:j]...)
+			if i = j; i == len(b) {
+				break
+			}
+		}
+		c := b[i]
 		kind := f.sse.next(c)
 		if f.skipLF {
 			if f.skipLF = false; c == '\n' {

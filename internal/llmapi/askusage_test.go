@@ -201,3 +201,21 @@ func FuzzAskUsage(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkUsageChunkFilter passes a chat completion stream of 64 KB, in
+// the pieces a proxy passes on, through the filter.
+func BenchmarkUsageChunkFilter(b *testing.B) {
+	pieces := chatStream(64 << 10)
+	size := 0
+	for _, p := range pieces {
+		size += len(p)
+	}
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	f := NewUsageChunkFilter(discard{})
+	for b.Loop() {
+		for _, p := range pieces {
+			f.Write(p)
+		}
+	}
+}
