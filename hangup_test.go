@@ -194,3 +194,34 @@ func TestSpendHangUps(t *testing.T) {
 		}
 	}
 }
+
+// TestSettleLLMFixedCostHangUp: in a zone whose cost is fixed (no cost llm,
+// so no output bound is known), a client that hangs up once message_start
+// reported input the body does not carry pays that input, its output so
+// far and the bytes streamed since, far above its reservation of 10.
+func TestSettleLLMFixedCostHangUp(t *testing.T) {
+	api := llmtest.Start(t)
+	zone := uniqueZone("fixedllm")
+	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
+	sliding_ratelimit {
+		zone `+zone+` 1m 1000000 {
+			key {http.request.header.Authorization}
+			cost 10
+			settle llm
+		}
+	}
+	reverse_proxy `+api.Addr()))
+	body := `{"model":"claude-x","max_tokens":300,"stream":true,"messages":[{"role":"user","content":"Summarise the document"}]}`
+	headers := map[string]string{llmtest.HeaderInputByReference: "50000", llmtest.HeaderPause: "30ms"}
+	if status, read := hangUp(t, site+"v1/messages", "sk-fixed", body, headers, 1); status != http.StatusOK || read != 1 {
+		t.Fatalf("status %d, %d events read", status, read)
+	}
+	calls := api.Calls("Bearer sk-fixed")
+	if len(calls) != 1 {
+		t.Fatalf("%d calls", len(calls))
+	}
+	reported := calls[0].InputTokens + 1
+	if got := unitsUsed(t, zone, "Bearer sk-fixed", reported); got <= reported || got > reported+64<<10 {
+		t.Errorf("%d units charged, want the %d message_start reported and the bytes since (a few hundred)", got, reported)
+	}
+}
