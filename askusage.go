@@ -83,7 +83,7 @@ func (u *usageChunkWriter) Write(b []byte) (int, error) {
 // ReadFrom copies through Write: the wrapper's ReadFrom would pass the
 // filter by.
 func (u *usageChunkWriter) ReadFrom(r io.Reader) (int64, error) {
-	return io.Copy(writerOnly{u}, r)
+	return io.Copy(struct{ io.Writer }{u}, r)
 }
 
 // finish writes on what the filter holds of an event that did not end.
