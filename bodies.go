@@ -53,6 +53,8 @@ type bodyPeek struct {
 	// (modelRead), for settle llm's prices.
 	model     string
 	modelRead bool
+	// output is the largest output bound a cost llm read (with modelRead).
+	output int64
 }
 
 // peekBody reads r's body, up to costJSONMaxBody bytes and for

@@ -97,6 +97,7 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64
 	}
 	if p, ok := r.Body.(*bodyPeek); ok {
 		p.model, p.modelRead = call.Model, true
+		p.output = max(p.output, call.Output)
 	}
 	if call.Unbounded != "" {
 		if c.Ceiling == 0 {

@@ -42,7 +42,16 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 			if z.units.cost.prices != nil {
 				m.model = requestModel(r)
 			}
+			if z.units.settle.LLM {
+				m.output, m.outputKnown = requestOutput(r)
+			}
 		}
+	}
+	if m.readsLLM && m.llmAPI == llmapi.OpenAIChat && askUsage(r) {
+		// The meter reads the usage chunk; the client does not get it.
+		u := newUsageChunkWriter(w)
+		m.ResponseWriter = u
+		defer u.finish()
 	}
 	defer func() {
 		if s := req.settlement(m, m.finalStatus(err)); s != nil {
@@ -92,11 +101,11 @@ func (req *request) settlement(m *responseMeter, status int) *settlement {
 		case !z.counts(status):
 			cost = 0
 		case z.units != nil && z.units.settle != nil:
-			if n, ok, why := z.units.settled(m); ok {
-				cost = n
-			} else {
+			n, ok, why := z.units.settled(m, cost)
+			if !ok {
 				z.units.settleFallbacks.record(z.units.settleSource, why)
 			}
+			cost = n
 		}
 		if z.units != nil {
 			z.units.admitted.Add(float64(cost))
@@ -193,15 +202,13 @@ func (z *Zone) sameReservations() bool {
 // cost returns what the response m metered cost, in full: a usage above
 // the call's max is charged, and the client waits until it ages out. ok is
 // false when it says nothing usable: the reservation then stands, and why
-// says why.
+// says why. settle llm's cost is zoneUnits.settled's.
 func (s *Settle) cost(m *responseMeter) (cost int64, ok bool, why string) {
 	switch {
 	case s.Bytes:
 		return min(m.bytes, strictnum.Max), true, ""
 	case len(s.JSON) > 0:
 		return s.jsonCost(m)
-	case s.LLM:
-		return m.llmCost()
 	}
 	v := usage(m, s.header)
 	n, ok := strictnum.Parse(v)
@@ -214,19 +221,37 @@ func (s *Settle) cost(m *responseMeter) (cost int64, ok bool, why string) {
 	return n, true, ""
 }
 
-// settled is what the response that m metered cost in the zone: with
-// prices, the usage of each kind at the request's model's price (the model
-// that its reservation was priced at); without, what the settle reads.
-func (u *zoneUnits) settled(m *responseMeter) (int64, bool, string) {
-	if u.cost.prices == nil || !u.settle.LLM {
-		return u.settle.cost(m)
+// settled is what the response that m metered cost in the zone, whose
+// admission reserved reserved: with prices, the usage of each kind at the
+// request's model's price (the model that its reservation was priced at);
+// without, what the settle reads. ok is false when the response did not
+// say (why says why): the reservation then stands, or, for settle llm, at
+// least what the response had reported (llmBound).
+func (u *zoneUnits) settled(m *responseMeter, reserved int64) (cost int64, ok bool, why string) {
+	if !u.settle.LLM {
+		n, ok, why := u.settle.cost(m)
+		if !ok {
+			n = reserved
+		}
+		return n, ok, why
 	}
 	usage, ok, why := m.llmUsage()
 	if !ok {
-		return 0, false, why
+		bound, read := m.llmBound()
+		if !read {
+			return reserved, false, why
+		}
+		usage = bound
 	}
-	r, _ := u.cost.prices.lookup(m.model)
-	return r.charge(usage), true, ""
+	n := min(usage.Total(), strictnum.Max)
+	if u.cost.prices != nil {
+		r, _ := u.cost.prices.lookup(m.model)
+		n = r.charge(usage)
+	}
+	if !ok {
+		n = max(n, reserved)
+	}
+	return n, ok, why
 }
 
 // usage reads the value of header name (canonical) once the response that m
@@ -277,18 +302,9 @@ func (s *Settle) jsonCost(m *responseMeter) (int64, bool, string) {
 	return n, true, ""
 }
 
-// llmCost is the whole usage the LLM API reported in the body that m read,
-// when the response was whole.
-func (m *responseMeter) llmCost() (int64, bool, string) {
-	u, ok, why := m.llmUsage()
-	if !ok {
-		return 0, false, why
-	}
-	return min(u.Total(), strictnum.Max), true, ""
-}
-
 // llmUsage is the usage of each kind the LLM API reported in the body that
-// m read, when the response was whole.
+// m read, when the response was whole and its final usage came (a stream
+// that ended after Anthropic's message_start has not reported its output).
 func (m *responseMeter) llmUsage() (llmapi.Usage, bool, string) {
 	if m.llm == nil {
 		return llmapi.Usage{}, false, strictnum.Missing
@@ -300,7 +316,57 @@ func (m *responseMeter) llmUsage() (llmapi.Usage, bool, string) {
 	if why != "" {
 		return llmapi.Usage{}, false, why
 	}
+	if !m.llm.Final() {
+		return llmapi.Usage{}, false, strictnum.Missing
+	}
 	return u, true, ""
+}
+
+// llmBound is the most a response that ended without its final usage (cut,
+// or whole without it) can have used, from what it reported so far: the
+// input and cache tokens it reported (Anthropic's message_start, Gemini's
+// running totals: the input that the request's body does not carry, a
+// document by file id, shows there), and the output raised to the
+// request's output bound, the most the vendor generates for the call,
+// reasoning and thinking that no byte shows included. Without a bound (the
+// zone's cost is not cost llm, or the body was not read), the output
+// reported plus the bytes of the body since that report: a token of text
+// is at least a byte. read is false when the body could not be read (its
+// encoding, a bad frame, a usage that is no whole number): nothing seen
+// can be trusted, and the reservation stands.
+func (m *responseMeter) llmBound() (u llmapi.Usage, read bool) {
+	if m.llm == nil {
+		return llmapi.Usage{}, false
+	}
+	u, why := m.llm.Usage()
+	switch why {
+	case "":
+	case strictnum.Missing:
+		u = llmapi.Usage{}
+	default:
+		return llmapi.Usage{}, false
+	}
+	out := u.Output
+	if m.outputKnown {
+		out = max(out, m.output)
+	} else {
+		out = min(out+m.llm.After(), strictnum.Max)
+	}
+	if u.Reported > 0 {
+		// A total that holds a kind that none of the fields does keeps it.
+		u.Reported = min(u.Reported+out-u.Output, strictnum.Max)
+	}
+	u.Output = out
+	return u, true
+}
+
+// requestOutput is the output bound that cost llm read from r's body, if
+// one did.
+func requestOutput(r *http.Request) (int64, bool) {
+	if p, ok := r.Body.(*bodyPeek); ok && p.modelRead {
+		return p.output, true
+	}
+	return 0, false
 }
 
 // responseMeter records what the client gets of a response: its status and
@@ -329,6 +395,10 @@ type responseMeter struct {
 	llm      *llmapi.UsageReader
 	// model is the model the request names, for priced zones.
 	model string
+	// output is the request's output bound, when outputKnown, for the
+	// charge of a response that ends without its final usage.
+	output      int64
+	outputKnown bool
 	// whole is true when the response ended as its handlers meant it to:
 	// they returned no error, nothing failed to reach the client, and
 	// the client had not left (served).

@@ -8,7 +8,8 @@ package llmapi
 //	multipliers   none
 //	usage         top-level "usage" of the Message document and of each
 //	              message_delta event; "message.usage" of the message_start
-//	              event
+//	              event, a partial one: input and cache so far, output 1
+//	              (the final usage has not come until message_delta's)
 //	              input_tokens                 -> Input: EXCLUDES the cache fields
 //	              cache_creation_input_tokens  -> CacheWrite, apart from input_tokens
 //	              cache_read_input_tokens      -> Cached, apart from input_tokens
@@ -25,7 +26,7 @@ var anthropicMessages = &table{
 	output: paths("max_tokens"),
 	usageAt: []usageAt{
 		{path: "usage"},
-		{path: "message.usage", when: []string{"message_start"}},
+		{path: "message.usage", when: []string{"message_start"}, partial: true},
 	},
 	usage: []usageField{
 		{"input_tokens", input},

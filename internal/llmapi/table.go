@@ -71,6 +71,11 @@ type usageAt struct {
 	// when lists the values of the document's top-level "type" for which
 	// the place counts; nil: any document.
 	when []string
+	// partial is set when a usage here is an early figure that a later
+	// event's usage at another place replaces (Anthropic's message_start):
+	// until one of those comes, the response has not reported its final
+	// usage, and an ending there is charged as a cut one.
+	partial bool
 }
 
 // usageField is one field of a usage object.

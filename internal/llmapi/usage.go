@@ -74,6 +74,19 @@ func NewUsageReader(api API, contentType, contentEncoding string) *UsageReader {
 // Write reads the next bytes of the body.
 func (u *UsageReader) Write(b []byte) { u.r.write(b) }
 
+// Final reports whether the response reported its final usage: a document
+// with usage at a place that no later event's usage replaces (everything
+// but Anthropic's message_start). Gemini reports running totals in every
+// chunk, each at the place of the last: the caller knows from the body
+// being whole that the last one came. A response that ended without its
+// final usage has reported, in Usage, only what it used up to some point.
+func (u *UsageReader) Final() bool { return u.r.final }
+
+// After is the bytes of the body read since the end of the last document
+// with usage (all of them when none had any), counted by whole Writes: at
+// least what came after it, for a bound of the output not yet reported.
+func (u *UsageReader) After() int64 { return u.r.after }
+
 // Usage returns the usage read so far, and "" or why there is none to
 // charge (strictnum.Missing, strictnum.NotWhole, Encoded, BadFrame). Whether
 // the body was whole is the caller's to know: a stream cut short has not
@@ -192,7 +205,9 @@ type usagePlace struct {
 	// when lists the document's top-level "type" values for which it
 	// counts; nil: any.
 	when []string
-	slot int
+	// partial: a usage here is not the final one (table.go's usageAt).
+	partial bool
+	slot    int
 }
 
 // usageSpecs are the tables' usage specs, by API.
@@ -230,17 +245,20 @@ func specOf(t *table) *usageSpec {
 				if at.path != "" {
 					path = at.path + "." + f.name
 				}
-				s.add(usagePlace{path: strings.Split(path, "."), when: at.when, slot: slot})
+				s.add(usagePlace{path: strings.Split(path, "."), when: at.when, partial: at.partial, slot: slot})
 			}
 		}
 	}
 	return s
 }
 
-// add adds p unless s has it.
+// add adds p unless s has it; a place that two tables share is partial
+// when either says so (the ending is then charged as a cut one, never
+// less).
 func (s *usageSpec) add(p usagePlace) {
-	for _, q := range s.places {
+	for i, q := range s.places {
 		if strings.Join(q.path, ".") == strings.Join(p.path, ".") && strings.Join(q.when, ",") == strings.Join(p.when, ",") {
+			s.places[i].partial = q.partial || p.partial
 			return
 		}
 	}
@@ -266,6 +284,11 @@ type reader struct {
 	// ending; pending the numbers of the document being read, by place.
 	slots, docSlots, pending []slotValue
 	pendingSeen              bool
+	// final is set once a document had usage at a place that is not
+	// partial; after counts the bytes since the last document with usage,
+	// and found whether one ended in the Write being read.
+	final, found bool
+	after        int64
 	// off is why the body is not read at all ("" when it is).
 	off    string
 	mode   uint8
@@ -311,6 +334,19 @@ func (r *reader) write(b []byte) {
 	if r.off != "" {
 		return
 	}
+	// A Write in which usage came counts whole as after it: never less
+	// than the bytes that followed the usage.
+	r.found = false
+	r.read(b)
+	if r.found {
+		r.after = int64(len(b))
+	} else {
+		r.after += int64(len(b))
+	}
+}
+
+// read reads the next bytes of the body, split as its mode says.
+func (r *reader) read(b []byte) {
 	if r.mode == modeUndecided {
 		i := 0
 		for i < len(b) && isSpace(b[i]) {
@@ -469,12 +505,14 @@ func (r *reader) commit() {
 			*d = v
 		}
 		found = true
+		r.final = r.final || !p.partial
 	}
 	clear(r.pending)
 	r.pendingSeen = false
 	if !found {
 		return
 	}
+	r.found = true
 	if !r.spec.perField {
 		copy(r.slots, r.docSlots)
 		return

@@ -275,8 +275,20 @@ func FuzzUsageReader(f *testing.F) {
 			for i := 0; i < len(body); i += step {
 				pieces.Write(body[i:min(i+step, len(body))])
 			}
-			if u2, why2 := pieces.Usage(); u1 != u2 || why1 != why2 {
-				t.Errorf("%v %q whole: %+v %q; in pieces of %d: %+v %q", api, body, u1, why1, step, u2, why2)
+			if u2, why2 := pieces.Usage(); u1 != u2 || why1 != why2 || whole.Final() != pieces.Final() {
+				t.Errorf("%v %q whole: %+v %q final %v; in pieces of %d: %+v %q final %v", api, body, u1, why1, whole.Final(), step, u2, why2, pieces.Final())
+			}
+			// The bytes after the last usage are counted by whole Writes:
+			// never fewer than a byte at a time counts (exactly those
+			// after the byte that ended the usage), never more than the
+			// body.
+			bytewise := NewUsageReader(api, ct, "")
+			for i := range body {
+				bytewise.Write(body[i : i+1])
+			}
+			exact := bytewise.After()
+			if a1, a2 := whole.After(), pieces.After(); a1 > int64(len(body)) || a2 > int64(len(body)) || a1 < exact || a2 < exact {
+				t.Errorf("%v %q: %d bytes after the usage whole, %d in pieces of %d, %d a byte at a time", api, body, a1, a2, step, exact)
 			}
 		}
 	})

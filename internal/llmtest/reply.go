@@ -57,6 +57,12 @@ const (
 	// HeaderStatus (an HTTP status from 400 to 599) refuses the call with
 	// that status and the vendor's error body, generating nothing.
 	HeaderStatus = "X-Test-Status"
+	// HeaderInputByReference (a count N) bills N more uncached input
+	// tokens than the body carries, as a vendor bills input named by
+	// reference (a document by file id, an image URL, an earlier
+	// response): they count as used and are reported as input (in
+	// Anthropic's message_start too), while the body stays small.
+	HeaderInputByReference = "X-Test-Input-By-Reference"
 )
 
 // knobs are the test knobs of a request.
@@ -67,6 +73,7 @@ type knobs struct {
 	overIn, overOut               int64
 	nested                        bool
 	cacheRead, cacheWrite, reason int64
+	byReference                   int64
 	status                        int
 }
 
@@ -110,7 +117,7 @@ func readKnobs(h http.Header) (knobs, error) {
 		}
 		k.override = true
 	}
-	for name, n := range map[string]*int64{HeaderCacheRead: &k.cacheRead, HeaderCacheWrite: &k.cacheWrite, HeaderReasoning: &k.reason} {
+	for name, n := range map[string]*int64{HeaderCacheRead: &k.cacheRead, HeaderCacheWrite: &k.cacheWrite, HeaderReasoning: &k.reason, HeaderInputByReference: &k.byReference} {
 		if err := number(name, h.Get(name), n); err != nil {
 			return k, err
 		}

@@ -279,7 +279,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rp = vendorError(t, k.status, fmt.Sprintf("refused with %d (%s)", k.status, HeaderStatus))
 			break
 		}
-		used := usage{Input: req.Input + mediaTokens(api, req.Model, body), CacheRead: k.cacheRead, CacheWrite: k.cacheWrite, Output: req.Output, Reasoning: min(k.reason, req.Output)}
+		used := usage{Input: req.Input + mediaTokens(api, req.Model, body) + k.byReference, CacheRead: k.cacheRead, CacheWrite: k.cacheWrite, Output: req.Output, Reasoning: min(k.reason, req.Output)}
 		t.shown = used
 		if k.override {
 			t.shown.Input, t.shown.Output = k.overIn, k.overOut
