@@ -106,7 +106,11 @@ func newZoneUnits(zone, cost string, costJSON *CostJSON, costLLM *CostLLM, maxRe
 		if settle.LLM {
 			u.settleSource = "llm"
 		}
-		u.settleFallbacks = newValueFallbacks(logger, zone, "settle found no whole number: the reservation stands", m.settleFallbacks.WithLabelValues(zone))
+		msg := "settle found no whole number: the reservation stands"
+		if settle.LLM {
+			msg = "settle llm found no final usage: the call pays the larger of its reservation and what it reported plus its output bound"
+		}
+		u.settleFallbacks = newValueFallbacks(logger, zone, msg, m.settleFallbacks.WithLabelValues(zone))
 	}
 	for _, p := range u.placeholders() {
 		// A name without a dot is a map's output or another handler's
