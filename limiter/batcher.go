@@ -736,8 +736,8 @@ func (b *batcher) firstVia() (via callVia, load bool) {
 // without the library (restarted, flushed, a new cluster master) most
 // likely lost the script too, and a server without the script (the same,
 // or one that evicted it from its EVAL cache) is given it with SCRIPT LOAD,
-// which no server evicts (Redis 7.4 and later keep EVAL's scripts in an
-// LRU of 500): the call then goes by hash (load says to load it first), never as
+// which no server evicts (Redis 7.4 and later and Valkey 8 keep EVAL's
+// scripts in an LRU of 500): the call then goes by hash (load says to load it first), never as
 // a 30 KB EVAL per request. A server out of memory refuses any function
 // that may write before it runs; a script it runs, and refuses only its
 // first write, so that a batch of denials is still decided: calls go as

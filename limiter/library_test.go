@@ -139,9 +139,9 @@ func TestScriptsWhereFunctionIsMissing(t *testing.T) {
 
 // TestScriptsStayLoaded: without FUNCTION, the script is loaded once with
 // SCRIPT LOAD and called by its hash, even while other clients run so many
-// EVALs that Redis 7.4 and later evict the scripts EVAL cached (500 of them
-// at most; Valkey 8.0 keeps them): never sent whole with a request. Before,
-// on Redis 8.0-m01, each of the 5 decisions went as an EVAL.
+// EVALs that Redis 7.4 and later and Valkey 8 evict the scripts EVAL cached
+// (500 of them at most): never sent whole with a request. Before, on Redis
+// 8.0-m01 and Valkey 8.0.1, each of the 5 decisions went as an EVAL.
 func TestScriptsStayLoaded(t *testing.T) {
 	client, s := libraryStore(t, "--rename-command", "FUNCTION", "")
 	ctx := context.Background()

@@ -225,7 +225,7 @@ func (r Rights) Warnings() []string {
 	}
 	if !r.Library && !r.ScriptLoad && r.EvalSHA && r.Eval {
 		out = append(out, fmt.Sprintf("redis user %s may run neither FUNCTION nor SCRIPT LOAD: "+
-			"the 30 KB script is sent whole (EVAL) whenever redis dropped it from its EVAL cache, which Redis 7.4 and later do when other clients run many scripts", r.User)+
+			"the 30 KB script is sent whole (EVAL) whenever redis dropped it from its EVAL cache, which Redis 7.4 and later and Valkey 8 do when other clients run many scripts", r.User)+
 			rule("+script|load"))
 	}
 	if !r.Info {
