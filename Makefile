@@ -59,11 +59,14 @@ test:
 # built in SERVERS (Valkey 8, Redis 8: see its README), each first on PATH,
 # so that everything that starts redis-server starts it. Where SERVERS does
 # not exist (a user's clone) it says so and passes: `make test` never needs
-# it. SERVER_TESTS: the packages.
+# it. SERVER_TESTS: the packages; SERVER_ROOT_RUN: the root package's tests
+# (those of Redis itself: its topologies, failures and settings), about a
+# minute each. About 5 minutes a server on two cores.
 SERVERS ?= ../shared/servers
 SERVER_TESTS ?= ./limiter/ ./internal/redisconn/ ./internal/redistest/
+SERVER_ROOT_RUN ?= ^(TestRedis|TestFailover|TestSentinel|TestCluster|TestLostScript)
 test-servers:
-	GO=$(GO) bash scripts/test-servers.sh $(SERVERS) $(SERVER_TESTS)
+	GO='$(GO)' ROOT_RUN='$(SERVER_ROOT_RUN)' bash scripts/test-servers.sh $(SERVERS) $(SERVER_TESTS)
 
 # Each fuzz target runs alone (go test -fuzz takes one); `make test` already
 # runs their seed corpora. The budget is a count of executions, not a duration:

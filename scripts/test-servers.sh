@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs `go test -race` on the given packages once per Redis-compatible server
 # in SERVERS (each a folder with redis-server, redis-sentinel and redis-cli,
-# see its README), with that server first on PATH. Where SERVERS does not
+# see its README), with that server first on PATH, then the root package's
+# tests that ROOT_RUN matches (none when it is empty). Where SERVERS does not
 # exist it says so and passes: a user's clone has no such folder.
 #
-# Usage: scripts/test-servers.sh SERVERS PACKAGE...
+# Usage: [ROOT_RUN=regexp] scripts/test-servers.sh SERVERS PACKAGE...
 set -euo pipefail
 
 servers=$1
@@ -47,6 +48,9 @@ for dir in "$servers"/*/; do
 	version=$(PATH="$bin:$PATH" redis-server --version)
 	echo "== $(basename "$dir"): $version"
 	PATH="$bin:$PATH" "$go" test -race -count=1 -p 1 "$@"
+	if [ -n "${ROOT_RUN:-}" ]; then
+		PATH="$bin:$PATH" "$go" test -race -count=1 -run "$ROOT_RUN" .
+	fi
 done
 if [ "$found" = 0 ]; then
 	echo "test-servers: no server folder with a redis-server in $servers" >&2
