@@ -15,7 +15,7 @@ MODULE_PIN := $(MODULE)@v0.0.0-00010101000000-000000000000
 SOURCES := $(shell find . -name '*.go' -not -path './bench/*' -not -path './.git/*') \
 	go.mod go.sum $(wildcard limiter/*.lua)
 
-.PHONY: all build run test fuzz vet lint fmt fmt-check check-build clean help bench soak
+.PHONY: all build run test test-servers fuzz vet lint fmt fmt-check check-build clean help bench soak
 
 all: build
 
@@ -23,6 +23,7 @@ help:
 	@echo "make build        build ./caddy with this module (xcaddy)"
 	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
 	@echo "make test         install redis-server and prometheus if needed, go vet, go test -race, and bench/'s tests"
+	@echo "make test-servers the tests that talk to Redis again on each server in ../shared/servers (Valkey 8, Redis 8), when it exists"
 	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
 	@echo "make fuzz         fuzz the Caddyfile parser and the key builder (FUZZTIME=50000x each)"
 	@echo "make fmt-check    fail if gofmt would change a file; make fmt fixes them"
@@ -53,6 +54,19 @@ test:
 	$(GO) test -race -count=1 -p 1 ./...
 	# bench/ is a module of its own: its tools' tests (each starts its own Redis).
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+# The tests that talk to Redis, run again on each Redis-compatible server
+# built in SERVERS (Valkey 8, Redis 8: see its README), each first on PATH,
+# so that everything that starts redis-server starts it. Where SERVERS does
+# not exist (a user's clone) it says so and passes: `make test` never needs
+# it. SERVER_TESTS: the packages; SERVER_ROOT_RUN: the root package's tests
+# (those of Redis itself: its topologies, failures and settings), about a
+# minute each. About 5 minutes a server on two cores.
+SERVERS ?= ../shared/servers
+SERVER_TESTS ?= ./limiter/ ./internal/redisconn/ ./internal/redistest/
+SERVER_ROOT_RUN ?= ^(TestRedis|TestFailover|TestSentinel|TestCluster|TestLostScript)
+test-servers:
+	GO='$(GO)' ROOT_RUN='$(SERVER_ROOT_RUN)' bash scripts/test-servers.sh $(SERVERS) $(SERVER_TESTS)
 
 # Each fuzz target runs alone (go test -fuzz takes one); `make test` already
 # runs their seed corpora. The budget is a count of executions, not a duration:

@@ -88,8 +88,9 @@ type backend struct {
 	failMode  string
 	zones     []string
 	// failures logs failed decisions, settleFailures failed settles,
-	// refused the requests whose own figures the engine refuses.
-	failures, settleFailures, refused *failureLog
+	// unannounced the refunds applied but not announced, refused the
+	// requests whose own figures the engine refuses.
+	failures, settleFailures, unannounced, refused *failureLog
 	// oomFailures logs decisions that Redis refused for lack of memory,
 	// counted in oom.
 	oomFailures *failureLog
@@ -111,6 +112,8 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		zones:          cfg.zones,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
+		unannounced: newFailureLog(cfg.logger, "a refund was settled in redis, but announcing it to other instances failed: "+
+			"a denial they cached may refuse its client until its retry time", time.Second),
 		oomFailures: newFailureLog(cfg.logger, "redis is out of memory (maxmemory reached with maxmemory-policy noeviction): it refuses the limiter's writes, "+
 			"so clients it holds are decided in process from what it holds, and new clients get the fail mode; give redis more memory (docs/redis.md)", time.Second),
 		refused: newFailureLog(cfg.logger, "a request the limiter cannot decide, for figures outside the engine's bounds that the config rules let through; applying fail mode without asking the store", time.Second),
@@ -151,6 +154,8 @@ func (b *backend) connect(cfg backendConfig) error {
 			zap.String("fail_mode", cfg.failMode), zap.Error(err))
 	} else if err != nil {
 		return err
+	} else if err := checkRights(conn, cfg); err != nil {
+		return err
 	} else {
 		warnMemory(conn, cfg)
 	}
@@ -167,6 +172,25 @@ func (b *backend) connect(cfg backendConfig) error {
 	// Last: an announcement may come at once, and finds the stack whole.
 	conn.Listen(b)
 	b.releases = append(b.releases, func() error { conn.Unlisten(b); return nil })
+	return nil
+}
+
+// checkRights refuses a Redis user that no decision can be made with, and
+// warns of each missing right that makes the limiter work worse (see
+// redisconn.Rights). Rights that could not be read are noted at debug
+// level only: the decisions will say.
+func checkRights(conn *redisconn.Conn, cfg backendConfig) error {
+	rights, err := conn.Rights(cfg.timeout, cfg.keyPrefix)
+	if err != nil {
+		cfg.logger.Debug("could not check the redis user's rights", zap.String("redis", conn.Label()), zap.Error(err))
+		return nil
+	}
+	if refusal := rights.Refusal(cfg.keyPrefix); refusal != "" {
+		return errors.New(refusal)
+	}
+	for _, warning := range rights.Warnings() {
+		cfg.logger.Warn(warning, zap.String("redis", conn.Label()))
+	}
 	return nil
 }
 
@@ -396,7 +420,7 @@ func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions 
 		b.redis.SettleLater(ctx, checks, decisions, func(err error) {
 			defer b.settling.Done()
 			if err == nil {
-				err = b.settled(ctx, checks, decisions, lowered, src)
+				b.settled(ctx, checks, decisions, lowered, src)
 			}
 			b.settleFailed(err)
 		})
@@ -438,12 +462,13 @@ func (b *backend) settleIn(ctx context.Context, checks []limiter.Check, decision
 	if err := store.Settle(ctx, checks, decisions); err != nil {
 		return err
 	}
-	return b.settled(ctx, checks, decisions, lowered, src)
+	b.settled(ctx, checks, decisions, lowered, src)
+	return nil
 }
 
 // settled forgets the denials that the settle of checks may undo, as
 // lowered says.
-func (b *backend) settled(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) error {
+func (b *backend) settled(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
 	for i, c := range checks {
 		if lowered[i] == notLowered {
 			continue
@@ -451,12 +476,13 @@ func (b *backend) settled(ctx context.Context, checks []limiter.Check, decisions
 		b.cache.Forget(c.Zone, c.Key)
 		everywhere := lowered[i] == loweredEverywhere || lowered[i] == loweredIfNoRoom && decisions[i].Lifts
 		if everywhere && src == fromStore && b.redis != nil {
+			// The settle was applied: a refused announcement (a
+			// user without the channels) is not a failed settle.
 			if err := b.conn.AnnounceFreed(ctx, b.redis.Key(c.Zone, c.Key)); err != nil {
-				return err
+				b.unannounced.record(b.failMode, err)
 			}
 		}
 	}
-	return nil
 }
 
 // extend restarts the lease time of the leases that decisions hold, in the

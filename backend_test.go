@@ -746,3 +746,56 @@ func TestNeverFitAnsweredInProcess(t *testing.T) {
 			res.status, res.header.Get("RateLimit"), want)
 	}
 }
+
+// TestRedisUserRights: a user that may call the script by its hash but may
+// neither load it nor use FUNCTION fails the config with the ACL rule to
+// add (before, Caddy started and every decision failed open). A user
+// without the module's channels (a new user on Redis 7 and later) loads
+// with one warning, and a refund it settles is not logged as a failed
+// settle though its announcement is refused.
+func TestRedisUserRights(t *testing.T) {
+	srv := redistest.Start(t)
+	shaOnly := srv.UserURL(t, "shaonly", "~*", "&*", "+@all", "-eval", "-script", "-function")
+	err := provisionError(t, `{"window": "1m", "max_requests": 2, "redis": "`+shaOnly+`"}`)
+	if err == nil || !strings.Contains(err.Error(), "ACL SETUSER shaonly +evalsha +script|load") {
+		t.Errorf("a user that may only EVALSHA: provision error %v, want the ACL rule to add", err)
+	}
+
+	for _, c := range []struct {
+		name     string
+		url      string
+		warnings int64
+	}{
+		{"default user", srv.URL(), 0},
+		{"no channels", srv.UserURL(t, "nochannels", "~*", "+@all", "-function"), 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := newInstance(t, `{"zones": [{"name": "login", "window": "10m", "max_requests": 1, "count_status": [401]}],
+				"redis": "`+c.url+`", "key_prefix": "`+uniquePrefix(t)+`"}`)
+			if got := in.warnings.logged.Load(); got != c.warnings {
+				t.Errorf("%d warnings at start, want %d", got, c.warnings)
+			}
+			// A 200 is not counted: its refund frees the zone's only
+			// room, which is announced.
+			for i := range 3 {
+				if status := send(t, "/", to(in), from("192.0.2.7")).status; status != http.StatusOK {
+					t.Fatalf("request %d: %d, want 200", i+1, status)
+				}
+				in.settled()
+			}
+			b := in.backend
+			b.settleFailures.mu.Lock()
+			failed := !b.settleFailures.last.IsZero()
+			b.settleFailures.mu.Unlock()
+			b.unannounced.mu.Lock()
+			unannounced := !b.unannounced.last.IsZero()
+			b.unannounced.mu.Unlock()
+			if failed {
+				t.Error("settles applied in redis were logged as failed")
+			}
+			if want := c.warnings > 0; unannounced != want {
+				t.Errorf("refunds' announcements logged as refused: %v, want %v", unannounced, want)
+			}
+		})
+	}
+}

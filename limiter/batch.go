@@ -105,15 +105,20 @@ const (
 	viaFunction callVia = iota
 	// viaScript calls the script by its hash: EVALSHA.
 	viaScript
-	// viaSource sends the script itself: EVAL.
+	// viaLoadedScript calls the script by its hash right after SCRIPT
+	// LOAD: EVALSHA, which a NOSCRIPT then makes an EVAL.
+	viaLoadedScript
+	// viaSource sends the script itself: EVAL, only where SCRIPT LOAD
+	// failed or did not help.
 	viaSource
 )
 
 // The calls' first two words, boxed once.
 var callWords = [...][2]any{
-	viaFunction: {"fcall", functionName},
-	viaScript:   {"evalsha", limitScript.Hash()},
-	viaSource:   {"eval", scriptSource},
+	viaFunction:     {"fcall", functionName},
+	viaScript:       {"evalsha", limitScript.Hash()},
+	viaLoadedScript: {"evalsha", limitScript.Hash()},
+	viaSource:       {"eval", scriptSource},
 }
 
 // command appends c's FCALL, EVALSHA or EVAL (c.via) to args and returns

@@ -476,7 +476,10 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 		_ = b.client.Process(ctx, c.cmd)
 		once := true
-		for b.retry(c) {
+		for again, load := b.retry(c); again; again, load = b.retry(c) {
+			if load {
+				c.via = b.loadScript(ctx)
+			}
 			c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 			_ = b.client.Process(ctx, c.cmd)
 			once = false
@@ -514,8 +517,18 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime ti
 		}
 		execErr := exec(ctx, pipe)
 		again := w.retry[:0]
+		// One load a round serves every call that met a server without
+		// the script.
+		var loaded callVia
+		tried := false
 		for _, c := range w.retry {
-			if b.retry(c) {
+			if retry, load := b.retry(c); retry {
+				if load && !tried {
+					loaded, tried = b.loadScript(ctx), true
+				}
+				if load {
+					c.via = loaded
+				}
 				again = append(again, c)
 				continue
 			}
@@ -721,25 +734,43 @@ func (b *batcher) firstVia() (via callVia, load bool) {
 
 // retry reports whether c is to be sent again, and sets how. A server
 // without the library (restarted, flushed, a new cluster master) most
-// likely lost the script too: EVAL. A server out of memory refuses any
-// function that may write before it runs; a script it runs, and refuses
-// only its first write, so that a batch of denials is still decided: calls
-// go as scripts until the library loads again, which a full Redis refuses.
-func (b *batcher) retry(c *slotCall) bool {
+// likely lost the script too, and a server without the script (the same,
+// or one that evicted it from its EVAL cache) is given it with SCRIPT LOAD,
+// which no server evicts (Redis 7.4 and later and Valkey 8 keep EVAL's
+// scripts in an LRU of 500): the call then goes by hash (load says to load it first), never as
+// a 30 KB EVAL per request. A server out of memory refuses any function
+// that may write before it runs; a script it runs, and refuses only its
+// first write, so that a batch of denials is still decided: calls go as
+// scripts until the library loads again, which a full Redis refuses.
+func (b *batcher) retry(c *slotCall) (again, load bool) {
 	err := c.cmd.Err()
 	switch {
 	case c.via == viaFunction && noFunction(err):
-		c.via = viaSource
 		b.library.loaded.Store(false)
+		return true, true
 	case c.via == viaFunction && OutOfMemory(err):
 		c.via = viaScript
 		b.library.loaded.Store(false)
 	case c.via == viaScript && noScript(err):
+		return true, true
+	case c.via == viaLoadedScript && noScript(err):
+		// Loaded, yet missing where the call went: a cluster whose
+		// slot moved meanwhile, a server flushed again.
 		c.via = viaSource
 	default:
-		return false
+		return false, false
 	}
-	return true
+	return true, false
+}
+
+// loadScript loads the script on the server (every shard of a cluster) and
+// returns how calls go next: by hash, or, where SCRIPT LOAD failed (an ACL
+// without it), as the source.
+func (b *batcher) loadScript(ctx context.Context) callVia {
+	if limitScript.Load(ctx, b.client).Err() != nil {
+		return viaSource
+	}
+	return viaLoadedScript
 }
 
 // loadEverywhere loads the library on every master of a cluster, in the

@@ -18,8 +18,9 @@ import (
 // closures it makes serve every later call, where a script makes them all
 // at every call (an empty call costs Redis a third of a script's: 3.0
 // against 8.8 µs in INFO commandstats, redis-benchmark on Redis 7.0). As a
-// script, with EVALSHA (and EVAL when Redis lacks it), where FUNCTION is
-// missing (Redis 6) or refused (an ACL without it).
+// script, loaded with SCRIPT LOAD and called with EVALSHA, where FUNCTION
+// is missing (Redis 6) or refused (an ACL without it); EVAL only where
+// SCRIPT LOAD fails.
 //
 // The library's name holds a hash of the script, so that instances of two
 // versions of the module share one Redis during an upgrade, each calling

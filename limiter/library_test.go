@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -26,6 +27,12 @@ func callCounts(t *testing.T, client *redis.Client) (fcall, evalsha, eval float6
 	t.Helper()
 	f := infoFields(t, client, "commandstats", "cmdstat_fcall.calls", "cmdstat_evalsha.calls", "cmdstat_eval.calls")
 	return f["cmdstat_fcall.calls"], f["cmdstat_evalsha.calls"], f["cmdstat_eval.calls"]
+}
+
+// scriptLoads returns how many times Redis ran SCRIPT LOAD.
+func scriptLoads(t *testing.T, client *redis.Client) float64 {
+	t.Helper()
+	return infoFields(t, client, "commandstats", "cmdstat_script|load.calls")["cmdstat_script|load.calls"]
 }
 
 // waitForCalls allows one request at a time on s until Redis has run one
@@ -95,8 +102,11 @@ func TestCallsGoThroughTheLibrary(t *testing.T) {
 	if d[0].Allowed {
 		t.Error("a client at its limit was admitted after the library was flushed")
 	}
-	if _, _, e := callCounts(t, client); e != eval+1 {
-		t.Errorf("after the flush the call went %v times as EVAL, want once", e-eval)
+	if _, _, e := callCounts(t, client); e != eval {
+		t.Errorf("after the flush the call went %v times as EVAL, want none (SCRIPT LOAD, then EVALSHA)", e-eval)
+	}
+	if n := scriptLoads(t, client); n != 1 {
+		t.Errorf("after the flush SCRIPT LOAD ran %v times, want once", n)
 	}
 	fcall, _, _ = callCounts(t, client)
 	deadline := time.Now().Add(2 * loadEvery)
@@ -124,6 +134,47 @@ func TestScriptsWhereFunctionIsMissing(t *testing.T) {
 	}
 	if _, evalsha, _ := callCounts(t, client); evalsha == 0 {
 		t.Error("no EVALSHA: the decisions went some other way")
+	}
+}
+
+// TestScriptsStayLoaded: without FUNCTION, the script is loaded once with
+// SCRIPT LOAD and called by its hash, even while other clients run so many
+// EVALs that Redis 7.4 and later and Valkey 8 evict the scripts EVAL cached
+// (500 of them at most): never sent whole with a request. Before, on Redis
+// 8.0-m01 and Valkey 8.0.1, each of the 5 decisions went as an EVAL.
+func TestScriptsStayLoaded(t *testing.T) {
+	client, s := libraryStore(t, "--rename-command", "FUNCTION", "")
+	ctx := context.Background()
+	key := testKey(t)
+	limit := Limit{Window: time.Minute, Max: 1_000}
+	const rounds, others = 5, 1_000
+	evals := 0
+	for round := range rounds {
+		d := make([]Decision, 1)
+		if err := s.Allow(ctx, []Check{{Zone: "z", Key: key, Limit: limit, Cost: 1}}, d); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if !d[0].Allowed {
+			t.Fatalf("round %d: denied under a limit of %d", round, limit.Max)
+		}
+		pipe := client.Pipeline()
+		for i := range others {
+			pipe.Eval(ctx, fmt.Sprintf("return %d", round*others+i), nil)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		evals += others
+	}
+	_, evalsha, eval := callCounts(t, client)
+	if got := eval - float64(evals); got != 0 {
+		t.Errorf("%d decisions sent the whole script %v times (EVAL), want never", rounds, got)
+	}
+	if evalsha < rounds {
+		t.Errorf("%d decisions made %v EVALSHA calls, want one each at least", rounds, evalsha)
+	}
+	if n := scriptLoads(t, client); n != 1 {
+		t.Errorf("SCRIPT LOAD ran %v times, want once", n)
 	}
 }
 

@@ -9,7 +9,8 @@
 //   - the circuit breaker that guards every handler's store on this Redis
 //     (any limiter.Store), and its circuit_state series, labelled by the
 //     Redis it guards (breaker.go);
-//   - the start-up check (check.go);
+//   - the start-up check (check.go) and that of the Redis user's rights
+//     (rights.go);
 //   - the watch on Redis's evictions, each of which restarts a client's
 //     limit, and its redis_evicted_keys_total series (evictions.go);
 //   - go-redis's own log lines, routed through Caddy's logger (logging.go);

@@ -157,6 +157,22 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 	return c
 }
 
+// UserURL adds the ACL user name to the server, with password "pw" and
+// rules (e.g. "~*", "+@all", "-function"; "on" is given), and returns the
+// redis:// URL of database 0 that logs in as it.
+func (s *Server) UserURL(tb testing.TB, name string, rules ...string) string {
+	tb.Helper()
+	c := s.Client(tb)
+	args := []any{"acl", "setuser", name, "reset", "on", ">pw"}
+	for _, r := range rules {
+		args = append(args, r)
+	}
+	if err := c.Do(context.Background(), args...).Err(); err != nil {
+		tb.Fatalf("adding redis user %s: %v", name, err)
+	}
+	return "redis://" + name + ":pw@" + s.Addr() + "/0"
+}
+
 // Stop kills the server; its data is gone. Restart brings it back empty.
 func (s *Server) Stop() { s.kill() }
 
