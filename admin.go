@@ -255,12 +255,19 @@ func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, hs []*Handler, 
 			announce = append(announce, an)
 		}
 	}
-	errs = append(errs, a.announce(r.Context(), zone, announce)...)
 	if len(errs) > 0 {
 		return caddy.APIError{HTTPStatus: http.StatusServiceUnavailable, Err: errors.Join(errs...)}
 	}
+	answer := adminapi.ResetAnswer{Reset: true, Zone: zone, Key: keys[0]}
+	if failed := a.announce(r.Context(), zone, announce); len(failed) > 0 {
+		// The reset is applied: only the other instances' deny caches
+		// were not told (a user without the channel's right, say).
+		answer.Unannounced = errors.Join(failed...).Error()
+		a.log().Warn("client reset, but announcing it to the other instances failed: their deny caches may refuse the client until its wait ends",
+			zap.String("zone", zone), zap.Error(errors.Join(failed...)))
+	}
 	a.log().Info("client reset", zap.String("zone", zone), zap.Int("handlers", len(hs)), zap.Int("announced", len(announce)))
-	return writeJSON(w, http.StatusOK, adminapi.ResetAnswer{Reset: true, Zone: zone, Key: keys[0]})
+	return writeJSON(w, http.StatusOK, answer)
 }
 
 // announce tells the other instances of the resets, warning when this

@@ -846,3 +846,41 @@ func TestZonesListing(t *testing.T) {
 		t.Errorf("caddy sliding-ratelimit zones: exit status %d", status)
 	}
 }
+
+// TestAdminResetWithoutChannels: a Redis user without the channels' right
+// resets a client all the same (200), and the answer says that the other
+// instances were not told.
+func TestAdminResetWithoutChannels(t *testing.T) {
+	srv := redistest.Start(t)
+	url := srv.UserURL(t, "nochannels", "~*", "+@all", "-function")
+	startCaddy(t, `:9080 {
+	sliding_ratelimit {
+		zone adm_nopub 1m 1 {
+			key {http.request.header.X-Who}
+		}
+		redis `+url+`
+		key_prefix `+uniquePrefix(t)+`
+	}
+	respond "ok"
+}`)
+	get := func() int {
+		req, _ := http.NewRequest(http.MethodGet, site, nil)
+		req.Header.Set("X-Who", "carol")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if a, b := get(), get(); a != 200 || b != 429 {
+		t.Fatalf("statuses %d, %d; want 200, 429", a, b)
+	}
+	got := adminReset(t, "adm_nopub", "carol")
+	if !got.Reset || !strings.Contains(got.Unannounced, "NOPERM") {
+		t.Errorf("reset answer %+v: want reset, and unannounced saying NOPERM", got)
+	}
+	if status := get(); status != 200 {
+		t.Errorf("after the reset: %d, want 200", status)
+	}
+}

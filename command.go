@@ -256,6 +256,9 @@ func cmdReset(fl caddycmd.Flags, out io.Writer) (int, error) {
 		}
 		fmt.Fprintln(tw, "ZONE\tKEY\tRESET")
 		fmt.Fprintf(tw, "%s\t%s\t%t\n", cell(r.Zone), cell(r.Key), r.Reset)
+		if r.Unannounced != "" {
+			fmt.Fprintf(tw, "not announced to the other instances, whose deny caches may refuse the client until its wait ends: %s\n", cell(r.Unannounced))
+		}
 		return nil
 	})
 }

@@ -76,6 +76,10 @@ type ResetAnswer struct {
 	Reset bool   `json:"reset"`
 	Zone  string `json:"zone"`
 	Key   string `json:"key"`
+	// Unannounced says, when not "", why the other instances were not
+	// told of the reset (their deny caches may refuse the client until its
+	// wait ends): the reset itself was applied.
+	Unannounced string `json:"unannounced,omitempty"`
 }
 
 // BlockedAnswer is the answer to GET /sliding_ratelimit/blocked.
