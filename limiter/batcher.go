@@ -71,8 +71,9 @@ var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.Deadline
 // ErrHostBusy is wrapped by the error of a call that missed its deadline,
 // and the graces it got, while this host's CPUs were what held it up: its
 // goroutines waited to run, runnable, for a tenth of the timeout or more
-// (the Go runtime's /sched/latencies, 99th percentile). Redis may well have
-// answered in time. A circuit breaker should not count it as Redis failing.
+// (the Go runtime's /sched/latencies, 99th percentile), or a timer of the
+// batcher ran that late (the kernel gave the process's threads no CPU).
+// Redis may well have answered in time. A circuit breaker should not count it as Redis failing.
 // The error also wraps context.DeadlineExceeded.
 var ErrHostBusy = errors.New("this host's CPUs were too busy to run the decision in time")
 
@@ -95,17 +96,18 @@ var errHostBusy = fmt.Errorf("rate limit decision not made in time: %w (%w)", Er
 // those wake up by their context.
 //
 // A deadline that passes while the host's own CPUs are behind (thousands of
-// connections arriving at once) says nothing of Redis: the reply may be
-// there, unread, its goroutine waiting to run behind the others, or the
-// request waiting for a flusher that is. While the host is busy and Redis
-// answers (a call's reply was read within the last maxGraces timeouts: on
-// a host that busy replies are read far apart), such a request gets a
-// grace of another timeout, up to maxGraces (it moves to a second FIFO,
-// late; a call sent while the host is busy lasts the graces too), and it
-// is decided when Redis's answer is read. Past its graces, or when Redis has stopped
-// answering, it takes the fail mode with ErrHostBusy, which the breaker
-// leaves uncounted. A request that waited on a slow Redis while the host is
-// not busy times out at its deadline, as before.
+// connections arriving at once, other processes taking the CPUs) says
+// nothing of Redis: the reply may be there, unread, its goroutine waiting
+// to run, or the request waiting for a flusher that is. While the host is
+// busy (hostBusy) and Redis is not silent (no call has been out maxGraces
+// timeouts with nothing read), such a request gets a grace of another
+// timeout, up to maxGraces (it moves to a second FIFO, late), and it is
+// decided when Redis's answer is read: every call lasts its requests'
+// graces, and ends sooner once none of them waits for it (callLife). So a
+// decision waits at most 1+maxGraces timeouts on a busy host. Past its
+// graces, or when Redis is silent, it takes the fail mode with
+// ErrHostBusy, which the breaker leaves uncounted. A request that waited
+// on a slow Redis while the host is not busy times out at its deadline.
 type batcher struct {
 	client  redisClient
 	cluster bool
@@ -152,6 +154,13 @@ type batcher struct {
 	busyUntil atomicTime
 	// replied is when a call's reply was last read (atomicTime).
 	replied atomicTime
+	// out counts the calls in flight, and quietFrom is when the last one
+	// went out while none was: Redis is silent while calls are out and
+	// nothing was read since quietFrom or replied, whichever is later. A
+	// Redis no one asked says nothing, whatever the time since its last
+	// reply (a fleet of a few calls a second).
+	out       atomic.Int64
+	quietFrom atomicTime
 	// library says whether calls go through the library.
 	library library
 }
@@ -256,7 +265,7 @@ func (b *batcher) await(r *request, queued bool) error {
 			queued = true
 		case <-r.done:
 		case <-r.ctx.Done():
-			r.abandon(r.ctx.Err())
+			giveUp(r, r.ctx.Err())
 			<-r.done
 		}
 	}
@@ -264,7 +273,7 @@ func (b *batcher) await(r *request, queued bool) error {
 		select {
 		case <-r.done:
 		case <-r.ctx.Done():
-			r.abandon(r.ctx.Err())
+			giveUp(r, r.ctx.Err())
 			<-r.done
 		}
 	}
@@ -285,15 +294,28 @@ func (b *batcher) watchDeadlines() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// due is when the timer was set to fire: how late it ran is how late
+	// this host ran the process, whoever took its CPUs.
+	var due time.Time
 	for {
+		fired := false
 		select {
 		case <-b.done:
 			return
 		case <-b.wake:
 		case <-timer.C:
+			fired = true
 		}
 		now := time.Now()
 		b.mu.Lock()
+		if fired {
+			b.lag.ranLate(due, now)
+			if now.Sub(due) >= b.timeout/hostBusyShare {
+				// Looked at now, not at the next tenth of a timeout:
+				// the deadlines passing now are the late ones.
+				b.lagAt = time.Time{}
+			}
+		}
 		var graced []*request
 		b.watch, graced = b.pass(b.watch, false, now, graced)
 		b.late, graced = b.pass(b.late, true, now, graced)
@@ -308,6 +330,7 @@ func (b *batcher) watchDeadlines() {
 		}
 		b.mu.Unlock()
 		if next >= 0 {
+			due = now.Add(next)
 			timer.Reset(next)
 		}
 	}
@@ -347,17 +370,75 @@ func (b *batcher) pass(q []*request, late bool, now time.Time, graced []*request
 // why it is late. It reports whether r was graced. Called with mu held.
 func (b *batcher) overdue(r *request, now time.Time) (graced bool) {
 	busy := b.hostBusy(now)
-	if busy && r.graces < maxGraces && now.Sub(b.replied.Load()) < maxGraces*b.timeout {
+	if busy && r.graces < maxGraces && !b.silent(now) {
 		r.graces++
 		r.deadline.Store(r.deadline.Load().Add(b.timeout))
 		return true
 	}
 	if busy {
-		r.abandon(errHostBusy)
+		giveUp(r, errHostBusy)
 	} else {
-		r.abandon(errTimeout)
+		giveUp(r, errTimeout)
 	}
 	return false
+}
+
+// giveUp answers r with err, without its call's reply, unless it was
+// answered already.
+func giveUp(r *request, err error) {
+	if !r.abandon(err) {
+		return
+	}
+	if life := r.life.Load(); life != nil {
+		life.gaveUp()
+	}
+}
+
+// callLife is one call in flight as its requests' deadlines see it. It
+// ends once none of them may take its reply: a call that outlived its
+// callers could record admissions no one is told of (a Redis back from a
+// restart, which go-redis dials again), counted for no one. Ending it
+// stops go-redis before it sends or dials; a reply it already waits for
+// it still reads, until the call's own deadline.
+type callLife struct {
+	cancel context.CancelFunc
+	// waiting counts the requests that may yet take the reply.
+	waiting atomic.Int32
+}
+
+// gaveUp counts a request that took its deadline's answer.
+func (l *callLife) gaveUp() {
+	if l.waiting.Add(-1) == 0 {
+		l.cancel()
+	}
+}
+
+// silent reports whether Redis has left calls unanswered for maxGraces
+// timeouts by now: then a busy host is not all that holds decisions up.
+func (b *batcher) silent(now time.Time) bool {
+	if b.out.Load() == 0 {
+		return false
+	}
+	heard := b.quietFrom.Load()
+	if replied := b.replied.Load(); replied.After(heard) {
+		heard = replied
+	}
+	return now.Sub(heard) >= maxGraces*b.timeout
+}
+
+// calling counts a call going out, at now, until its end returns; end
+// takes the call's error, which says whether Redis replied.
+func (b *batcher) calling(now time.Time) (end func(error)) {
+	if b.out.Add(1) == 1 {
+		b.quietFrom.Store(now)
+	}
+	return func(err error) {
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) {
+			b.replied.Store(time.Now())
+		}
+		b.out.Add(-1)
+	}
 }
 
 // callErr returns the error of a call: err, unless it is the call's deadline
@@ -441,24 +522,31 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		return
 	}
 	w.calls = groupCalls(w.calls, w.live, b.cluster)
-	// The call ends when every caller has given up, and never sooner: a
-	// call that outlived them could record admissions no one is told of
-	// (a client that retries, a Redis back from a restart). On a host found
-	// busy, a request may yet be graced (overdue), and a reply read in its
-	// graces decides it: then the call lasts them too. A batch whose oldest
-	// request waited a tenth of a timeout for a flusher is how a host
-	// falling behind shows first, so the lag is looked at then.
-	end := latest
+	// The call lasts as long as any of its requests may yet be graced
+	// (overdue): a reply read in its graces decides it. Whether the host
+	// is busy is known only when a deadline passes, often long after the
+	// call went out (a timer that runs late is how the kernel's delays
+	// show): a call that ended at the deadline would lose the reply the
+	// graces wait for, and its requests would take the fail mode. A call
+	// that outlives its callers may record admissions no one is told of:
+	// they count, and admit no one, so the call ends as soon as none of
+	// its requests waits for it (callLife). A batch whose oldest request waited a
+	// tenth of a timeout for a flusher is how a host falling behind shows
+	// first, so the lag is looked at then.
+	end := latest.Add(maxGraces * b.timeout)
 	if oldest := w.live[0].deadline.Load().Add(-b.timeout); now.Sub(oldest) >= b.timeout/hostBusyShare {
 		b.mu.Lock()
 		b.hostBusy(now)
 		b.mu.Unlock()
 	}
-	if now.Before(b.busyUntil.Load()) {
-		end = latest.Add(maxGraces * b.timeout)
-	}
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
+	life := &callLife{cancel: cancel}
+	life.waiting.Store(int32(len(w.live)))
+	for _, r := range w.live {
+		r.life.Store(life)
+	}
+	ended := b.calling(now)
 	var redisTime time.Duration
 	var ok bool
 	if len(w.calls) == 1 {
@@ -481,11 +569,12 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 			_ = b.client.Process(ctx, c.cmd)
 			once = false
 		}
+		ended(c.cmd.Err())
 		redisTime, ok = c.answer(c.cmd.Val(), b.callErr(c.cmd.Err()))
 		// A call that went twice measured no one call.
 		ok = ok && once
 	} else {
-		redisTime, ok = b.sendPipelined(ctx, w)
+		redisTime, ok = b.sendPipelined(ctx, w, ended)
 	}
 	clear(w.args)
 	if ok {
@@ -497,7 +586,7 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 // splits it by node), and again those that met a server without the library
 // or the script (retry). It returns the time they spent in Redis, all
 // told, and whether each had a reply.
-func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime time.Duration, ok bool) {
+func (b *batcher) sendPipelined(ctx context.Context, w *batchWork, ended func(error)) (redisTime time.Duration, ok bool) {
 	w.args = w.args[:0]
 	via, _ := b.firstVia() // a cluster's masters load the library apart
 	w.retry = w.retry[:0]
@@ -513,6 +602,9 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime ti
 			_ = pipe.Process(ctx, c.cmd)
 		}
 		execErr := exec(ctx, pipe)
+		if round == 0 {
+			ended(cmdErr(w.retry[0].cmd, execErr))
+		}
 		again := w.retry[:0]
 		for _, c := range w.retry {
 			if b.retry(c) {
