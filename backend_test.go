@@ -20,6 +20,7 @@ import (
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redistest"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/limiter"
 )
 
 // TestAnnouncedKeys: an announced key that is one of the backend's is
@@ -744,5 +745,36 @@ func TestNeverFitAnsweredInProcess(t *testing.T) {
 	if res.status != http.StatusOK || res.header.Get("RateLimit") != want {
 		t.Errorf("a request that fits after them: status %d, RateLimit %q; want 200 and %q (the never-fit ones recorded nothing)",
 			res.status, res.header.Get("RateLimit"), want)
+	}
+}
+
+// TestSettleRetriedUntilRedisTakesIt: a settle that Redis does not take
+// (its connections refused while it runs) is sent again until Redis does,
+// so a charge above the reservation is not lost: the client pays what it
+// used, not what it reserved.
+func TestSettleRetriedUntilRedisTakesIt(t *testing.T) {
+	proxy := redistest.StartFaultProxy(t, sharedRedis.Addr())
+	in := newInstance(t, `{"zones": [{"name": "retried", "window": "1m", "max_requests": 1000}],
+		"redis": "`+proxy.URL()+`", "key_prefix": "`+uniquePrefix(t)+`"}`)
+	z := in.zones[0]
+	checks := []limiter.Check{{Zone: z.identity, Key: "=settled", Cost: 10, Limit: z.limit}}
+	decisions := make([]limiter.Decision, 1)
+	if _, err := in.backend.decide(context.Background(), checks, decisions); err != nil || !decisions[0].Allowed {
+		t.Fatalf("decision: %+v, %v", decisions[0], err)
+	}
+	proxy.Disable()
+	checks[0].Cost = 300
+	// Charged above its reservation, the settle is answered (refused)
+	// before settle returns.
+	in.backend.settle(context.Background(), checks, decisions, []lowering{notLowered}, fromStore)
+	proxy.Enable(t)
+	var used int64
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if used = unitsHeld(t, in, "retried", "=settled"); used != 10 {
+			break
+		}
+	}
+	if used != 300 {
+		t.Errorf("%d units held after a settle to 300 that Redis refused at first, want 300", used)
 	}
 }
