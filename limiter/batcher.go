@@ -563,8 +563,9 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		}
 		c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 		_ = b.client.Process(ctx, c.cmd)
-		once := true
-		for b.retry(c) {
+		once, resent := true, false
+		for b.retry(c) || !resent && resendable(ctx, c) {
+			resent = resent || lostReply(c.cmd.Err())
 			c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 			_ = b.client.Process(ctx, c.cmd)
 			once = false
@@ -607,7 +608,9 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork, ended func(er
 		}
 		again := w.retry[:0]
 		for _, c := range w.retry {
-			if b.retry(c) {
+			// A lost reply is sent again once: after the first round
+			// only, so never twice for one call.
+			if b.retry(c) || round == 0 && resendable(ctx, c) {
 				again = append(again, c)
 				continue
 			}
@@ -829,6 +832,48 @@ func (b *batcher) retry(c *slotCall) bool {
 	case c.via == viaScript && noScript(err):
 		c.via = viaSource
 	default:
+		return false
+	}
+	return true
+}
+
+// resendable reports whether c, whose reply was lost with its connection,
+// is to be sent again (once: the caller keeps count), on another
+// connection, which go-redis takes from its pool or opens. Redis may have
+// run it: then it counts twice, and its requests take the second reply
+// only, so no one is admitted twice. A Peek changes nothing; an Allow
+// sent again counts its admission twice, or is denied on account of its
+// first (its leases are the same ids, added once); a settle or an extend
+// records its cost again, since its reservation is gone. All fail safe for
+// the limit, where the fail mode, with a reply lost on a connection killed
+// before Redis ran the call (CLIENT KILL, a proxy or a failover closing
+// connections), let the request through unrecorded. Not while none of its
+// requests waits for it (the call's context ended).
+func resendable(ctx context.Context, c *slotCall) bool {
+	if ctx.Err() != nil || !lostReply(c.cmd.Err()) {
+		return false
+	}
+	for _, r := range c.requests {
+		if r.state.Load() == pending {
+			return true
+		}
+	}
+	return false
+}
+
+// lostReply reports whether err says a call's reply was lost with its
+// connection (closed, reset, cut mid-reply): not Redis's own error reply,
+// not a connection that was never made, nor a deadline, which another
+// try would not meet either.
+func lostReply(err error) bool {
+	var reply redis.Error
+	var netErr net.Error
+	var op *net.OpError
+	switch {
+	case err == nil, errors.As(err, &reply), errors.Is(err, redis.ErrClosed),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.As(err, &netErr) && netErr.Timeout(),
+		errors.As(err, &op) && op.Op == "dial":
 		return false
 	}
 	return true
