@@ -59,6 +59,13 @@ const (
 	// at once on 2 CPUs, a decision waited up to about 300ms for its
 	// goroutines to run (flushers, their replies' readers).
 	maxGraces = 4
+	// busyMemory is how many timeouts after the host was last found busy
+	// its calls still last their requests' graces: a call must last from
+	// before the look that finds the host busy, and a client that sends a
+	// few requests a second is looked at seconds apart. With 10 (a
+	// second), the spend fleet lost a decision to the fail mode in 2 of 3
+	// runs on a loaded machine; with 100, none in 6.
+	busyMemory = 100
 )
 
 // errClosed is the error of a RedisStore call made after Close.
@@ -102,8 +109,9 @@ var errHostBusy = fmt.Errorf("rate limit decision not made in time: %w (%w)", Er
 // busy (hostBusy) and Redis is not silent (no call has been out maxGraces
 // timeouts with nothing read), such a request gets a grace of another
 // timeout, up to maxGraces (it moves to a second FIFO, late), and it is
-// decided when Redis's answer is read: every call lasts its requests'
-// graces, and ends sooner once none of them waits for it (callLife). So a
+// decided when Redis's answer is read: while the host was busy lately,
+// each call lasts its requests' graces, and ends sooner once none of them
+// waits for it (callLife). So a
 // decision waits at most 1+maxGraces timeouts on a busy host. Past its
 // graces, or when Redis is silent, it takes the fail mode with
 // ErrHostBusy, which the breaker leaves uncounted. A request that waited
@@ -522,22 +530,28 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		return
 	}
 	w.calls = groupCalls(w.calls, w.live, b.cluster)
-	// The call lasts as long as any of its requests may yet be graced
-	// (overdue): a reply read in its graces decides it. Whether the host
-	// is busy is known only when a deadline passes, often long after the
-	// call went out (a timer that runs late is how the kernel's delays
-	// show): a call that ended at the deadline would lose the reply the
-	// graces wait for, and its requests would take the fail mode. A call
-	// that outlives its callers may record admissions no one is told of:
-	// they count, and admit no one, so the call ends as soon as none of
-	// its requests waits for it (callLife). A batch whose oldest request waited a
-	// tenth of a timeout for a flusher is how a host falling behind shows
-	// first, so the lag is looked at then.
-	end := latest.Add(maxGraces * b.timeout)
+	// On a host found busy within the last busyMemory timeouts, the call
+	// lasts as long as any of its requests may yet be graced (overdue): a
+	// reply read in its graces decides it. Whether the host is busy is
+	// known only when a deadline passes, often long after the call went
+	// out (a timer that runs late is how the kernel's delays show): a
+	// call that ended at the deadline would lose the reply the graces
+	// wait for, and its requests would take the fail mode. Elsewhere it
+	// ends at the deadline: a go-redis call cannot be cut short, and one
+	// that waits for a slow Redis's reply holds its flusher and its
+	// connection. A call that outlives its callers may record admissions
+	// no one is told of: they count, and admit no one, and the call ends
+	// as soon as none of its requests waits for it (callLife). A batch
+	// whose oldest request waited a tenth of a timeout for a flusher is
+	// how a host falling behind shows first, so the lag is looked at then.
 	if oldest := w.live[0].deadline.Load().Add(-b.timeout); now.Sub(oldest) >= b.timeout/hostBusyShare {
 		b.mu.Lock()
 		b.hostBusy(now)
 		b.mu.Unlock()
+	}
+	end := latest
+	if now.Before(b.busyUntil.Load().Add(busyMemory * b.timeout)) {
+		end = latest.Add(maxGraces * b.timeout)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
