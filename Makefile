@@ -15,7 +15,7 @@ MODULE_PIN := $(MODULE)@v0.0.0-00010101000000-000000000000
 SOURCES := $(shell find . -name '*.go' -not -path './bench/*' -not -path './.git/*') \
 	go.mod go.sum $(wildcard limiter/*.lua)
 
-.PHONY: all build run test test-servers fuzz vet lint fmt fmt-check check-build clean help bench soak
+.PHONY: all build run test test-servers test-loaded fuzz vet lint fmt fmt-check check-build clean help bench soak
 
 all: build
 
@@ -24,6 +24,7 @@ help:
 	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
 	@echo "make test         install redis-server and prometheus if needed, go vet, go test -race, and bench/'s tests"
 	@echo "make test-servers the tests that talk to Redis again on each server in ../shared/servers (Valkey 8, Redis 8), when it exists"
+	@echo "make test-loaded  the budget and exactness tests, 3 times each with -race, while busy loops keep every CPU busy (LOADED_COUNT=n)"
 	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
 	@echo "make fuzz         fuzz the Caddyfile parser and the key builder (FUZZTIME=50000x each)"
 	@echo "make fmt-check    fail if gofmt would change a file; make fmt fixes them"
@@ -67,6 +68,14 @@ SERVER_TESTS ?= ./limiter/ ./internal/redisconn/ ./internal/redistest/
 SERVER_ROOT_RUN ?= ^(TestRedis|TestFailover|TestSentinel|TestCluster|TestLostScript)
 test-servers:
 	GO='$(GO)' ROOT_RUN='$(SERVER_ROOT_RUN)' bash scripts/test-servers.sh $(SERVERS) $(SERVER_TESTS)
+
+# A flaky budget shows only on a loaded host: scripts/test-loaded.sh says
+# which tests, and starts and kills the busy loops itself.
+LOADED_COUNT ?= 3
+test-loaded:
+	bash scripts/ensure-redis.sh
+	bash scripts/ensure-node-sdks.sh
+	LOADED_COUNT=$(LOADED_COUNT) GO=$(GO) bash scripts/test-loaded.sh
 
 # Each fuzz target runs alone (go test -fuzz takes one); `make test` already
 # runs their seed corpora. The budget is a count of executions, not a duration:

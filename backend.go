@@ -75,9 +75,12 @@ type backend struct {
 	// which close waits for; charging is set while one runs.
 	recovering sync.WaitGroup
 	charging   atomic.Bool
-	// settling is the settles queued and not yet answered, which close
-	// waits for.
-	settling sync.WaitGroup
+	// settling is the settles queued and not yet answered, or retried,
+	// which close waits for; closing tells the retries to make their last
+	// try.
+	settling  sync.WaitGroup
+	closing   chan struct{}
+	closeOnce sync.Once
 	// redis and conn are set with Redis: the store (which alone knows its
 	// key layout) and its connection (breaker, reset bus).
 	redis *limiter.RedisStore
@@ -120,6 +123,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		oom:     limiterMetrics.storeErrors.WithLabelValues(reasonOOM),
 		nevers:  &throttle{interval: time.Second},
 		logger:  cfg.logger,
+		closing: make(chan struct{}),
 	}
 	memory, release := loadMemoryStore()
 	b.releases = append(b.releases, release)
@@ -414,10 +418,18 @@ const (
 // until then, and close waits for it. A settle that charges more than was
 // reserved is answered before it returns (limiter.RedisStore.SettleLater),
 // so that the client's next request, through any instance, counts it.
+//
+// A settle that Redis did not take (a deadline, a lost connection, Redis
+// away) is sent again until it does (retrySettle): its reservation holds
+// the room meanwhile, and a charge above the reservation is not lost.
 func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source) {
 	if src == fromStore && b.redis != nil {
 		b.settling.Add(1)
 		b.redis.SettleLater(ctx, checks, decisions, func(err error) {
+			if settleAgain(err) {
+				go b.retrySettle(ctx, checks, decisions, lowered, src, err)
+				return
+			}
 			defer b.settling.Done()
 			if err == nil {
 				b.settled(ctx, checks, decisions, lowered, src)
@@ -427,6 +439,56 @@ func (b *backend) settle(ctx context.Context, checks []limiter.Check, decisions 
 		return
 	}
 	b.settleFailed(b.settleIn(ctx, checks, decisions, lowered, src))
+}
+
+// Settles Redis did not take are tried again after settleRetryFirst, then
+// at twice the last wait, up to settleRetryMax: a Redis that is back takes
+// them within a second or two, and one that is away gets few calls.
+const (
+	settleRetryFirst = 50 * time.Millisecond
+	settleRetryMax   = 2 * time.Second
+)
+
+// settleAgain reports whether a settle that failed with err is to be sent
+// again: any failure but one of its own input or of a lease that expired,
+// which no retry changes. A settle whose reply was lost may have been
+// recorded: sent again, it records the cost twice (the script finds no
+// reservation to take back), which charges the client twice and never
+// admits anyone.
+func settleAgain(err error) bool {
+	return err != nil && !errors.Is(err, limiter.ErrInvalidCheck) && !errors.Is(err, limiter.ErrLeaseLost)
+}
+
+// retrySettle sends a settle that failed with err again until Redis takes
+// it, the longest window of its checks has passed (its reservation has aged
+// out, and a charge that late counts in a window of its own), or the
+// backend closes, which gets one last try.
+func (b *backend) retrySettle(ctx context.Context, checks []limiter.Check, decisions []limiter.Decision, lowered []lowering, src source, err error) {
+	defer b.settling.Done()
+	var window time.Duration
+	for _, c := range checks {
+		window = max(window, c.Limit.Window)
+	}
+	until := time.Now().Add(window)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for wait := settleRetryFirst; settleAgain(err) && time.Now().Before(until); wait = min(2*wait, settleRetryMax) {
+		timer.Reset(wait)
+		last := false
+		select {
+		case <-timer.C:
+		case <-b.closing:
+			last = true
+		}
+		err = b.redis.Settle(ctx, checks, decisions)
+		if last {
+			break
+		}
+	}
+	if err == nil {
+		b.settled(ctx, checks, decisions, lowered, src)
+	}
+	b.settleFailed(err)
 }
 
 // settleFailed counts and logs a settle that failed with err, if it did.
@@ -645,6 +707,7 @@ func (b *backend) Subscribed() {
 
 // close releases this use of the pooled parts.
 func (b *backend) close() error {
+	b.closeOnce.Do(func() { close(b.closing) })
 	b.settling.Wait()
 	b.recovering.Wait()
 	var first error

@@ -48,6 +48,8 @@ type request struct {
 	// graces counts the times the deadline was moved; under the
 	// batcher's mu.
 	graces int
+	// life is the call that carries the request, once sent.
+	life atomic.Pointer[callLife]
 	// slot is the Redis Cluster slot of every key; 0 on a single server.
 	slot  uint16
 	state atomic.Int32
@@ -69,12 +71,15 @@ var monoBase = time.Now()
 func (t *atomicTime) Load() time.Time   { return monoBase.Add(time.Duration(t.ns.Load())) }
 func (t *atomicTime) Store(v time.Time) { t.ns.Store(int64(v.Sub(monoBase))) }
 
-// abandon answers r with err unless it was answered already.
-func (r *request) abandon(err error) {
+// abandon answers r with err unless it was answered already, and reports
+// whether it did.
+func (r *request) abandon(err error) bool {
 	if r.state.CompareAndSwap(pending, abandoned) {
 		r.err = err
 		close(r.done)
+		return true
 	}
+	return false
 }
 
 // slotCall is one limit.lua call: the requests of one slot.

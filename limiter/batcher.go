@@ -59,6 +59,13 @@ const (
 	// at once on 2 CPUs, a decision waited up to about 300ms for its
 	// goroutines to run (flushers, their replies' readers).
 	maxGraces = 4
+	// busyMemory is how many timeouts after the host was last found busy
+	// its calls still last their requests' graces: a call must last from
+	// before the look that finds the host busy, and a client that sends a
+	// few requests a second is looked at seconds apart. With 10 (a
+	// second), the spend fleet lost a decision to the fail mode in 2 of 3
+	// runs on a loaded machine; with 100, none in 6.
+	busyMemory = 100
 )
 
 // errClosed is the error of a RedisStore call made after Close.
@@ -71,8 +78,9 @@ var errTimeout = fmt.Errorf("redis did not answer in time: %w", context.Deadline
 // ErrHostBusy is wrapped by the error of a call that missed its deadline,
 // and the graces it got, while this host's CPUs were what held it up: its
 // goroutines waited to run, runnable, for a tenth of the timeout or more
-// (the Go runtime's /sched/latencies, 99th percentile). Redis may well have
-// answered in time. A circuit breaker should not count it as Redis failing.
+// (the Go runtime's /sched/latencies, 99th percentile), or a timer of the
+// batcher ran that late (the kernel gave the process's threads no CPU).
+// Redis may well have answered in time. A circuit breaker should not count it as Redis failing.
 // The error also wraps context.DeadlineExceeded.
 var ErrHostBusy = errors.New("this host's CPUs were too busy to run the decision in time")
 
@@ -95,17 +103,19 @@ var errHostBusy = fmt.Errorf("rate limit decision not made in time: %w (%w)", Er
 // those wake up by their context.
 //
 // A deadline that passes while the host's own CPUs are behind (thousands of
-// connections arriving at once) says nothing of Redis: the reply may be
-// there, unread, its goroutine waiting to run behind the others, or the
-// request waiting for a flusher that is. While the host is busy and Redis
-// answers (a call's reply was read within the last maxGraces timeouts: on
-// a host that busy replies are read far apart), such a request gets a
-// grace of another timeout, up to maxGraces (it moves to a second FIFO,
-// late; a call sent while the host is busy lasts the graces too), and it
-// is decided when Redis's answer is read. Past its graces, or when Redis has stopped
-// answering, it takes the fail mode with ErrHostBusy, which the breaker
-// leaves uncounted. A request that waited on a slow Redis while the host is
-// not busy times out at its deadline, as before.
+// connections arriving at once, other processes taking the CPUs) says
+// nothing of Redis: the reply may be there, unread, its goroutine waiting
+// to run, or the request waiting for a flusher that is. While the host is
+// busy (hostBusy) and Redis is not silent (no call has been out maxGraces
+// timeouts with nothing read), such a request gets a grace of another
+// timeout, up to maxGraces (it moves to a second FIFO, late), and it is
+// decided when Redis's answer is read: while the host was busy lately,
+// each call lasts its requests' graces, and ends sooner once none of them
+// waits for it (callLife). So a
+// decision waits at most 1+maxGraces timeouts on a busy host. Past its
+// graces, or when Redis is silent, it takes the fail mode with
+// ErrHostBusy, which the breaker leaves uncounted. A request that waited
+// on a slow Redis while the host is not busy times out at its deadline.
 type batcher struct {
 	client  redisClient
 	cluster bool
@@ -152,6 +162,13 @@ type batcher struct {
 	busyUntil atomicTime
 	// replied is when a call's reply was last read (atomicTime).
 	replied atomicTime
+	// out counts the calls in flight, and quietFrom is when the last one
+	// went out while none was: Redis is silent while calls are out and
+	// nothing was read since quietFrom or replied, whichever is later. A
+	// Redis no one asked says nothing, whatever the time since its last
+	// reply (a fleet of a few calls a second).
+	out       atomic.Int64
+	quietFrom atomicTime
 	// library says whether calls go through the library.
 	library library
 }
@@ -256,7 +273,7 @@ func (b *batcher) await(r *request, queued bool) error {
 			queued = true
 		case <-r.done:
 		case <-r.ctx.Done():
-			r.abandon(r.ctx.Err())
+			giveUp(r, r.ctx.Err())
 			<-r.done
 		}
 	}
@@ -264,7 +281,7 @@ func (b *batcher) await(r *request, queued bool) error {
 		select {
 		case <-r.done:
 		case <-r.ctx.Done():
-			r.abandon(r.ctx.Err())
+			giveUp(r, r.ctx.Err())
 			<-r.done
 		}
 	}
@@ -285,15 +302,28 @@ func (b *batcher) watchDeadlines() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// due is when the timer was set to fire: how late it ran is how late
+	// this host ran the process, whoever took its CPUs.
+	var due time.Time
 	for {
+		fired := false
 		select {
 		case <-b.done:
 			return
 		case <-b.wake:
 		case <-timer.C:
+			fired = true
 		}
 		now := time.Now()
 		b.mu.Lock()
+		if fired {
+			b.lag.ranLate(due, now)
+			if now.Sub(due) >= b.timeout/hostBusyShare {
+				// Looked at now, not at the next tenth of a timeout:
+				// the deadlines passing now are the late ones.
+				b.lagAt = time.Time{}
+			}
+		}
 		var graced []*request
 		b.watch, graced = b.pass(b.watch, false, now, graced)
 		b.late, graced = b.pass(b.late, true, now, graced)
@@ -308,6 +338,7 @@ func (b *batcher) watchDeadlines() {
 		}
 		b.mu.Unlock()
 		if next >= 0 {
+			due = now.Add(next)
 			timer.Reset(next)
 		}
 	}
@@ -347,17 +378,75 @@ func (b *batcher) pass(q []*request, late bool, now time.Time, graced []*request
 // why it is late. It reports whether r was graced. Called with mu held.
 func (b *batcher) overdue(r *request, now time.Time) (graced bool) {
 	busy := b.hostBusy(now)
-	if busy && r.graces < maxGraces && now.Sub(b.replied.Load()) < maxGraces*b.timeout {
+	if busy && r.graces < maxGraces && !b.silent(now) {
 		r.graces++
 		r.deadline.Store(r.deadline.Load().Add(b.timeout))
 		return true
 	}
 	if busy {
-		r.abandon(errHostBusy)
+		giveUp(r, errHostBusy)
 	} else {
-		r.abandon(errTimeout)
+		giveUp(r, errTimeout)
 	}
 	return false
+}
+
+// giveUp answers r with err, without its call's reply, unless it was
+// answered already.
+func giveUp(r *request, err error) {
+	if !r.abandon(err) {
+		return
+	}
+	if life := r.life.Load(); life != nil {
+		life.gaveUp()
+	}
+}
+
+// callLife is one call in flight as its requests' deadlines see it. It
+// ends once none of them may take its reply: a call that outlived its
+// callers could record admissions no one is told of (a Redis back from a
+// restart, which go-redis dials again), counted for no one. Ending it
+// stops go-redis before it sends or dials; a reply it already waits for
+// it still reads, until the call's own deadline.
+type callLife struct {
+	cancel context.CancelFunc
+	// waiting counts the requests that may yet take the reply.
+	waiting atomic.Int32
+}
+
+// gaveUp counts a request that took its deadline's answer.
+func (l *callLife) gaveUp() {
+	if l.waiting.Add(-1) == 0 {
+		l.cancel()
+	}
+}
+
+// silent reports whether Redis has left calls unanswered for maxGraces
+// timeouts by now: then a busy host is not all that holds decisions up.
+func (b *batcher) silent(now time.Time) bool {
+	if b.out.Load() == 0 {
+		return false
+	}
+	heard := b.quietFrom.Load()
+	if replied := b.replied.Load(); replied.After(heard) {
+		heard = replied
+	}
+	return now.Sub(heard) >= maxGraces*b.timeout
+}
+
+// calling counts a call going out, at now, until its end returns; end
+// takes the call's error, which says whether Redis replied.
+func (b *batcher) calling(now time.Time) (end func(error)) {
+	if b.out.Add(1) == 1 {
+		b.quietFrom.Store(now)
+	}
+	return func(err error) {
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) {
+			b.replied.Store(time.Now())
+		}
+		b.out.Add(-1)
+	}
 }
 
 // callErr returns the error of a call: err, unless it is the call's deadline
@@ -441,24 +530,37 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		return
 	}
 	w.calls = groupCalls(w.calls, w.live, b.cluster)
-	// The call ends when every caller has given up, and never sooner: a
-	// call that outlived them could record admissions no one is told of
-	// (a client that retries, a Redis back from a restart). On a host found
-	// busy, a request may yet be graced (overdue), and a reply read in its
-	// graces decides it: then the call lasts them too. A batch whose oldest
-	// request waited a tenth of a timeout for a flusher is how a host
-	// falling behind shows first, so the lag is looked at then.
-	end := latest
+	// On a host found busy within the last busyMemory timeouts, the call
+	// lasts as long as any of its requests may yet be graced (overdue): a
+	// reply read in its graces decides it. Whether the host is busy is
+	// known only when a deadline passes, often long after the call went
+	// out (a timer that runs late is how the kernel's delays show): a
+	// call that ended at the deadline would lose the reply the graces
+	// wait for, and its requests would take the fail mode. Elsewhere it
+	// ends at the deadline: a go-redis call cannot be cut short, and one
+	// that waits for a slow Redis's reply holds its flusher and its
+	// connection. A call that outlives its callers may record admissions
+	// no one is told of: they count, and admit no one, and the call ends
+	// as soon as none of its requests waits for it (callLife). A batch
+	// whose oldest request waited a tenth of a timeout for a flusher is
+	// how a host falling behind shows first, so the lag is looked at then.
 	if oldest := w.live[0].deadline.Load().Add(-b.timeout); now.Sub(oldest) >= b.timeout/hostBusyShare {
 		b.mu.Lock()
 		b.hostBusy(now)
 		b.mu.Unlock()
 	}
-	if now.Before(b.busyUntil.Load()) {
+	end := latest
+	if now.Before(b.busyUntil.Load().Add(busyMemory * b.timeout)) {
 		end = latest.Add(maxGraces * b.timeout)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
+	life := &callLife{cancel: cancel}
+	life.waiting.Store(int32(len(w.live)))
+	for _, r := range w.live {
+		r.life.Store(life)
+	}
+	ended := b.calling(now)
 	var redisTime time.Duration
 	var ok bool
 	if len(w.calls) == 1 {
@@ -475,8 +577,16 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 		}
 		c.cmd, w.args = c.command(ctx, w.args[:0], b.now)
 		_ = b.client.Process(ctx, c.cmd)
-		once := true
-		for again, load := b.retry(c); again; again, load = b.retry(c) {
+		once, resent := true, false
+		for {
+			again, load := b.retry(c)
+			if !again {
+				// A lost reply is sent again once.
+				if resent || !resendable(ctx, c) {
+					break
+				}
+				resent = true
+			}
 			if load {
 				c.via = b.loadScript(ctx)
 			}
@@ -484,11 +594,12 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 			_ = b.client.Process(ctx, c.cmd)
 			once = false
 		}
+		ended(c.cmd.Err())
 		redisTime, ok = c.answer(c.cmd.Val(), b.callErr(c.cmd.Err()))
 		// A call that went twice measured no one call.
 		ok = ok && once
 	} else {
-		redisTime, ok = b.sendPipelined(ctx, w)
+		redisTime, ok = b.sendPipelined(ctx, w, ended)
 	}
 	clear(w.args)
 	if ok {
@@ -500,7 +611,7 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 // splits it by node), and again those that met a server without the library
 // or the script (retry). It returns the time they spent in Redis, all
 // told, and whether each had a reply.
-func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime time.Duration, ok bool) {
+func (b *batcher) sendPipelined(ctx context.Context, w *batchWork, ended func(error)) (redisTime time.Duration, ok bool) {
 	w.args = w.args[:0]
 	via, _ := b.firstVia() // a cluster's masters load the library apart
 	w.retry = w.retry[:0]
@@ -516,19 +627,25 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork) (redisTime ti
 			_ = pipe.Process(ctx, c.cmd)
 		}
 		execErr := exec(ctx, pipe)
+		if round == 0 {
+			ended(cmdErr(w.retry[0].cmd, execErr))
+		}
 		again := w.retry[:0]
 		// One load a round serves every call that met a server without
 		// the script.
 		var loaded callVia
 		tried := false
 		for _, c := range w.retry {
-			if retry, load := b.retry(c); retry {
-				if load && !tried {
-					loaded, tried = b.loadScript(ctx), true
-				}
-				if load {
-					c.via = loaded
-				}
+			retry, load := b.retry(c)
+			if load && !tried {
+				loaded, tried = b.loadScript(ctx), true
+			}
+			if load {
+				c.via = loaded
+			}
+			// A lost reply is sent again once: after the first round
+			// only, so never twice for one call.
+			if retry || round == 0 && resendable(ctx, c) {
 				again = append(again, c)
 				continue
 			}
@@ -771,6 +888,48 @@ func (b *batcher) loadScript(ctx context.Context) callVia {
 		return viaSource
 	}
 	return viaLoadedScript
+}
+
+// resendable reports whether c, whose reply was lost with its connection,
+// is to be sent again (once: the caller keeps count), on another
+// connection, which go-redis takes from its pool or opens. Redis may have
+// run it: then it counts twice, and its requests take the second reply
+// only, so no one is admitted twice. A Peek changes nothing; an Allow
+// sent again counts its admission twice, or is denied on account of its
+// first (its leases are the same ids, added once); a settle or an extend
+// records its cost again, since its reservation is gone. All fail safe for
+// the limit, where the fail mode, with a reply lost on a connection killed
+// before Redis ran the call (CLIENT KILL, a proxy or a failover closing
+// connections), let the request through unrecorded. Not while none of its
+// requests waits for it (the call's context ended).
+func resendable(ctx context.Context, c *slotCall) bool {
+	if ctx.Err() != nil || !lostReply(c.cmd.Err()) {
+		return false
+	}
+	for _, r := range c.requests {
+		if r.state.Load() == pending {
+			return true
+		}
+	}
+	return false
+}
+
+// lostReply reports whether err says a call's reply was lost with its
+// connection (closed, reset, cut mid-reply): not Redis's own error reply,
+// not a connection that was never made, nor a deadline, which another
+// try would not meet either.
+func lostReply(err error) bool {
+	var reply redis.Error
+	var netErr net.Error
+	var op *net.OpError
+	switch {
+	case err == nil, errors.As(err, &reply), errors.Is(err, redis.ErrClosed),
+		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.As(err, &netErr) && netErr.Timeout(),
+		errors.As(err, &op) && op.Op == "dial":
+		return false
+	}
+	return true
 }
 
 // loadEverywhere loads the library on every master of a cluster, in the

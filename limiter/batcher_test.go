@@ -115,3 +115,49 @@ type atomicBool struct {
 
 func (b *atomicBool) Load() bool   { b.mu.Lock(); defer b.mu.Unlock(); return b.v }
 func (b *atomicBool) Store(v bool) { b.mu.Lock(); b.v = v; b.mu.Unlock() }
+
+// TestHostLagCountsLateTimers: a timer that ran late makes the host busy
+// as the runtime's scheduling latencies do: when other processes take the
+// CPUs, the kernel runs the process's threads late and the runtime sees no
+// goroutine wait in its own queue.
+func TestHostLagCountsLateTimers(t *testing.T) {
+	var l hostLag
+	l.waited()
+	now := time.Now()
+	l.ranLate(now.Add(-30*time.Millisecond), now)
+	l.ranLate(now.Add(-time.Millisecond), now)
+	if got := l.waited(); got < 30*time.Millisecond {
+		t.Errorf("waited %v after a timer ran 30ms late, want at least 30ms", got)
+	}
+	if got := l.waited(); got >= 30*time.Millisecond {
+		t.Errorf("waited %v at the next look, with no timer late since, want less than 30ms", got)
+	}
+}
+
+// TestBatchSilentOnlyWhileCallsAreOut: Redis is silent only while a call
+// is out with nothing read for maxGraces timeouts. A fleet that makes a few
+// calls a second leaves long gaps between replies, which say nothing of
+// Redis: taken for silence, they made every late decision of a busy host
+// fail open.
+func TestBatchSilentOnlyWhileCallsAreOut(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	b := &batcher{timeout: timeout}
+	now := time.Now()
+	b.replied.Store(now.Add(-time.Minute))
+	if b.silent(now) {
+		t.Error("silent with no call out, its last reply a minute ago")
+	}
+	ended := b.calling(now.Add(-(maxGraces + 1) * timeout))
+	if !b.silent(now) {
+		t.Errorf("not silent with a call out %v and nothing read", (maxGraces+1)*timeout)
+	}
+	other := b.calling(now)
+	other(nil)
+	if b.silent(time.Now()) {
+		t.Error("silent right after a reply, a call still out")
+	}
+	ended(nil)
+	if b.silent(time.Now().Add(time.Hour)) {
+		t.Error("silent with no call out")
+	}
+}

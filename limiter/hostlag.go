@@ -23,17 +23,36 @@ const (
 )
 
 // hostLag tells a host whose CPUs are behind from a slow Redis, by the
-// waits goroutines had to run since its last look. It is not safe for
-// concurrent use.
+// waits goroutines had to run since its last look, and by how late the
+// batcher's timer ran (ranLate). The runtime's histogram sees only the
+// waits for one of the process's own threads: when the kernel holds the
+// threads back (other processes take the CPUs), the goroutines find no
+// queue once they run, and only a clock read against a time due says that
+// they ran late. It is not safe for concurrent use.
 type hostLag struct {
 	sample []metrics.Sample
 	// prev is the histogram's counts at the last look.
 	prev []uint64
+	// late is the most a timer ran late since the last look.
+	late time.Duration
+}
+
+// ranLate notes that a timer due at due ran at now.
+func (l *hostLag) ranLate(due, now time.Time) {
+	l.late = max(l.late, now.Sub(due))
 }
 
 // waited returns how long the slowest goroutines (hostBusyQuantile of
-// them) waited to run since the last call; zero before it has counts.
+// them) waited to run since the last call, or how late a timer ran if
+// that is longer; zero before it has counts.
 func (l *hostLag) waited() time.Duration {
+	late := l.late
+	l.late = 0
+	return max(late, l.schedWaited())
+}
+
+// schedWaited is waited by the runtime's histogram alone.
+func (l *hostLag) schedWaited() time.Duration {
 	if l.sample == nil {
 		l.sample = []metrics.Sample{{Name: schedLatencies}}
 	}

@@ -28,9 +28,10 @@ type RedisOptions struct {
 	KeyPrefix string
 	// Timeout bounds every call: it ends at its context's deadline or
 	// Timeout after it started, whichever is sooner, even while Redis does
-	// not answer. On a host whose CPUs hold the process's goroutines back
-	// (ErrHostBusy), a call whose Redis answers may take up to four
-	// Timeouts more, to be decided rather than fail. Zero means 100ms.
+	// not answer. On a host whose CPUs hold the process back (its
+	// goroutines wait to run, or its timers run late: ErrHostBusy), a
+	// call whose Redis answers may take up to four Timeouts more, to be
+	// decided rather than fail. Zero means 100ms.
 	Timeout time.Duration
 }
 
