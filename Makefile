@@ -22,7 +22,7 @@ all: build
 help:
 	@echo "make build        build ./caddy with this module (xcaddy)"
 	@echo "make run          build, then run Caddyfile.example on :8080 with a Redis (see scripts/run.sh)"
-	@echo "make test         install redis-server and prometheus if needed, go vet, go test -race, and bench/'s tests"
+	@echo "make test         install redis-server, prometheus and the LLM SDKs (npm) if needed, go vet, go test -race, and bench/'s tests"
 	@echo "make test-servers the tests that talk to Redis again on each server in ../shared/servers (Valkey 8, Redis 8), when it exists"
 	@echo "make test-loaded  the budget and exactness tests, 3 times each with -race, while busy loops keep every CPU busy (LOADED_COUNT=n)"
 	@echo "make check-build  build and check ./caddy lists http.handlers.sliding_ratelimit"
