@@ -32,6 +32,19 @@ func runSDK(t *testing.T, calls []sdkCall, parallel bool) []sdkResult {
 	return llmtest.RunSDKs(t, sdkDir, calls, parallel)
 }
 
+// runOnBoth runs the calls of each instance all at once, both instances'
+// at the same time.
+func runOnBoth(t *testing.T, calls [2][]sdkCall) [2][]sdkResult {
+	t.Helper()
+	var results [2][]sdkResult
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { results[i] = runSDK(t, calls[i], true) })
+	}
+	wg.Wait()
+	return results
+}
+
 // runOne runs one call.
 func runOne(t *testing.T, c sdkCall) sdkResult {
 	t.Helper()
@@ -367,16 +380,7 @@ func TestAIGatewayFleet(t *testing.T) {
 		}
 		calls[i%2] = append(calls[i%2], c)
 	}
-	var results [2][]sdkResult
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = runSDK(t, calls[i], true)
-		}()
-	}
-	wg.Wait()
+	results := runOnBoth(t, calls)
 	admitted, refused := 0, 0
 	for _, rs := range results {
 		for _, r := range rs {

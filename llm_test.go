@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,9 +44,9 @@ func imageParts(kind, url string, n int) []any {
 	return parts
 }
 
-// postRaw sends body to path of base with key, and returns the status and
-// the answer's body.
-func postRaw(t *testing.T, base, path, key, body string) (int, string) {
+// postRaw sends the JSON body to path of base with key, and returns the
+// answer (its body closed) and its body.
+func postRaw(t *testing.T, base, path, key, body string) (*http.Response, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 	if err != nil {
@@ -61,7 +60,7 @@ func postRaw(t *testing.T, base, path, key, body string) (int, string) {
 	}
 	defer res.Body.Close()
 	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, string(b)
+	return res, string(b)
 }
 
 // TestCostLLMUnbounded: through the recipe of docs/ai-gateway.md on two
@@ -123,9 +122,9 @@ func TestCostLLMUnbounded(t *testing.T) {
 			{"/v1/chat/completions/", `{"model":"m","messages":[]}`, "no API"},
 		} {
 			key := fmt.Sprintf("sk-raw-%d", i)
-			status, body := postRaw(t, instances[i%2], c.path, key, c.body)
-			if status != http.StatusBadRequest || !strings.Contains(body, c.want) || api.CallCount("Bearer "+key) != 0 {
-				t.Errorf("%s %s: status %d %q, %d upstream calls; want 400 naming %q and none", c.path, c.body, status, body, api.CallCount("Bearer "+key), c.want)
+			res, body := postRaw(t, instances[i%2], c.path, key, c.body)
+			if status := res.StatusCode; status != http.StatusBadRequest || !strings.Contains(body, c.want) || api.CallCount("Bearer "+key) != 0 {
+				t.Errorf("%s %s: status %d %q, %d upstream calls; want 400 naming %q and none", c.path, c.body, res.StatusCode, body, api.CallCount("Bearer "+key), c.want)
 			}
 		}
 	})
@@ -203,16 +202,7 @@ func TestCostLLMFleetWithImages(t *testing.T) {
 		}
 		calls[i%2] = append(calls[i%2], c)
 	}
-	var results [2][]sdkResult
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = runSDK(t, calls[i], true)
-		}()
-	}
-	wg.Wait()
+	results := runOnBoth(t, calls)
 	admitted, refused := 0, 0
 	for _, rs := range results {
 		for _, r := range rs {
@@ -306,9 +296,9 @@ func TestModelPlaceholder(t *testing.T) {
 		t.Errorf("another model: status %d (%s %s), want its own budget", r.Status, r.Error, r.Message)
 	}
 	// No model: a budget of its own.
-	status, body := postRaw(t, base, "/v1/chat/completions", "sk-models", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`)
-	if status == 429 {
-		t.Errorf("a call that names no model: status %d %q, want a budget of its own", status, body)
+	res, body := postRaw(t, base, "/v1/chat/completions", "sk-models", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":4000}`)
+	if res.StatusCode == 429 {
+		t.Errorf("a call that names no model: status %d %q, want a budget of its own", res.StatusCode, body)
 	}
 	if got := adminState(t, "per_model", "Bearer sk-models/gpt-4o").Count; got < 4000 {
 		t.Errorf("gpt-4o's budget holds %d, want its call's 4,010", got)

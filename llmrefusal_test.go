@@ -2,7 +2,6 @@ package slidingratelimit
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -154,16 +153,7 @@ func TestLLMRefusalBodies(t *testing.T) {
 	sdkGateway(t, api.Addr(), "")
 	post := func(t *testing.T, path, key string, body string) (*http.Response, string) {
 		t.Helper()
-		req, _ := http.NewRequest("POST", strings.TrimSuffix(site, "/")+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		req.Header.Set("Content-Type", "application/json")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		return res, string(b)
+		return postRaw(t, strings.TrimSuffix(site, "/"), path, key, body)
 	}
 	chat := `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
 	if res, _ := post(t, "/v1/chat/completions", "sk-bodies", chat); res.StatusCode != 200 {

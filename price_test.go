@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -466,12 +465,7 @@ func TestSpendFleet(t *testing.T) {
 			Headers: map[string]string{llmtest.HeaderPause: "20ms", llmtest.HeaderCacheRead: "500"}}
 		calls[i%2] = append(calls[i%2], c)
 	}
-	var results [2][]sdkResult
-	var wg sync.WaitGroup
-	for i := range 2 {
-		wg.Go(func() { results[i] = runSDK(t, calls[i], true) })
-	}
-	wg.Wait()
+	results := runOnBoth(t, calls)
 	admitted, refused := 0, 0
 	for _, rs := range results {
 		for _, r := range rs {
