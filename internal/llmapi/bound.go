@@ -129,9 +129,7 @@ func (b *bounder) emptyArray() bool {
 
 func (b *bounder) array(elem *shape, depth int) error {
 	w := &b.w
-	w.i++
-	if w.space(); w.i < len(w.data) && w.data[w.i] == ']' {
-		w.i++
+	if w.enter(']') {
 		return nil
 	}
 	for {
@@ -139,17 +137,8 @@ func (b *bounder) array(elem *shape, depth int) error {
 		if err := b.value(elem, depth+1); err != nil {
 			return err
 		}
-		if w.space(); w.i >= len(w.data) {
-			return ErrNotJSON
-		}
-		switch w.data[w.i] {
-		case ',':
-			w.i++
-		case ']':
-			w.i++
-			return nil
-		default:
-			return ErrNotJSON
+		if more, err := w.more(']'); !more {
+			return err
 		}
 	}
 }
@@ -158,9 +147,7 @@ func (b *bounder) array(elem *shape, depth int) error {
 // bounded, unless s is open.
 func (b *bounder) object(s *shape, depth int) error {
 	w := &b.w
-	w.i++
-	if w.space(); w.i < len(w.data) && w.data[w.i] == '}' {
-		w.i++
+	if w.enter('}') {
 		return nil
 	}
 	for {
@@ -173,11 +160,9 @@ func (b *bounder) object(s *shape, depth int) error {
 		if f == nil && !s.open {
 			return b.cannot(fmt.Sprintf("%s: the field %q, which the limiter does not know", s.name, clip(key)))
 		}
-		if w.space(); w.i >= len(w.data) || w.data[w.i] != ':' {
-			return ErrNotJSON
+		if err := w.colon(); err != nil {
+			return err
 		}
-		w.i++
-		w.space()
 		if f == nil {
 			err = w.value(depth+1, 0, 0)
 		} else {
@@ -186,17 +171,8 @@ func (b *bounder) object(s *shape, depth int) error {
 		if err != nil {
 			return err
 		}
-		if w.space(); w.i >= len(w.data) {
-			return ErrNotJSON
-		}
-		switch w.data[w.i] {
-		case ',':
-			w.i++
-		case '}':
-			w.i++
-			return nil
-		default:
-			return ErrNotJSON
+		if more, err := w.more('}'); !more {
+			return err
 		}
 	}
 }
@@ -244,9 +220,7 @@ func (b *bounder) tagged(s *shape, depth int) error {
 // has none, ok false when it has two that differ or one that is no string.
 func (b *bounder) tagOf(s *shape, depth int) (tag []byte, ok bool, err error) {
 	w := &b.w
-	w.i++
-	if w.space(); w.i < len(w.data) && w.data[w.i] == '}' {
-		w.i++
+	if w.enter('}') {
 		return nil, true, nil
 	}
 	seen := false
@@ -261,9 +235,9 @@ func (b *bounder) tagOf(s *shape, depth int) (tag []byte, ok bool, err error) {
 		for _, n := range s.tags {
 			isTag = isTag || key != nil && bytes.EqualFold(key, []byte(n))
 		}
-		w.space()
-		w.i++ // ':'
-		w.space()
+		if err := w.colon(); err != nil {
+			return nil, false, err
+		}
 		switch {
 		case isTag && w.data[w.i] == '"':
 			start := w.i
@@ -289,17 +263,10 @@ func (b *bounder) tagOf(s *shape, depth int) (tag []byte, ok bool, err error) {
 		if err != nil {
 			return nil, false, err
 		}
-		if w.space(); w.i >= len(w.data) {
-			return nil, false, ErrNotJSON
-		}
-		switch w.data[w.i] {
-		case ',':
-			w.i++
-		case '}':
-			w.i++
+		if more, err := w.more('}'); err != nil {
+			return nil, false, err
+		} else if !more {
 			return tag, ok, nil
-		default:
-			return nil, false, ErrNotJSON
 		}
 	}
 }
@@ -334,22 +301,18 @@ func (b *bounder) prompts1(depth int) error {
 		b.prompts = max(b.prompts, 1)
 		return w.value(depth, 0, 0)
 	}
-	w.i++
 	var n int64
-	for {
+	for more := !w.enter(']'); more; {
 		w.space()
-		if w.i < len(w.data) && w.data[w.i] == ']' {
-			w.i++
-			break
-		}
 		if c := w.data[w.i]; c == '"' || c == '[' {
 			n++
 		}
 		if err := w.value(depth+1, 0, 0); err != nil {
 			return err
 		}
-		if w.space(); w.i < len(w.data) && w.data[w.i] == ',' {
-			w.i++
+		var err error
+		if more, err = w.more(']'); err != nil {
+			return err
 		}
 	}
 	b.prompts = max(b.prompts, n, 1)

@@ -152,9 +152,7 @@ func (w *walker) object(depth int, cand uint64, level int) error {
 	if depth > MaxDepth {
 		return ErrNotJSON
 	}
-	w.i++
-	if w.space(); w.i < len(w.data) && w.data[w.i] == '}' {
-		w.i++
+	if w.enter('}') {
 		return nil
 	}
 	for {
@@ -173,25 +171,14 @@ func (w *walker) object(depth int, cand uint64, level int) error {
 			}
 			next = w.match(cand, level, key)
 		}
-		if w.space(); w.i >= len(w.data) || w.data[w.i] != ':' {
-			return ErrNotJSON
+		if err := w.colon(); err != nil {
+			return err
 		}
-		w.i++
-		w.space()
 		if err := w.value(depth+1, next, level+1); err != nil {
 			return err
 		}
-		if w.space(); w.i >= len(w.data) {
-			return ErrNotJSON
-		}
-		switch w.data[w.i] {
-		case ',':
-			w.i++
-		case '}':
-			w.i++
-			return nil
-		default:
-			return ErrNotJSON
+		if more, err := w.more('}'); !more {
+			return err
 		}
 	}
 }
@@ -202,9 +189,7 @@ func (w *walker) array(depth int) error {
 	if depth > MaxDepth {
 		return ErrNotJSON
 	}
-	w.i++
-	if w.space(); w.i < len(w.data) && w.data[w.i] == ']' {
-		w.i++
+	if w.enter(']') {
 		return nil
 	}
 	for {
@@ -212,19 +197,47 @@ func (w *walker) array(depth int) error {
 		if err := w.value(depth+1, 0, 0); err != nil {
 			return err
 		}
-		if w.space(); w.i >= len(w.data) {
-			return ErrNotJSON
+		if more, err := w.more(']'); !more {
+			return err
 		}
+	}
+}
+
+// enter steps into the container at w.i and reports whether it is empty
+// (closed at once by end, which it steps over).
+func (w *walker) enter(end byte) bool {
+	w.i++
+	if w.space(); w.i < len(w.data) && w.data[w.i] == end {
+		w.i++
+		return true
+	}
+	return false
+}
+
+// more steps over what follows a container's member: a comma (true: a
+// member follows) or end (false: the container is closed).
+func (w *walker) more(end byte) (bool, error) {
+	if w.space(); w.i < len(w.data) {
 		switch w.data[w.i] {
 		case ',':
 			w.i++
-		case ']':
+			return true, nil
+		case end:
 			w.i++
-			return nil
-		default:
-			return ErrNotJSON
+			return false, nil
 		}
 	}
+	return false, ErrNotJSON
+}
+
+// colon steps over the colon after a key, and the space around it.
+func (w *walker) colon() error {
+	if w.space(); w.i >= len(w.data) || w.data[w.i] != ':' {
+		return ErrNotJSON
+	}
+	w.i++
+	w.space()
+	return nil
 }
 
 // match returns the places of cand whose segment at level is key, folded.
