@@ -361,6 +361,9 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts 
 		var z zoneDecision
 		st.decide(&z, now, l, 0)
 		lifts = max(0, int64(math.Floor(float64(l.Max)-z.held))) < h.units
+		if h.floor {
+			cost = max(0, cost-int64(math.Ceil(z.held)))
+		}
 	}
 	switch st.kind {
 	case SlidingLog:
