@@ -75,6 +75,10 @@ type Call struct {
 	Reported int64
 	// Completed is whether the whole answer was written.
 	Completed bool
+	// CacheRead and CacheWrite are the cache's tokens within InputTokens;
+	// Dims what of them is billed apart (HeaderDimensions).
+	CacheRead, CacheWrite int64
+	Dims                  Dims
 }
 
 // Option configures an Upstream.
@@ -279,7 +283,8 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rp = vendorError(t, k.status, fmt.Sprintf("refused with %d (%s)", k.status, HeaderStatus))
 			break
 		}
-		used := usage{Input: req.Input + mediaTokens(api, req.Model, body) + k.byReference, CacheRead: k.cacheRead, CacheWrite: k.cacheWrite, Output: req.Output, Reasoning: min(k.reason, req.Output)}
+		used := usage{Input: req.Input + mediaTokens(api, req.Model, body) + k.byReference + k.dims.AudioInput, CacheRead: k.cacheRead,
+			CacheWrite: k.cacheWrite + k.dims.CacheWrite1h, Output: req.Output + k.dims.AudioOutput, Reasoning: min(k.reason, req.Output), Dims: k.dims}
 		t.shown = used
 		if k.override {
 			t.shown.Input, t.shown.Output = k.overIn, k.overOut
@@ -290,6 +295,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rp = answer(t, r)
 		u.mu.Lock()
 		c.InputTokens, c.OutputTokens, c.Used = used.prompt(), used.Output, used.total()
+		c.Dims, c.CacheRead, c.CacheWrite = used.Dims, used.CacheRead, used.CacheWrite
 		u.mu.Unlock()
 	}
 	requestID := t.id("req_", 9, 24)

@@ -1,0 +1,123 @@
+package slidingratelimit
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
+)
+
+// vendorBill is what a call the stand-in served costs as its vendor's
+// price page bills it, in µ$ rounded up: rates in dollars per million
+// tokens (pico-dollars per token), a fee per search.
+type vendorBill struct {
+	input, audioInput, cacheWrite, cacheWrite1h, output, audioOutput, search int64
+}
+
+func (b vendorBill) of(c llmtest.Call) int64 {
+	var s llmprice.Sum
+	s.Add(c.InputTokens-c.CacheRead-c.CacheWrite-c.Dims.AudioInput, b.input)
+	s.Add(c.Dims.AudioInput, b.audioInput)
+	s.Add(c.CacheWrite-c.Dims.CacheWrite1h, b.cacheWrite)
+	s.Add(c.Dims.CacheWrite1h, b.cacheWrite1h)
+	s.Add(c.OutputTokens-c.Dims.AudioOutput, b.output)
+	s.Add(c.Dims.AudioOutput, b.audioOutput)
+	s.Add(c.Dims.WebSearches, b.search)
+	return s.Micros()
+}
+
+// TestDimensionsBilled runs the money recipe from the price table file,
+// with no price lines, on two instances, once per row of the issue's
+// table of what the client chose: the stand-in reports each dimension in
+// its vendor's usage, and each call is charged what the vendor's price
+// page bills for it (never less).
+func TestDimensionsBilled(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	file, err := filepath.Abs("internal/llmprice/testdata/model_prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := "price gpt-4o-mini* input 0.15 cached 0.075 output 0.60\n" +
+		"\t\t\t\tprice gpt-4o* input 2.50 cached 1.25 output 10.00\n" +
+		"\t\t\t\tprice claude-* input 3.00 cache_write 3.75 cached 0.30 output 15.00\n" +
+		"\t\t\t\tprice * input 15 output 75"
+	instances := startSpendRecipe(t, api.Addr(), 9580, lines, "price_table "+file)
+
+	cases := []struct {
+		what, api, model, dims, usage string
+		bill                          vendorBill
+	}{
+		// platform.openai.com/docs/pricing: gpt-4o-mini-audio-preview,
+		// text $0.15 and $0.60, audio $10 and $20 a million.
+		{"audio output", "chat", "gpt-4o-mini-audio-preview", "audio_output=4600,audio_input=500", "",
+			vendorBill{input: 150_000, audioInput: 10_000_000, output: 600_000, audioOutput: 20_000_000}},
+		// docs.anthropic.com pricing: Claude Sonnet 4.5 $3 and $15, a web
+		// search $10 per 1,000.
+		{"web searches", "messages", "claude-sonnet-4-5", "web_searches=7", "",
+			vendorBill{input: 3_000_000, output: 15_000_000, search: 10_000_000_000}},
+		// 1-hour cache writes at 2x the input price, $6 a million (5
+		// minutes: 1.25x, $3.75).
+		{"1-hour cache writes", "messages", "claude-sonnet-4-5", "cache_write_1h=20000", "",
+			vendorBill{input: 3_000_000, cacheWrite1h: 6_000_000, output: 15_000_000}},
+		// OpenAI's priority processing: gpt-4o $4.25 and $17 a million.
+		{"priority", "chat", "gpt-4o", "service_tier=priority", "",
+			vendorBill{input: 4_250_000, output: 17_000_000}},
+		// The default tier: $2.50 and $10.
+		{"default tier", "chat", "gpt-4o", "", "",
+			vendorBill{input: 2_500_000, output: 10_000_000}},
+		// A flex tier the table has no price for: the standard price is
+		// never below flex's.
+		{"flex", "responses", "gpt-4o", "service_tier=flex", "",
+			vendorBill{input: 2_500_000, output: 10_000_000}},
+	}
+	for i, c := range cases {
+		call := sdkCall{API: c.api, BaseURL: instances[i%2], APIKey: "sk-acme-dims-" + c.what, Model: c.model, MaxTokens: 200, Content: "hi",
+			Headers: map[string]string{llmtest.HeaderDimensions: c.dims}}
+		if r := runOne(t, call); r.Status != 200 {
+			t.Fatalf("%s: status %d (%s %s)", c.what, r.Status, r.Error, r.Message)
+		}
+		served := api.Calls("Bearer " + call.APIKey)
+		if len(served) != 1 {
+			t.Fatalf("%s: %d calls served", c.what, len(served))
+		}
+		bill := c.bill.of(served[0])
+		if got := unitsUsed(t, "spend", "Bearer "+call.APIKey, bill); got < bill || got > bill+1 {
+			t.Errorf("%s (%s): %d µ$ charged, the vendor bills %d", c.what, c.model, got, bill)
+		}
+	}
+}
+
+// TestDimensionsGeminiLongContext: a Gemini 2.5 Pro prompt above 200k
+// tokens is billed at the dearer tier for the whole call, input and
+// output ($2.50 and $15 a million, against $1.25 and $10).
+func TestDimensionsGeminiLongContext(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	file, err := filepath.Abs("internal/llmprice/testdata/model_prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := "price gpt-4o-mini* input 0.15 cached 0.075 output 0.60\n" +
+		"\t\t\t\tprice gpt-4o* input 2.50 cached 1.25 output 10.00\n" +
+		"\t\t\t\tprice claude-* input 3.00 cache_write 3.75 cached 0.30 output 15.00\n" +
+		"\t\t\t\tprice * input 15 output 75"
+	instances := startSpendRecipe(t, api.Addr(), 9580, append([]string{lines, "price_table " + file}, geminiKey...)...)
+	for i, c := range []struct {
+		usage string
+		want  int64
+	}{
+		{"200000,1000", 200_000*1_250_000/1_000_000 + 1000*10},
+		{"200001,1000", (200_001*2_500_000+999_999)/1_000_000 + 1000*15},
+	} {
+		call := sdkCall{API: "gemini", BaseURL: instances[i%2], APIKey: "gk-acme-long-" + c.usage, Model: "gemini-2.5-pro", MaxTokens: 100, Content: "hi",
+			Headers: map[string]string{llmtest.HeaderUsage: c.usage}}
+		if r := runOne(t, call); r.Status != 200 {
+			t.Fatalf("%s: status %d (%s %s)", c.usage, r.Status, r.Error, r.Message)
+		}
+		if got := unitsUsed(t, "spend", call.APIKey, c.want); got != c.want {
+			t.Errorf("usage %s: %d µ$ charged, want %d", c.usage, got, c.want)
+		}
+	}
+}
