@@ -589,7 +589,7 @@ func TestSpendKeyStaysSmall(t *testing.T) {
 // TestPriceTableFile runs the money recipe with a price table file in
 // place of its price lines (one line kept, which overrides the table for
 // its model), on two instances: a model the table names is priced at its
-// dearest price of each kind, a line naming a model whole wins over the
+// price of each kind for the tier the response names, a line naming a model whole wins over the
 // table, a model neither names pays the dearest of both, and a call that
 // names no output bound reserves the model's output limit.
 func TestPriceTableFile(t *testing.T) {
@@ -610,8 +610,9 @@ func TestPriceTableFile(t *testing.T) {
 		usage string // input,output
 		want  int64  // µ$
 	}{
-		// The table's priority prices: $4.25 and $17 a million.
-		{"gpt-4o", "1000000,100000", 4_250_000 + 1_700_000},
+		// The table's prices of the default tier, which the answer
+		// names: $2.50 and $10 a million (priority's are $4.25 and $17).
+		{"gpt-4o", "1000000,100000", 2_500_000 + 1_000_000},
 		// The line that names the model whole: $1 and $1.
 		{"claude-sonnet-4-5", "1000000,0", 1_000_000},
 		// Neither: the dearest input of both, the table's $10 a million

@@ -141,8 +141,9 @@ func readModel(fields map[string]any) (Model, bool, error) {
 		if fee, ok := searchFee(v); ok && field == "search_context_cost_per_query" {
 			prices.WebSearch = fee
 		}
-		kind, ok := kindOf(field)
-		if !ok {
+		kind, isKind := kindOf(field)
+		d, s, above, isDim := fieldRate(field)
+		if !isKind && !isDim {
 			continue
 		}
 		n, isNum := v.(json.Number)
@@ -153,8 +154,10 @@ func readModel(fields map[string]any) (Model, bool, error) {
 		if err != nil {
 			return Model{}, false, fmt.Errorf("%s: %w", field, err)
 		}
-		r[kind], seen[kind] = max(r[kind], p), true
-		if d, s, above, ok := fieldRate(field); ok {
+		if isKind {
+			r[kind], seen[kind] = max(r[kind], p), true
+		}
+		if isDim {
 			prices.set(d, s, above, p)
 		}
 	}
