@@ -1,7 +1,10 @@
 package slidingratelimit
 
 import (
+	"fmt"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
@@ -71,20 +74,39 @@ func TestDimensionsBilled(t *testing.T) {
 		// never below flex's.
 		{"flex", "responses", "gpt-4o", "service_tier=flex", "",
 			vendorBill{input: 2_500_000, output: 10_000_000}},
+		// OpenAI's long context: a prompt above 272k tokens bills the
+		// whole call at $5 and $22.50 a million (else $2.50 and $15).
+		{"long context", "chat", "gpt-5.4", "", "272001,1000",
+			vendorBill{input: 5_000_000, output: 22_500_000}},
+		{"short context", "responses", "gpt-5.4", "", "272000,1000",
+			vendorBill{input: 2_500_000, output: 15_000_000}},
 	}
 	for i, c := range cases {
-		call := sdkCall{API: c.api, BaseURL: instances[i%2], APIKey: "sk-acme-dims-" + c.what, Model: c.model, MaxTokens: 200, Content: "hi",
-			Headers: map[string]string{llmtest.HeaderDimensions: c.dims}}
-		if r := runOne(t, call); r.Status != 200 {
-			t.Fatalf("%s: status %d (%s %s)", c.what, r.Status, r.Error, r.Message)
-		}
-		served := api.Calls("Bearer " + call.APIKey)
-		if len(served) != 1 {
-			t.Fatalf("%s: %d calls served", c.what, len(served))
-		}
-		bill := c.bill.of(served[0])
-		if got := unitsUsed(t, "spend", "Bearer "+call.APIKey, bill); got < bill || got > bill+1 {
-			t.Errorf("%s (%s): %d µ$ charged, the vendor bills %d", c.what, c.model, got, bill)
+		for j, stream := range []bool{false, true} {
+			call := sdkCall{API: c.api, BaseURL: instances[(i+j)%2], APIKey: fmt.Sprintf("sk-acme-dims-%s-%v", c.what, stream), Model: c.model,
+				Stream: stream, IncludeUsage: stream, MaxTokens: 5000, Content: "hi",
+				Headers: map[string]string{llmtest.HeaderDimensions: c.dims}}
+			if c.usage != "" {
+				call.Headers[llmtest.HeaderUsage] = c.usage
+			}
+			if r := runOne(t, call); r.Status != 200 {
+				t.Fatalf("%s: status %d (%s %s)", c.what, r.Status, r.Error, r.Message)
+			}
+			served := api.Calls("Bearer " + call.APIKey)
+			if len(served) != 1 {
+				t.Fatalf("%s: %d calls served", c.what, len(served))
+			}
+			call0 := served[0]
+			if c.usage != "" {
+				// The usage reported, not the tokens used, is the bill.
+				in, out, _ := strings.Cut(c.usage, ",")
+				call0.InputTokens, _ = strconv.ParseInt(in, 10, 64)
+				call0.OutputTokens, _ = strconv.ParseInt(out, 10, 64)
+			}
+			bill := c.bill.of(call0)
+			if got := unitsUsed(t, "spend", "Bearer "+call.APIKey, bill); got < bill || got > bill+1 {
+				t.Errorf("%s (%s) stream=%v: %d µ$ charged, the vendor bills %d", c.what, c.model, stream, got, bill)
+			}
 		}
 	}
 }
@@ -105,14 +127,16 @@ func TestDimensionsGeminiLongContext(t *testing.T) {
 		"\t\t\t\tprice * input 15 output 75"
 	instances := startSpendRecipe(t, api.Addr(), 9580, append([]string{lines, "price_table " + file}, geminiKey...)...)
 	for i, c := range []struct {
-		usage string
-		want  int64
+		usage  string
+		stream bool
+		want   int64
 	}{
-		{"200000,1000", 200_000*1_250_000/1_000_000 + 1000*10},
-		{"200001,1000", (200_001*2_500_000+999_999)/1_000_000 + 1000*15},
+		{"200000,1000", false, 200_000*1_250_000/1_000_000 + 1000*10},
+		{"200001,1000", false, (200_001*2_500_000+999_999)/1_000_000 + 1000*15},
+		{"200001,1000", true, (200_001*2_500_000+999_999)/1_000_000 + 1000*15},
 	} {
-		call := sdkCall{API: "gemini", BaseURL: instances[i%2], APIKey: "gk-acme-long-" + c.usage, Model: "gemini-2.5-pro", MaxTokens: 100, Content: "hi",
-			Headers: map[string]string{llmtest.HeaderUsage: c.usage}}
+		call := sdkCall{API: "gemini", BaseURL: instances[i%2], APIKey: fmt.Sprintf("gk-acme-long-%s-%v", c.usage, c.stream), Model: "gemini-2.5-pro",
+			Stream: c.stream, MaxTokens: 100, Content: "hi", Headers: map[string]string{llmtest.HeaderUsage: c.usage}}
 		if r := runOne(t, call); r.Status != 200 {
 			t.Fatalf("%s: status %d (%s %s)", c.usage, r.Status, r.Error, r.Message)
 		}

@@ -284,11 +284,13 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		used := usage{Input: req.Input + mediaTokens(api, req.Model, body) + k.byReference + k.dims.AudioInput, CacheRead: k.cacheRead,
-			CacheWrite: k.cacheWrite + k.dims.CacheWrite1h, Output: req.Output + k.dims.AudioOutput, Reasoning: min(k.reason, req.Output), Dims: k.dims}
+			CacheWrite: k.cacheWrite + k.dims.CacheWrite1h, Output: req.Output, Reasoning: min(k.reason, req.Output), Dims: k.dims}
+		used.AudioOutput = min(used.AudioOutput, used.Output)
 		t.shown = used
 		if k.override {
 			t.shown.Input, t.shown.Output = k.overIn, k.overOut
 			t.shown.Reasoning = min(t.shown.Reasoning, k.overOut)
+			t.shown.AudioOutput = min(t.shown.AudioOutput, k.overOut)
 		}
 		t.nested = k.nested
 		t.took = k.plan(len(parts) + 4)
