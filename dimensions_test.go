@@ -30,14 +30,9 @@ func (b vendorBill) of(c llmtest.Call) int64 {
 	return s.Micros()
 }
 
-// TestDimensionsBilled runs the money recipe from the price table file,
-// with no price lines, on two instances, once per row of the issue's
-// table of what the client chose: the stand-in reports each dimension in
-// its vendor's usage, and each call is charged what the vendor's price
-// page bills for it (never less).
-func TestDimensionsBilled(t *testing.T) {
-	needSDKs(t)
-	api := llmtest.Start(t)
+// tableRecipe are the edits that make the money recipe price from the
+// fixture's price table file, with no price lines.
+func tableRecipe(t *testing.T) []string {
 	file, err := filepath.Abs("internal/llmprice/testdata/model_prices.json")
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +41,18 @@ func TestDimensionsBilled(t *testing.T) {
 		"\t\t\t\tprice gpt-4o* input 2.50 cached 1.25 output 10.00\n" +
 		"\t\t\t\tprice claude-* input 3.00 cache_write 3.75 cached 0.30 output 15.00\n" +
 		"\t\t\t\tprice * input 15 output 75"
-	instances := startSpendRecipe(t, api.Addr(), 9580, lines, "price_table "+file)
+	return []string{lines, "price_table " + file}
+}
+
+// TestDimensionsBilled runs the money recipe from the price table file,
+// with no price lines, on two instances, once per row of the issue's
+// table of what the client chose: the stand-in reports each dimension in
+// its vendor's usage, and each call is charged what the vendor's price
+// page bills for it (never less).
+func TestDimensionsBilled(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	instances := startSpendRecipe(t, api.Addr(), 9580, tableRecipe(t)...)
 
 	cases := []struct {
 		what, api, model, dims, usage string
@@ -117,15 +123,7 @@ func TestDimensionsBilled(t *testing.T) {
 func TestDimensionsGeminiLongContext(t *testing.T) {
 	needSDKs(t)
 	api := llmtest.Start(t)
-	file, err := filepath.Abs("internal/llmprice/testdata/model_prices.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := "price gpt-4o-mini* input 0.15 cached 0.075 output 0.60\n" +
-		"\t\t\t\tprice gpt-4o* input 2.50 cached 1.25 output 10.00\n" +
-		"\t\t\t\tprice claude-* input 3.00 cache_write 3.75 cached 0.30 output 15.00\n" +
-		"\t\t\t\tprice * input 15 output 75"
-	instances := startSpendRecipe(t, api.Addr(), 9580, append([]string{lines, "price_table " + file}, geminiKey...)...)
+	instances := startSpendRecipe(t, api.Addr(), 9580, append(tableRecipe(t), geminiKey...)...)
 	for i, c := range []struct {
 		usage  string
 		stream bool
@@ -144,4 +142,68 @@ func TestDimensionsGeminiLongContext(t *testing.T) {
 			t.Errorf("usage %s: %d µ$ charged, want %d", c.usage, got, c.want)
 		}
 	}
+}
+
+// TestDimensionsFleet: dozens of concurrent streams of one key over two
+// instances of the money recipe, priced from the table file, its daily
+// budget lowered to $1, each call billed in a dimension of its own (audio
+// output, 1-hour cache writes within a long prompt, priority service):
+// what the vendors bill for the upstream's calls never exceeds the
+// budget, each admitted call pays at least its bill, and the rest are
+// refused.
+func TestDimensionsFleet(t *testing.T) {
+	needSDKs(t)
+	api := llmtest.Start(t)
+	instances := startSpendRecipe(t, api.Addr(), 9880, append(tableRecipe(t), "zone spend 1d 10000000", "zone spend 1d 1000000")...)
+	kinds := []struct {
+		api, model, dims string
+		bill             vendorBill
+	}{
+		{"chat", "gpt-4o-mini-audio-preview", "audio_output=3000", vendorBill{input: 150_000, output: 600_000, audioOutput: 20_000_000}},
+		{"messages", "claude-sonnet-4-5", "cache_write_1h=1000", vendorBill{input: 3_000_000, cacheWrite1h: 6_000_000, output: 15_000_000}},
+		{"chat", "gpt-4o", "service_tier=priority", vendorBill{input: 4_250_000, output: 17_000_000}},
+	}
+	key := "sk-fleet-dims"
+	// The prompt holds the cache writes (the stand-in counts them beyond
+	// its text, as a cached prefix the body does not show).
+	prompt := strings.Repeat("a ", 2000)
+	var calls [2][]sdkCall
+	for i := range 42 {
+		k := kinds[i%3]
+		c := sdkCall{API: k.api, BaseURL: instances[i%2], APIKey: key, Model: k.model, Stream: true, IncludeUsage: true, MaxTokens: 4000,
+			Content: fmt.Sprintf("Story %d %s", i, prompt), Headers: map[string]string{llmtest.HeaderPause: "20ms", llmtest.HeaderDimensions: k.dims}}
+		calls[i%2] = append(calls[i%2], c)
+	}
+	results := runOnBoth(t, calls)
+	admitted, refused := 0, 0
+	for _, rs := range results {
+		for _, r := range rs {
+			switch {
+			case r.Status == 200:
+				admitted++
+			case r.Status == 429 && r.RetryAfter != "" && r.RetryAfter != "0":
+				refused++
+			default:
+				t.Errorf("status %d, Retry-After %q (%s %s)", r.Status, r.RetryAfter, r.Error, r.Message)
+			}
+		}
+	}
+	var billed int64
+	for _, c := range api.Calls("Bearer " + key) {
+		for _, k := range kinds {
+			if k.model == c.Model {
+				billed += k.bill.of(c)
+			}
+		}
+	}
+	if billed > 1_000_000 {
+		t.Errorf("the vendors bill %d µ$ for the upstream's calls: want at most the budget, $1", billed)
+	}
+	if refused == 0 || admitted < 3 {
+		t.Errorf("%d calls admitted, %d refused: want the budget to run out", admitted, refused)
+	}
+	if charged := unitsUsed(t, "spend", "Bearer "+key, billed); charged < billed {
+		t.Errorf("%d µ$ charged for a bill of %d", charged, billed)
+	}
+	t.Logf("%d calls admitted, %d refused, %d µ$ billed of 1,000,000", admitted, refused, billed)
 }
