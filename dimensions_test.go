@@ -7,6 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
 )
@@ -206,4 +211,57 @@ func TestDimensionsFleet(t *testing.T) {
 		t.Errorf("%d µ$ charged for a bill of %d", charged, billed)
 	}
 	t.Logf("%d calls admitted, %d refused, %d µ$ billed of 1,000,000", admitted, refused, billed)
+}
+
+// TestPriceLineDimensions: a price line's audio, 1-hour cache write and
+// web search prices price what the usage reports of them; a line without
+// one charges that usage at the line's dearest price (a search at the
+// dearest fee of the zone's lines), counts it by kind and warns once per
+// model and kind.
+func TestPriceLineDimensions(t *testing.T) {
+	if err := initMetrics(nil); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	prices := []*Price{
+		{Model: "gpt-4o-audio*", Input: "2.50", Output: "10", AudioInput: "40", AudioOutput: "80"},
+		{Model: "claude-*", Input: "3", CacheWrite: "3.75", CacheWrite1h: "6", Output: "15", WebSearch: "10"},
+		{Model: "*", Input: "1", Output: "2"},
+	}
+	if err := checkPrices(prices); err != nil {
+		t.Fatal(err)
+	}
+	zone := "dims-" + t.Name()
+	table := newPriceTable(zone, prices, zap.New(core))
+	for _, c := range []struct {
+		model string
+		u     llmapi.Usage
+		want  int64
+	}{
+		// 1,000 input tokens of which 500 audio, 1,000 output of which
+		// 900 audio: 500 at $2.50 and 500 at $40, 100 at $10 and 900 at
+		// $80.
+		{"gpt-4o-audio-preview", llmapi.Usage{Input: 1000, AudioInput: 500, Output: 1000, AudioOutput: 900, Service: "default"},
+			1250 + 20_000 + 1000 + 72_000},
+		// 2,000 cache writes, 1,500 of an hour: 500 at $3.75, 1,500 at
+		// $6; 4 searches at $10 per 1,000.
+		{"claude-sonnet-4", llmapi.Usage{CacheWrite: 2000, CacheWrite1h: 1500, WebSearches: 4, Service: "standard"},
+			1875 + 9000 + 40_000},
+		// The * line lists no audio nor 1-hour writes: its dearest, $2;
+		// nor searches: the lines' dearest fee, $10 per 1,000.
+		{"llama", llmapi.Usage{Output: 1000, AudioOutput: 1000, CacheWrite: 1000, CacheWrite1h: 1000, WebSearches: 1}, 2000 + 2000 + 10_000},
+		{"llama", llmapi.Usage{Output: 1000, AudioOutput: 1000}, 2000},
+	} {
+		if got := table.charge(c.model, c.u); got != c.want {
+			t.Errorf("%s %+v: %d µ$, want %d", c.model, c.u, got, c.want)
+		}
+	}
+	for kind, want := range map[string]float64{"audio_output": 2, "cache_write_1h": 1, "web_search": 1, "audio_input": 0} {
+		if got := testutil.ToFloat64(limiterMetrics.unpricedUsage.WithLabelValues(zone, kind)); got != want {
+			t.Errorf("unpriced_usage_total{kind=%q} = %v, want %v", kind, got, want)
+		}
+	}
+	if got := logs.FilterMessageSnippet("usage its model's prices do not price").Len(); got != 3 {
+		t.Errorf("%d warnings, want one for each of the 3 kinds of llama's", got)
+	}
 }
