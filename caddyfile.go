@@ -402,12 +402,14 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 //
 //	price <model pattern> <kind> <dollars per million tokens> [<kind> <dollars>]...
 //
-// with kinds input, cached, cache_write and output, and checks it against
-// the lines before it.
+// with kinds input, cached, cache_write and output, and the optional
+// cache_write_1h, audio_input, audio_output (dollars per million tokens)
+// and web_search (dollars per 1,000 searches), and checks it against the
+// lines before it.
 func parsePrice(d *caddyfile.Dispenser, z *Zone) error {
 	args := d.RemainingArgs()
 	if len(args) < 3 || len(args)%2 == 0 {
-		return d.Errf("zone %s: price takes a model pattern, then kinds and dollars per million tokens: price <model> input <$/M> output <$/M> [cached <$/M>] [cache_write <$/M>] (price gpt-4o* input 2.50 cached 1.25 output 10), got %q", z.Name, args)
+		return d.Errf("zone %s: price takes a model pattern, then kinds and dollars per million tokens: price <model> input <$/M> output <$/M> [cached <$/M>] [cache_write <$/M>] [cache_write_1h <$/M>] [audio_input <$/M>] [audio_output <$/M>] [web_search <$/1000>] (price gpt-4o* input 2.50 cached 1.25 output 10), got %q", z.Name, args)
 	}
 	p := &Price{Model: args[0]}
 	for i := 1; i < len(args); i += 2 {

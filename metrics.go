@@ -54,6 +54,7 @@ var limiterMetrics struct {
 	// Priced zones: see price.go.
 	spentMicros    *prometheus.CounterVec
 	unpricedModels *prometheus.CounterVec
+	unpricedUsage  *prometheus.CounterVec
 	// bodyRefusals counts requests refused before the upstream because
 	// their body could not be priced (units.go).
 	bodyRefusals *prometheus.CounterVec
@@ -124,6 +125,10 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Millionths of a US dollar spent in zones with prices: each admitted call's final cost (what its usage settled to, or its reservation when it reported none). Also in units_total.")
 		m.unpricedModels = perZone("unpriced_model_calls_total",
 			"Calls of zones with prices whose model no price line matched, so that they were priced at the dearest price of each kind listed.")
+		m.unpricedUsage = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "unpriced_usage_total",
+			Help: "Calls of zones with prices that reported usage their model's prices do not price, by kind (a dimension: audio_input, audio_output, cache_write, cache_write_1h, ...; service_tier, a tier not priced; web_search, a search fee not listed): charged at the model's dearest rate (a search at the dearest fee listed).",
+		}, []string{"zone", "kind"})
 		m.bodyRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "body_refusals_total",
 			Help: "Requests of zones with cost json or cost llm refused before they reached the next handler, by reason: slow (408, the body did not arrive whole in time), not_json (400, cost llm could not read the body as one JSON value), unbounded (400, cost llm could not bound what the call may spend: input by reference, a hosted tool, a field, part type or path it does not know; a zone with a ceiling reserves it instead).",
@@ -143,7 +148,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
 		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings,
-		m.evictedKeys, m.spentMicros, m.unpricedModels} {
+		m.evictedKeys, m.spentMicros, m.unpricedModels, m.unpricedUsage} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

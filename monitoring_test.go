@@ -353,6 +353,8 @@ func monitoredSite(redisURL, prefix, api string) string {
 			}
 		}
 	}
+	# A priced call's answer reports audio, which no line prices.
+	respond /spend/* ` + "`" + `{"usage": {"prompt_tokens": 1, "completion_tokens": 2, "completion_tokens_details": {"audio_tokens": 1}}}` + "`" + `
 	respond "ok"
 }
 `
@@ -381,7 +383,8 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	send(t, site+"hooks/x", from) // held for about a second
 	send(t, site+"reports/x", from)
 	send(t, site+"llm/x", from)
-	// A priced call of a model no line prices: spend and an unpriced call.
+	// A priced call of a model no line prices: spend, an unpriced call and
+	// unpriced usage.
 	send(t, site+"spend/v1/chat/completions", from, withMethod(http.MethodPost), withBody("application/json", `{"model": "unlisted-model", "max_tokens": 10}`))
 	prom.waitFor("a scrape with the denials", func() bool {
 		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="`+api+`",result="denied"} == 2`)) == 1
@@ -480,7 +483,7 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 			if strings.Contains(value, client) {
 				t.Errorf("%v: label %s carries the client key", s.Metric, name)
 			}
-			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le", "reason"}, name) {
+			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le", "reason", "kind"}, name) {
 				t.Errorf("%v: unexpected label %s", s.Metric, name)
 			}
 		}
