@@ -197,3 +197,44 @@ func TestSoftLimitAndReportRulesInJSON(t *testing.T) {
 		t.Errorf("warn in a report zone: %v", err)
 	}
 }
+
+// TestSoftLimitEvent: in a JSON config, a zone of max 3 with warn_percent
+// 50 (2 units): the second request reaches it, and the events app's
+// subscribers get one sliding_ratelimit.soft_limit event, without the
+// client key; the third, above the share already, emits none.
+func TestSoftLimitEvent(t *testing.T) {
+	zone := uniqueZone("softev")
+	config := strings.NewReplacer(
+		`"events": ["sliding_ratelimit.exceeded"]`, `"events": ["sliding_ratelimit.soft_limit"]`,
+		`"max_requests": 3}`, `"max_requests": 3, "warn_percent": 50}`,
+	).Replace(observedConfig(zone, uniquePrefix(t), "ok"))
+	if !strings.Contains(config, `"warn_percent": 50`) || !strings.Contains(config, `"sliding_ratelimit.soft_limit"`) {
+		t.Fatal("observedConfig changed: the test's edits no longer apply")
+	}
+	startCaddy(t, config, asJSON())
+	recordedEvents.Lock()
+	recordedEvents.data = nil
+	recordedEvents.Unlock()
+
+	for i := 1; i <= 3; i++ {
+		res := send(t, "http://localhost:9080/", withHeader("X-Client", "watched"))
+		if got, want := warned(res, zone), i >= 2; res.status != http.StatusOK || got != want {
+			t.Errorf("request %d: %d %q, want 200 and srl-warn %v", i, res.status, res.header.Get("RateLimit"), want)
+		}
+	}
+	recordedEvents.Lock()
+	events := append([]map[string]any(nil), recordedEvents.data...)
+	recordedEvents.Unlock()
+	if len(events) != 1 {
+		t.Fatalf("%d soft limit events, want 1: %v", len(events), events)
+	}
+	e := events[0]
+	if e["zone"] != zone || e["use"] != int64(2) || e["limit"] != int64(3) || e["share"] != 2.0/3 {
+		t.Errorf("event data %v, want zone %s, use 2, limit 3, share 2/3", e, zone)
+	}
+	for k, v := range e {
+		if s, ok := v.(string); ok && strings.Contains(s, "watched") {
+			t.Errorf("event field %s carries the client key", k)
+		}
+	}
+}
