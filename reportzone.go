@@ -64,6 +64,10 @@ func (h *Handler) decideReport(ctx context.Context, req, report *request, src so
 	for len(checks) > 0 {
 		decisions := report.decisions[:len(checks)]
 		from, err := h.backend.decide(ctx, checks, decisions)
+		if err != nil && ctx.Err() != nil {
+			// The client went away: nothing failed.
+			return
+		}
 		if err != nil {
 			for _, z := range zones {
 				z.decisions[resultFailedOpen].Inc()
