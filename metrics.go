@@ -17,6 +17,9 @@ const (
 	resultFailedClosed = "failed_closed"
 	resultLocalAllowed = "local_allowed"
 	resultLocalDenied  = "local_denied"
+	// resultReportDenied: a zone in mode report would have denied the
+	// request; it went on, and the zone did not count it.
+	resultReportDenied = "report_denied"
 )
 
 // Store error reasons, the values of the reason label of store_errors_total.
@@ -65,6 +68,8 @@ var limiterMetrics struct {
 	// storeErrors counts store errors that have a reason of their own (see
 	// backend.go and lease.go).
 	storeErrors *prometheus.CounterVec
+	// softLimitsReached: see softlimit.go.
+	softLimitsReached *prometheus.CounterVec
 	// configWarnings: see warnings.go.
 	configWarnings prometheus.Gauge
 }
@@ -79,7 +84,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	m.once.Do(func() {
 		m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
-			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, and local_allowed and local_denied by the in-process store while Redis fails with fail_mode local).",
+			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, and local_allowed and local_denied by the in-process store while Redis fails with fail_mode local; report_denied: a zone in mode report would have denied the request, which went on).",
 		}, []string{"zone", "result"})
 		m.denyCacheHits = perZone("deny_cache_hits_total",
 			"Denials answered by the local deny cache without a Redis call.")
@@ -137,6 +142,8 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 			Help: "Store errors by reason: oom (Redis refused a call for lack of memory, maxmemory reached with noeviction: the fail mode applied), data_lost (a running request's lease was gone from Redis before its lease time: Redis lost its data, by a restart, a FLUSHALL or an eviction).",
 		}, []string{"reason"})
+		m.softLimitsReached = perZone("soft_limit_reached_total",
+			"Admitted requests that took their client's use of a zone with warn from below its share of max_requests to at or above it: one per client each time it reaches the share.")
 		m.configWarnings = prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "config_warnings",
 			Help: "Warnings the handlers of the running config logged while they were provisioned (during a reload, of both configs).",
@@ -148,7 +155,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
 		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings,
-		m.evictedKeys, m.spentMicros, m.unpricedModels, m.unpricedUsage} {
+		m.evictedKeys, m.spentMicros, m.unpricedModels, m.unpricedUsage, m.softLimitsReached} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {
