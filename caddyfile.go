@@ -534,7 +534,7 @@ func parseWindow(d *caddyfile.Dispenser, arg string, f windowFields) error {
 		return nil
 	}
 	if !strings.ContainsAny(arg, "0123456789") {
-		return d.Errf("window must be a duration (1m, 24h) or a period (%s), got %q%s", periodEnum.syntax(), arg, didYouMean(arg, periodEnum.values))
+		return d.Errf("window must be a duration (1m, 24h; the units are ns, us, ms, s, m, h and d) or a period (day, week or month), got %q%s", arg, didYouMean(arg, periodEnum.values))
 	}
 	var err error
 	*f.window, err = parseDuration(d, "window", arg)
