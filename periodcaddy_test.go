@@ -1,0 +1,119 @@
+package slidingratelimit
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
+)
+
+// periodClockEnv names, for a Caddy process the test binary runs
+// (startCaddyProcess), a file whose text (RFC 3339) is its period clock, so
+// that a test moves the clock of every instance at once (setPeriodClock).
+const periodClockEnv = "SLIDING_RATELIMIT_TEST_PERIOD_CLOCK"
+
+// Package variables are set before any init, so before the caddy command
+// runs (command_test.go).
+var _ = periodClockFromFile(os.Getenv(periodClockEnv))
+
+// periodClockFromFile makes the file at path, when given, the period clock.
+func periodClockFromFile(path string) bool {
+	if path == "" {
+		return false
+	}
+	clock := func() time.Time {
+		text, err := os.ReadFile(path)
+		if err != nil {
+			panic("reading the test's period clock: " + err.Error())
+		}
+		now, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(text)))
+		if err != nil {
+			panic("reading the test's period clock: " + err.Error())
+		}
+		return now
+	}
+	periodClock.Store(&clock)
+	return true
+}
+
+// setPeriodClock stops the period clock of this process, and of the Caddy
+// processes that read file, at now; the test's end gives back time.Now.
+func setPeriodClock(t *testing.T, file string, now time.Time) {
+	t.Helper()
+	if err := os.WriteFile(file, []byte(now.Format(time.RFC3339Nano)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clock := func() time.Time { return now }
+	periodClock.Store(&clock)
+	t.Cleanup(func() { periodClock.Store(nil) })
+}
+
+// TestMonthBudgetResetsAtMidnightOfTheFirst: a month budget in Tokyo, on
+// two Caddy instances (the test's and a process of its own) on one Redis,
+// is shared within the month, refused just before Tokyo's midnight of the
+// 1st with Retry-After the seconds to it, and whole again after it on both.
+func TestMonthBudgetResetsAtMidnightOfTheFirst(t *testing.T) {
+	clockFile := filepath.Join(t.TempDir(), "clock")
+	tokyo := mustLoad(t, "Asia/Tokyo")
+	setPeriodClock(t, clockFile, time.Date(2026, 11, 30, 23, 59, 30, 0, tokyo))
+	t.Setenv(periodClockEnv, clockFile)
+
+	prefix := uniquePrefix(t)
+	body := `
+	sliding_ratelimit {
+		key {http.request.header.X-Api-Key}
+		cost {http.request.header.X-Cost}
+		zone spend month 500 {
+			time_zone Asia/Tokyo
+		}
+	}
+	respond "ok"`
+	startCaddy(t, siteBlock(":9080", prefix, body))
+	startCaddyProcess(t, siteBlock(":9380", prefix, body)+"\n:9381 {\n\trespond \"ok\"\n}\n", "http://127.0.0.1:9381/")
+	instances := [2]string{site, "http://127.0.0.1:9380/"}
+	spend := func(instance, cost int) answer {
+		t.Helper()
+		return send(t, instances[instance], withHeader("X-Api-Key", "finance"), withHeader("X-Cost", strconv.Itoa(cost)))
+	}
+	check := func(what string, a answer, status int, retryAfter, rateLimit, policy string) {
+		t.Helper()
+		if a.status != status || a.header.Get("Retry-After") != retryAfter || a.header.Get("RateLimit") != rateLimit || a.header.Get("RateLimit-Policy") != policy {
+			t.Errorf("%s: status %d, Retry-After %q, RateLimit %q, RateLimit-Policy %q; want %d, %q, %q, %q", what,
+				a.status, a.header.Get("Retry-After"), a.header.Get("RateLimit"), a.header.Get("RateLimit-Policy"), status, retryAfter, rateLimit, policy)
+		}
+	}
+	// November has 30 days: w=2592000.
+	november := `"spend";q=500;srl-qu="units";w=2592000`
+	check("300 of November's 500 on the first instance", spend(0, 300), 200, "", `"spend";r=200;t=30`, november)
+	check("200 on the second", spend(1, 200), 200, "", `"spend";r=0;t=30`, november)
+	check("1 more on the first, 30 s before midnight in Tokyo", spend(0, 1), 429, "30", `"spend";r=0;t=30`, november)
+	check("1 more on the second", spend(1, 1), 429, "30", `"spend";r=0;t=30`, november)
+
+	setPeriodClock(t, clockFile, time.Date(2026, 11, 30, 23, 59, 59, 0, tokyo))
+	state := commandJSON[adminapi.KeyState](t, "status", "--zone", "spend", "--key", "finance")
+	if state.Count != 500 || state.Remaining != 0 || state.RetryAfterSeconds != 1 || state.Period == nil || state.Period.End != "2026-12-01T00:00:00+09:00" {
+		t.Errorf("a second before midnight the admin API says count %d, remaining %d, retry after %v s, period %+v; want 500, 0, 1 s, ending 2026-12-01T00:00:00+09:00",
+			state.Count, state.Remaining, state.RetryAfterSeconds, state.Period)
+	}
+
+	setPeriodClock(t, clockFile, time.Date(2026, 12, 1, 0, 0, 5, 0, tokyo))
+	// December has 31 days; it ends 31 days less 5 s from now.
+	december, left := `"spend";q=500;srl-qu="units";w=2678400`, strconv.Itoa(31*24*3600-5)
+	check("500 of December's on the second instance, 5 s after midnight", spend(1, 500), 200, "", `"spend";r=0;t=`+left, december)
+	check("1 more on the first: December's budget is shared", spend(0, 1), 429, left, `"spend";r=0;t=`+left, december)
+
+	out, err := runCommand(t, "status", "--zone", "spend", "--key", "finance", "--address", "localhost:2999")
+	for _, want := range []string{"500", "month", "Asia/Tokyo", "2026-12-01T00:00:00+09:00", "2027-01-01T00:00:00+09:00"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("caddy sliding-ratelimit status: %v, printed\n%s\nwant %s in it", err, out, want)
+		}
+	}
+	zones := commandJSON[adminapi.ZonesAnswer](t, "zones")
+	if len(zones.Zones) != 1 || zones.Zones[0].Identity != "spend:month" || zones.Zones[0].Period == nil || zones.Zones[0].WindowSeconds != 31*24*3600 {
+		t.Errorf("zones: %+v; want spend:month, its period, and December's length as its window", zones.Zones)
+	}
+}
