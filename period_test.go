@@ -191,3 +191,52 @@ func TestLoadTimeZone(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONPeriodRules: period and time_zone break the same rules in JSON as
+// in the Caddyfile, in the same words.
+func TestJSONPeriodRules(t *testing.T) {
+	for _, c := range []struct{ config, want string }{
+		{`{"zones": [{"name": "a", "period": "monthly", "max_requests": 1}]}`, `zone a: period must be day, week or month, got "monthly" (did you mean month?)`},
+		{`{"zones": [{"name": "a", "period": "month", "window": "720h", "max_requests": 1}]}`, "zone a: period month and window 720h0m0s exclude each other"},
+		{`{"zones": [{"name": "a", "window": "1h", "max_requests": 1, "time_zone": "Europe/Berlin"}]}`, "zone a: time_zone Europe/Berlin needs a period"},
+		{`{"zones": [{"name": "a", "period": "day", "max_requests": 1, "time_zone": "Europe/Berln"}]}`, `zone a: time_zone "Europe/Berln" is not a time zone name`},
+		{`{"zones": [{"name": "a", "period": "day", "max_requests": 1, "algorithm": "counter"}]}`, "zone a: a day period counts with algorithm log"},
+		{`{"zones": [{"name": "a", "period": "week", "max_requests": 1, "wait": "1s"}]}`, "zone a: a week period takes no wait"},
+		{`{"zones": [{"name": "a", "concurrent": 1, "period": "day"}]}`, "zone a: a concurrency zone counts requests in flight, not in a window: remove period"},
+		{`{"window": "1h", "max_requests": 1, "time_zone": "Asia/Tokyo"}`, "time_zone Asia/Tokyo needs a period: window day, week or month, at the top or in a zone"},
+		{`{"period": "month", "max_requests": 1, "wait": "1s"}`, "a month period takes no wait"},
+		{`{"period": "fortnight", "max_requests": 1}`, `period must be day, week or month, got "fortnight"`},
+	} {
+		err := provisionError(t, c.config)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want one containing %q", c.config, err, c.want)
+		}
+	}
+}
+
+// TestPeriodZoneIdentity: a period zone's identity ends with its period,
+// and each period's state adds the period's start; the handler's time_zone
+// is its zones', and its algorithm is its sliding zones'.
+func TestPeriodZoneIdentity(t *testing.T) {
+	setPeriodClock(t, t.TempDir()+"/clock", time.Date(2026, 12, 31, 20, 0, 0, 0, time.UTC))
+	h, err := provisioned(t, `{"period": "day", "max_requests": 5, "time_zone": "Asia/Tokyo",
+		"zones": [{"name": "spend", "period": "month", "max_requests": 9, "count_status": [200], "settle": {"header": "X-Usage"}},
+			{"name": "weekly", "period": "week", "max_requests": 9, "time_zone": "UTC"},
+			{"name": "burst", "window": "1s", "max_requests": 9, "algorithm": "counter"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := periodNow()
+	for i, want := range []string{"default:day=2027-01-01", "spend:200:header-x-usage:month=2027-01", "weekly:week=2026-W53", "burst:counter:1s"} {
+		if got := h.zones[i].state(now); got != want {
+			t.Errorf("zone %s: state %q, want %q", h.zones[i].Name, got, want)
+		}
+	}
+	h, err = provisioned(t, `{"algorithm": "counter", "zones": [{"name": "spend", "period": "month", "max_requests": 9}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.zones[0].limit.Algorithm; got != limiter.SlidingLog {
+		t.Errorf("a period zone under the handler's algorithm counter counts with %v, want log", got)
+	}
+}

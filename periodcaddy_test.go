@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/adminapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/redisconn"
 )
 
 // periodClockEnv names, for a Caddy process the test binary runs
@@ -112,8 +114,52 @@ func TestMonthBudgetResetsAtMidnightOfTheFirst(t *testing.T) {
 			t.Errorf("caddy sliding-ratelimit status: %v, printed\n%s\nwant %s in it", err, out, want)
 		}
 	}
+	blocked := commandJSON[adminapi.BlockedAnswer](t, "blocked")
+	// The clock stood still meanwhile: November's denial is still cached
+	// too, until its 30 s pass on the deny cache's own clock.
+	if b := blocked.Blocked; len(b) == 0 || b[0].Zone != "spend" || b[0].Identity != "spend:month" || b[0].RetryAfterSeconds > 31*24*3600-5 || b[0].RetryAfterSeconds < 31*24*3600-65 {
+		t.Errorf("blocked: %+v; want first the client in spend (spend:month) until December ends", blocked.Blocked)
+	}
+	if reset := commandJSON[adminapi.ResetAnswer](t, "reset", "--zone", "spend", "--key", "finance"); !reset.Reset {
+		t.Errorf("reset: %+v", reset)
+	}
+	check("1 on the first after a reset of December", spend(0, 1), 200, "", `"spend";r=499;t=`+left, december)
+
 	zones := commandJSON[adminapi.ZonesAnswer](t, "zones")
 	if len(zones.Zones) != 1 || zones.Zones[0].Identity != "spend:month" || zones.Zones[0].Period == nil || zones.Zones[0].WindowSeconds != 31*24*3600 {
 		t.Errorf("zones: %+v; want spend:month, its period, and December's length as its window", zones.Zones)
+	}
+}
+
+// TestPeriodAnnouncementsReachTheDenyCache: a reset or refund that another
+// instance announces for a period's state drops the denial this instance
+// caches for it; one for another zone's state does not.
+func TestPeriodAnnouncementsReachTheDenyCache(t *testing.T) {
+	setPeriodClock(t, filepath.Join(t.TempDir(), "clock"), time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC))
+	in := newInstance(t, `{"zones": [{"name": "daily", "period": "day", "max_requests": 1}],
+		"redis": "`+sharedRedis.URL()+`", "key_prefix": "`+uniquePrefix(t)+`"}`)
+	const ip = "203.0.113.47"
+	for i, want := range []int{200, 429} {
+		if got := send(t, "/", to(in), from(ip)).status; got != want {
+			t.Fatalf("request %d: status %d, want %d", i+1, got, want)
+		}
+	}
+	if n := cached(in.Handler); n != 1 {
+		t.Fatalf("%d denials cached, want 1", n)
+	}
+	in.backend.Announced(in.backend.redis.Key("daily:day=2026-12-06", ip), redisconn.Freed)
+	in.backend.Announced(in.backend.redis.Key("other:day=2026-12-07", ip), redisconn.Reset)
+	if n := cached(in.Handler); n != 1 {
+		t.Errorf("announcements of yesterday's state and of another zone: %d denials cached, want 1", n)
+	}
+	in.backend.Announced(in.backend.redis.Key("daily:day=2026-12-07", ip), redisconn.Reset)
+	if n := cached(in.Handler); n != 0 {
+		t.Errorf("after an announced reset of today's state, %d denials cached, want 0", n)
+	}
+	if err := in.backend.redis.Reset(context.Background(), "daily:day=2026-12-07", ip); err != nil {
+		t.Fatal(err)
+	}
+	if got := send(t, "/", to(in), from(ip)).status; got != 200 {
+		t.Errorf("after the reset: status %d, want 200", got)
 	}
 }
