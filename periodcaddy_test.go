@@ -163,3 +163,11 @@ func TestPeriodAnnouncementsReachTheDenyCache(t *testing.T) {
 		t.Errorf("after the reset: status %d, want 200", got)
 	}
 }
+
+// monthSeconds is the length in seconds of the month that holds now in a
+// time zone: RateLimit-Policy's w of a month zone.
+func monthSeconds(t *testing.T, timeZone string) string {
+	t.Helper()
+	s := newPeriod(periodMonth, mustLoad(t, timeZone), "").at(periodNow())
+	return strconv.FormatInt(int64(s.end.Sub(s.start)/time.Second), 10)
+}
