@@ -171,3 +171,33 @@ func monthSeconds(t *testing.T, timeZone string) string {
 	s := newPeriod(periodMonth, mustLoad(t, timeZone), "").at(periodNow())
 	return strconv.FormatInt(int64(s.end.Sub(s.start)/time.Second), 10)
 }
+
+// TestDayPeriodAcrossDaylightSaving: a day budget in New York on the day
+// the clocks spring forward is 23 hours long, refused until its midnight
+// and whole after it, on an instance of its own (the in-process store).
+func TestDayPeriodAcrossDaylightSaving(t *testing.T) {
+	newYork := mustLoad(t, "America/New_York")
+	clockFile := filepath.Join(t.TempDir(), "clock")
+	setPeriodClock(t, clockFile, time.Date(2026, 3, 8, 23, 59, 50, 0, newYork))
+	in := newInstance(t, `{"zones": [{"name": "daily", "period": "day", "max_requests": 2, "time_zone": "America/New_York"}]}`)
+	const ip = "203.0.113.48"
+	for i, want := range []struct {
+		status            int
+		retryAfter, limit string
+	}{
+		{200, "", `"daily";r=1;t=10`},
+		{200, "", `"daily";r=0;t=10`},
+		{429, "10", `"daily";r=0;t=10`},
+	} {
+		a := send(t, "/", to(in), from(ip))
+		if a.status != want.status || a.header.Get("Retry-After") != want.retryAfter || a.header.Get("RateLimit") != want.limit ||
+			a.header.Get("RateLimit-Policy") != `"daily";q=2;w=82800` {
+			t.Errorf("request %d on the 23-hour day: status %d, Retry-After %q, RateLimit %q, RateLimit-Policy %q; want %d, %q, %q, w=82800",
+				i+1, a.status, a.header.Get("Retry-After"), a.header.Get("RateLimit"), a.header.Get("RateLimit-Policy"), want.status, want.retryAfter, want.limit)
+		}
+	}
+	setPeriodClock(t, clockFile, time.Date(2026, 3, 9, 0, 0, 0, 0, newYork))
+	if a := send(t, "/", to(in), from(ip)); a.status != 200 || a.header.Get("RateLimit") != `"daily";r=1;t=86400` {
+		t.Errorf("at midnight: status %d, RateLimit %q; want 200 and a whole day of 24 hours", a.status, a.header.Get("RateLimit"))
+	}
+}
