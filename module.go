@@ -38,7 +38,8 @@ const (
 type Handler struct {
 	// Window, with MaxRequests, defines the zone named "default": at most
 	// MaxRequests requests of one client in any span of Window, counted back
-	// from each request. Required unless Zones are given; greater than zero.
+	// from each request. Required unless Zones (or Period) are given;
+	// greater than zero.
 	// Handlers of one config whose "default" zones have the same window and
 	// max_requests (and store) share one limit; since nobody chose that
 	// name, provisioning warns about it, naming the handlers. Name the zone

@@ -42,9 +42,10 @@ type Zone struct {
 	Name string `json:"name,omitempty"`
 
 	// Window is the span in which at most MaxRequests requests of one client
-	// are admitted, counted back from each request. Required; greater than
-	// zero. A reload that changes it keeps the counts of a log zone, and
-	// starts a counter zone's clients over (see zoneIdentity).
+	// are admitted, counted back from each request. Required unless Period
+	// is given; greater than zero. A reload that changes it keeps the
+	// counts of a log zone, and starts a counter zone's clients over (see
+	// zoneIdentity).
 	Window caddy.Duration `json:"window,omitempty"`
 
 	// Period makes the zone count by the calendar instead of a sliding
