@@ -201,3 +201,23 @@ func TestDayPeriodAcrossDaylightSaving(t *testing.T) {
 		t.Errorf("at midnight: status %d, RateLimit %q; want 200 and a whole day of 24 hours", a.status, a.header.Get("RateLimit"))
 	}
 }
+
+// TestPeriodWithFailModeLocal: while Redis is away, the in-process store
+// decides a period zone with the same limit, and its denials say when the
+// period ends too.
+func TestPeriodWithFailModeLocal(t *testing.T) {
+	setPeriodClock(t, filepath.Join(t.TempDir(), "clock"), time.Date(2026, 12, 7, 23, 59, 50, 0, time.UTC))
+	port, err := freeLoopbackPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := newInstance(t, `{"zones": [{"name": "local_daily", "period": "day", "max_requests": 1}],
+		"redis": "redis://127.0.0.1:`+strconv.Itoa(port)+`", "fail_mode": "local", "key_prefix": "`+uniquePrefix(t)+`"}`)
+	const ip = "203.0.113.49"
+	if a := send(t, "/", to(in), from(ip)); a.status != 200 || a.header.Get("RateLimit") != `"local_daily";r=0;t=10` {
+		t.Errorf("first request: status %d, RateLimit %q; want 200, t=10", a.status, a.header.Get("RateLimit"))
+	}
+	if a := send(t, "/", to(in), from(ip)); a.status != 429 || a.header.Get("Retry-After") != "10" {
+		t.Errorf("second request: status %d, Retry-After %q; want 429, 10", a.status, a.header.Get("Retry-After"))
+	}
+}
