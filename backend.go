@@ -87,6 +87,13 @@ type backend struct {
 	// key layout) and its connection (breaker, reset bus).
 	redis *limiter.RedisStore
 	conn  *redisconn.Conn
+	// servers names the Redis servers that answered last (see
+	// redisconn.Conn.Servers): another name after an outage is a failover or
+	// a restart, which may have lost writes (see recover).
+	servers atomic.Value
+	// interruptions is the store's Interruptions when answered last read
+	// it.
+	interruptions atomic.Uint64
 
 	keyPrefix string
 	timeout   time.Duration
@@ -166,6 +173,7 @@ func (b *backend) connect(cfg backendConfig) error {
 		return err
 	} else {
 		warnMemory(conn, cfg)
+		b.noteServers(cfg.timeout)
 	}
 	store, release, err := loadRedisStore(cfg.topology, cfg.redis, limiter.RedisOptions{
 		KeyPrefix: cfg.keyPrefix,
@@ -336,23 +344,34 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 // it in the next outage (fail_mode local), and the first answer after one
 // charges Redis with what the fallback admitted meanwhile.
 func (b *backend) answered(checks []limiter.Check, decisions []limiter.Decision) {
-	if b.fallback.Active() && b.charging.CompareAndSwap(false, true) {
+	if n := b.redis.Interruptions(); n != b.interruptions.Load() {
+		// A connection closed under a call, a script gone: Redis may
+		// have restarted.
+		b.interruptions.Store(n)
+		b.fallback.Lost()
+	}
+	if (b.fallback.Active() || b.fallback.Losing()) && b.charging.CompareAndSwap(false, true) {
 		b.recovering.Go(func() {
 			defer b.charging.Store(false)
 			b.recover()
 		})
 	}
-	if b.mode == redisWithLocal {
-		b.fallback.Observe(checks, decisions)
-	}
+	// In every fail mode: a failover that loses writes is repaired from
+	// what Redis said (see limiter.Fallback.Repair).
+	b.fallback.Observe(checks, decisions)
 }
 
-// recover charges Redis with what the fallback admitted while it was away
-// or full: the charges come after the outage's last local decision, so the
-// windows that span it hold what the instances admitted on both sides.
+// recover charges Redis, when it answers after failing, with what it may
+// have lost (a failover, a restart) and what the fallback admitted while it
+// was away or full: the charges come after the outage's last local
+// decision, so the windows that span it hold what the instances admitted
+// on both sides.
 func (b *backend) recover() {
 	ctx, cancel := context.WithTimeout(context.Background(), b.operatorTimeout())
 	defer cancel()
+	if b.fallback.Losing() && !b.repair(ctx) {
+		return
+	}
 	clients, err := b.fallback.Recovered(ctx, b.redis)
 	if err != nil {
 		b.settleFailures.record(b.failMode, fmt.Errorf("charging redis with what was admitted in process while it was away: %w", err))
@@ -361,6 +380,41 @@ func (b *backend) recover() {
 	if clients > 0 {
 		b.logger.Info("redis answers again: what was admitted in process meanwhile is charged to it",
 			zap.String("redis", b.conn.Label()), zap.Int("clients", clients))
+	}
+}
+
+// repair charges Redis, when it answers after failing as another server
+// than before (a failover, a restart: see redisconn.Conn.Servers) or as one
+// that does not say, each client this instance saw in its window at least
+// what Redis last said of it (limiter.Fallback.Repair). It reports whether
+// Redis took the charges.
+func (b *backend) repair(ctx context.Context) bool {
+	before, _ := b.servers.Load().(string)
+	now, err := b.conn.Servers(ctx)
+	if err == nil && now != "" && now == before {
+		b.fallback.Kept()
+		return true
+	}
+	clients, err := b.fallback.Repair(ctx, b.redis)
+	if err != nil {
+		b.settleFailures.record(b.failMode, fmt.Errorf("charging redis, back after failing, with what it may have lost: %w", err))
+		return false
+	}
+	if now != "" {
+		b.servers.Store(now)
+	}
+	b.logger.Info("redis answers again, as another server (a failover or a restart) or one that does not name itself: "+
+		"each client seen in its window is charged at least what redis last said of it, so that lost writes hand out no fresh limit",
+		zap.String("redis", b.conn.Label()), zap.Int("clients_charged", clients))
+	return true
+}
+
+// noteServers names the servers Redis answers from at start (see repair).
+func (b *backend) noteServers(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Second))
+	defer cancel()
+	if servers, err := b.conn.Servers(ctx); err == nil {
+		b.servers.Store(servers)
 	}
 }
 
@@ -527,6 +581,10 @@ func (b *backend) failed(err error) {
 		return
 	}
 	b.failures.record(b.failMode, err)
+	// Redis may come back as a replica that lost the last writes.
+	if b.fallback != nil {
+		b.fallback.Lost()
+	}
 }
 
 // settleIn settles checks in the store that src says took them, and waits

@@ -53,6 +53,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			count_status <code|class>...
 //			wait         <duration>
 //			price        <model> <kind> <$/M tokens>...
+//			warn         <percent>%
+//			mode         enforce|report
 //			match {
 //				<matchers>
 //			}
@@ -273,7 +275,7 @@ var (
 	limitSubdirectives   = []string{"window", "time_zone", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
 	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
 		"redis", "key_prefix", "timeout", "wait", "max_waiting"}, limitSubdirectives...)
-	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease", "price", "price_table"}, limitSubdirectives...)
+	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease", "price", "price_table", "warn", "mode"}, limitSubdirectives...)
 )
 
 // parseLimitOption parses a subdirective that both the handler and a zone
@@ -382,6 +384,9 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 		if err == nil && !handled {
 			handled, err = parseZoneTimeOption(d, name, z)
 		}
+		if err == nil && !handled {
+			handled, err = parseZoneSoftOption(d, name, z)
+		}
 		if err != nil {
 			return nil, 0, err
 		}
@@ -414,6 +419,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 		checkPeriod(z.Period, z.TimeZone, time.Duration(z.Window), z.Algorithm, time.Duration(z.Wait)),
+		checkZoneMode(z.Mode, time.Duration(z.Wait)),
 	} {
 		if err != nil {
 			return nil, 0, d.Errf("zone %s: %v", z.Name, err)
@@ -426,12 +432,14 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 //
 //	price <model pattern> <kind> <dollars per million tokens> [<kind> <dollars>]...
 //
-// with kinds input, cached, cache_write and output, and checks it against
-// the lines before it.
+// with kinds input, cached, cache_write and output, and the optional
+// cache_write_1h, audio_input, audio_output (dollars per million tokens)
+// and web_search (dollars per 1,000 searches), and checks it against the
+// lines before it.
 func parsePrice(d *caddyfile.Dispenser, z *Zone) error {
 	args := d.RemainingArgs()
 	if len(args) < 3 || len(args)%2 == 0 {
-		return d.Errf("zone %s: price takes a model pattern, then kinds and dollars per million tokens: price <model> input <$/M> output <$/M> [cached <$/M>] [cache_write <$/M>] (price gpt-4o* input 2.50 cached 1.25 output 10), got %q", z.Name, args)
+		return d.Errf("zone %s: price takes a model pattern, then kinds and dollars per million tokens: price <model> input <$/M> output <$/M> [cached <$/M>] [cache_write <$/M>] [cache_write_1h <$/M>] [audio_input <$/M>] [audio_output <$/M>] [web_search <$/1000>] (price gpt-4o* input 2.50 cached 1.25 output 10), got %q", z.Name, args)
 	}
 	p := &Price{Model: args[0]}
 	for i := 1; i < len(args); i += 2 {
@@ -477,6 +485,31 @@ func parseZoneTimeOption(d *caddyfile.Dispenser, name string, z *Zone) (bool, er
 	return false, nil
 }
 
+// parseZoneSoftOption parses a zone's warn <percent>% and mode. It
+// reports false for any other name.
+func parseZoneSoftOption(d *caddyfile.Dispenser, name string, z *Zone) (bool, error) {
+	switch name {
+	case "warn":
+		arg, err := oneArg(d)
+		if err != nil {
+			return true, err
+		}
+		digits, ok := strings.CutSuffix(arg, "%")
+		n, err := strconv.Atoi(digits)
+		if !ok || err != nil {
+			return true, d.Errf("zone %s: warn takes a share of max_requests in percent, from 1%% to 99%% (warn 80%%), got %q", z.Name, arg)
+		}
+		if err := checkWarnPercent(n); err != nil || n == 0 {
+			return true, d.Errf("zone %s: warn must be a share from 1%% to 99%% of max_requests, got %q", z.Name, arg)
+		}
+		z.WarnPercent = n
+		return true, nil
+	case "mode":
+		return true, oneOf(d, modeEnum, &z.Mode)
+	}
+	return false, nil
+}
+
 // subdirectiveSyntax is the form of each subdirective that takes one
 // argument, for errors that say what was expected.
 var subdirectiveSyntax = map[string]string{
@@ -492,6 +525,7 @@ var subdirectiveSyntax = map[string]string{
 	"key_prefix":  "key_prefix <string>",
 	"timeout":     "timeout <duration>",
 	"wait":        "wait <duration>",
+	"warn":        "warn <percent>%",
 	"max_waiting": "max_waiting <n>",
 	"concurrent":  "concurrent <n>",
 	"lease":       "lease <duration>",

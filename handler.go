@@ -36,7 +36,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return caddyhttp.Error(http.StatusInternalServerError, err)
 	}
+	report := req.takeReport()
 	if len(req.checks) == 0 {
+		if report != nil {
+			// Only zones in report mode apply: the request goes on.
+			return h.serveAdmitted(w, r, next, &req, report, fromStore)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	source, waiting, err := fromNoStore, false, error(nil)
@@ -68,14 +73,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	writeSDKHeaders(w.Header(), h.Headers, r, req.zones, req.checks, req.decisions)
 	setPlaceholders(r, repl, req.zones[shown], req.checks[shown], req.decisions[shown])
 	if limiter.Admitted(req.decisions) {
-		count(req.zones, source.allowed())
-		next = h.leases.around(next, &req, source)
-		if h.afterResponse {
-			return serveSettled(w, r, next, h.backend, &req, source)
-		}
-		return next.ServeHTTP(w, r)
+		return h.serveAdmitted(w, r, next, &req, report, source)
 	}
 	return h.deny(w, r, next, &req, shown, source)
+}
+
+// serveAdmitted passes on a request that src admitted: counted, decided in
+// the zones in report mode (report, nil when none applies), its soft limits
+// noted, its leases held while it runs and what it cost settled after.
+func (h *Handler) serveAdmitted(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, req, report *request, src source) error {
+	count(req.zones, src.allowed())
+	if report != nil {
+		h.decideReport(r.Context(), req, report, src)
+	}
+	softLimits{h.logger, h.events, h.ctx, h.LogKeys}.note(req)
+	next = h.leases.around(next, req, src)
+	if h.afterResponse {
+		return serveSettled(w, r, next, h.backend, req, src)
+	}
+	return next.ServeHTTP(w, r)
 }
 
 // failed applies fail_mode open or closed to a request the store could not

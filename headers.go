@@ -85,7 +85,7 @@ func policyOf(z *Zone, c limiter.Check) string {
 // (draft-ietf-httpapi-ratelimit-headers-11), in each zone's units:
 //
 //	RateLimit-Policy: "<zone>";q=<max>[;qu="<unit>"];w=<window seconds>, ... (every zone applied)
-//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free>, ... (every zone applied whose state was read, the shown one first)
+//	RateLimit: "<zone>";r=<remaining>;t=<seconds until units free>[;srl-warn], ... (every zone applied whose state was read, the shown one first)
 //
 // and with mode legacy also X-RateLimit-Limit, X-RateLimit-Remaining and
 // X-RateLimit-Reset (seconds) of the shown zone, the most restrictive. The
@@ -108,12 +108,14 @@ func writeHeaders(h http.Header, mode string, zones []*Zone, checks []limiter.Ch
 	}
 	z, d := zones[shown], decisions[shown]
 	var buf [96 * maxInlineZones]byte
-	item := appendRateLimitItem(buf[:0], z, d)
+	// The most restrictive decision admits only when every zone does.
+	admitted := d.Allowed
+	item := appendRateLimitItem(buf[:0], z, checks[shown], d, admitted)
 	if len(zones) > 1 {
 		var orderBuf [maxInlineZones]int
 		for _, i := range nearestFirst(orderBuf[:0], checks, decisions, shown) {
 			item = append(item, ", "...)
-			item = appendRateLimitItem(item, zones[i], decisions[i])
+			item = appendRateLimitItem(item, zones[i], checks[i], decisions[i], admitted)
 		}
 	}
 	if mode != headersLegacy {
@@ -229,8 +231,10 @@ var (
 	}
 )
 
-// appendRateLimitItem appends zone z's RateLimit item for decision d.
-func appendRateLimitItem(item []byte, z *Zone, d limiter.Decision) []byte {
+// appendRateLimitItem appends zone z's RateLimit item for decision d of
+// check c, with warnParam when the request was admitted and its client has
+// reached the zone's soft limit.
+func appendRateLimitItem(item []byte, z *Zone, c limiter.Check, d limiter.Decision, admitted bool) []byte {
 	item = append(item, z.quotedName...)
 	item = append(item, ";r="...)
 	item = strconv.AppendInt(item, d.Remaining, 10)
@@ -238,6 +242,9 @@ func appendRateLimitItem(item []byte, z *Zone, d limiter.Decision) []byte {
 		// A slot in flight frees when a request ends: no time to say.
 		item = append(item, ";t="...)
 		item = strconv.AppendInt(item, ceilSeconds(d.Reset), 10)
+	}
+	if admitted && z.warns(c, d) {
+		item = append(item, warnParam...)
 	}
 	return item
 }

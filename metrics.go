@@ -17,6 +17,9 @@ const (
 	resultFailedClosed = "failed_closed"
 	resultLocalAllowed = "local_allowed"
 	resultLocalDenied  = "local_denied"
+	// resultReportDenied: a zone in mode report would have denied the
+	// request; it went on, and the zone did not count it.
+	resultReportDenied = "report_denied"
 )
 
 // Store error reasons, the values of the reason label of store_errors_total.
@@ -54,6 +57,7 @@ var limiterMetrics struct {
 	// Priced zones: see price.go.
 	spentMicros    *prometheus.CounterVec
 	unpricedModels *prometheus.CounterVec
+	unpricedUsage  *prometheus.CounterVec
 	// bodyRefusals counts requests refused before the upstream because
 	// their body could not be priced (units.go).
 	bodyRefusals *prometheus.CounterVec
@@ -64,6 +68,8 @@ var limiterMetrics struct {
 	// storeErrors counts store errors that have a reason of their own (see
 	// backend.go and lease.go).
 	storeErrors *prometheus.CounterVec
+	// softLimitsReached: see softlimit.go.
+	softLimitsReached *prometheus.CounterVec
 	// configWarnings: see warnings.go.
 	configWarnings prometheus.Gauge
 }
@@ -78,7 +84,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	m.once.Do(func() {
 		m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "decisions_total",
-			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, and local_allowed and local_denied by the in-process store while Redis fails with fail_mode local).",
+			Help: "Rate-limit decisions by zone and result (allowed, denied, failed_open, failed_closed, and local_allowed and local_denied by the in-process store while Redis fails with fail_mode local; report_denied: a zone in mode report would have denied the request, which went on).",
 		}, []string{"zone", "result"})
 		m.denyCacheHits = perZone("deny_cache_hits_total",
 			"Denials answered by the local deny cache without a Redis call.")
@@ -124,6 +130,10 @@ func initMetrics(registry *prometheus.Registry) error {
 			"Millionths of a US dollar spent in zones with prices: each admitted call's final cost (what its usage settled to, or its reservation when it reported none). Also in units_total.")
 		m.unpricedModels = perZone("unpriced_model_calls_total",
 			"Calls of zones with prices whose model no price line matched, so that they were priced at the dearest price of each kind listed.")
+		m.unpricedUsage = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "unpriced_usage_total",
+			Help: "Calls of zones with prices that reported usage their model's prices do not price, by kind (a dimension: audio_input, audio_output, cache_write, cache_write_1h, ...; service_tier, a tier not priced; web_search, a search fee not listed): charged at the model's dearest rate (a search at the dearest fee listed).",
+		}, []string{"zone", "kind"})
 		m.bodyRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Subsystem: sub, Name: "body_refusals_total",
 			Help: "Requests of zones with cost json or cost llm refused before they reached the next handler, by reason: slow (408, the body did not arrive whole in time), not_json (400, cost llm could not read the body as one JSON value), unbounded (400, cost llm could not bound what the call may spend: input by reference, a hosted tool, a field, part type or path it does not know; a zone with a ceiling reserves it instead).",
@@ -132,6 +142,8 @@ func initMetrics(registry *prometheus.Registry) error {
 			Namespace: ns, Subsystem: sub, Name: "store_errors_total",
 			Help: "Store errors by reason: oom (Redis refused a call for lack of memory, maxmemory reached with noeviction: the fail mode applied), data_lost (a running request's lease was gone from Redis before its lease time: Redis lost its data, by a restart, a FLUSHALL or an eviction).",
 		}, []string{"reason"})
+		m.softLimitsReached = perZone("soft_limit_reached_total",
+			"Admitted requests that took their client's use of a zone with warn from below its share of max_requests to at or above it: one per client each time it reaches the share.")
 		m.configWarnings = prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: sub, Name: "config_warnings",
 			Help: "Warnings the handlers of the running config logged while they were provisioned (during a reload, of both configs).",
@@ -143,7 +155,7 @@ func initMetrics(registry *prometheus.Registry) error {
 	for _, c := range []prometheus.Collector{m.decisions, m.denyCacheHits, m.keyFallbacks, m.redisDuration, m.circuitState,
 		m.waitSeconds, m.waitsAbandoned, m.waitRoomFull, m.waiting, m.leasesInUse, m.leasesLost,
 		m.unitsAdmitted, m.costFallbacks, m.quotaFallbacks, m.settleFallbacks, m.bodyRefusals, m.storeErrors, m.configWarnings,
-		m.evictedKeys, m.spentMicros, m.unpricedModels} {
+		m.evictedKeys, m.spentMicros, m.unpricedModels, m.unpricedUsage, m.softLimitsReached} {
 		if err := registry.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

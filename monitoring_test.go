@@ -310,8 +310,9 @@ func (p *promServer) query(expr string) []series {
 }
 
 // monitoredSite has a zone of each kind the dashboard shows: one that
-// denies, one that waits, a concurrency zone and one that counts units.
-func monitoredSite(redisURL, prefix, api string) string {
+// denies, one that waits, a concurrency zone and one that counts units;
+// and one with a soft limit, another in report mode.
+func monitoredSite(redisURL, prefix, api, soft string) string {
 	return `:9080 {
 	sliding_ratelimit {
 		key {http.request.header.X-Client}
@@ -352,7 +353,21 @@ func monitoredSite(redisURL, prefix, api string) string {
 				path /spend/*
 			}
 		}
+		zone ` + soft + ` 1m 10 {
+			warn 80%
+			match {
+				path /soft/*
+			}
+		}
+		zone trial 1m 1 {
+			mode report
+			match {
+				path /soft/*
+			}
+		}
 	}
+	# A priced call's answer reports audio, which no line prices.
+	respond /spend/* ` + "`" + `{"usage": {"prompt_tokens": 1, "completion_tokens": 2, "completion_tokens_details": {"audio_tokens": 1}}}` + "`" + `
 	respond "ok"
 }
 `
@@ -368,9 +383,13 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	srv := redistest.Start(t)
 	// The counters are the process's, kept across configs: a zone name of
 	// its own starts this test's at 0.
-	api := uniqueZone("api")
-	startCaddy(t, monitoredSite(srv.URL(), uniquePrefix(t), api))
+	api, soft := uniqueZone("api"), uniqueZone("soft")
+	startCaddy(t, monitoredSite(srv.URL(), uniquePrefix(t), api, soft))
 	prom := startPrometheus(t)
+	// A scrape before the soft limit is reached: increase() needs the 0.
+	prom.waitFor("a scrape of the soft limit's counter at 0", func() bool {
+		return len(prom.query(`caddy_sliding_ratelimit_soft_limit_reached_total{zone="`+soft+`"} == 0`)) == 1
+	})
 
 	const client = "client-key-of-a-watched-tenant"
 	from := withHeader("X-Client", client)
@@ -381,10 +400,18 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 	send(t, site+"hooks/x", from) // held for about a second
 	send(t, site+"reports/x", from)
 	send(t, site+"llm/x", from)
-	// A priced call of a model no line prices: spend and an unpriced call.
+	// A priced call of a model no line prices: spend, an unpriced call and
+	// unpriced usage.
 	send(t, site+"spend/v1/chat/completions", from, withMethod(http.MethodPost), withBody("application/json", `{"model": "unlisted-model", "max_tokens": 10}`))
 	prom.waitFor("a scrape with the denials", func() bool {
 		return len(prom.query(`caddy_sliding_ratelimit_decisions_total{zone="`+api+`",result="denied"} == 2`)) == 1
+	})
+	// 8 of 10 is the soft limit's 80%; the report zone would deny 7.
+	for range 8 {
+		send(t, site+"soft/x", from)
+	}
+	prom.waitFor("the soft limit's alert firing", func() bool {
+		return len(prom.query(`ALERTS{alertname="SlidingRatelimitSoftLimitReached",alertstate="firing",zone="`+soft+`"}`)) == 1
 	})
 
 	// The outage: Redis stops; the api zone fails open for a client the deny
@@ -480,7 +507,7 @@ func TestMonitoringAgainstPrometheus(t *testing.T) {
 			if strings.Contains(value, client) {
 				t.Errorf("%v: label %s carries the client key", s.Metric, name)
 			}
-			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le", "reason"}, name) {
+			if !slices.Contains([]string{"__name__", "instance", "job", "zone", "result", "redis", "le", "reason", "kind"}, name) {
 				t.Errorf("%v: unexpected label %s", s.Metric, name)
 			}
 		}

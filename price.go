@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/bits"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +61,28 @@ type Price struct {
 	// included. Required (0 for a model that generates nothing, such as
 	// embeddings).
 	Output json.Number `json:"output,omitempty"`
+
+	// CacheWrite1h is the price of input tokens written to a cache that
+	// keeps them an hour: Anthropic's
+	// cache_creation.ephemeral_1h_input_tokens. Default: none, so that a
+	// call that reports them pays the line's dearest price for them (and
+	// is counted in unpriced_usage_total).
+	CacheWrite1h json.Number `json:"cache_write_1h,omitempty"`
+
+	// AudioInput and AudioOutput are the prices of audio tokens: OpenAI's
+	// prompt_tokens_details.audio_tokens and
+	// completion_tokens_details.audio_tokens. Default: none, as for
+	// CacheWrite1h.
+	AudioInput  json.Number `json:"audio_input,omitempty"`
+	AudioOutput json.Number `json:"audio_output,omitempty"`
+
+	// WebSearch is the fee of 1,000 web searches a server tool made, in
+	// dollars, as the vendors publish it (10 for Anthropic's $10 per
+	// 1,000): server_tool_use.web_search_requests. Default: none, so that
+	// a call that reports searches pays the dearest fee of the zone's
+	// price table, else of its lines, else $0.035 each (the dearest
+	// published, Gemini's grounding), and is counted.
+	WebSearch json.Number `json:"web_search,omitempty"`
 }
 
 // priceKinds are the kinds of token a line prices, as the Caddyfile and the
@@ -76,6 +97,10 @@ var priceKinds = []priceKind{
 	{"cached", func(p *Price) *json.Number { return &p.Cached }},
 	{"cache_write", func(p *Price) *json.Number { return &p.CacheWrite }},
 	{"output", func(p *Price) *json.Number { return &p.Output }},
+	{"cache_write_1h", func(p *Price) *json.Number { return &p.CacheWrite1h }},
+	{"audio_input", func(p *Price) *json.Number { return &p.AudioInput }},
+	{"audio_output", func(p *Price) *json.Number { return &p.AudioOutput }},
+	{"web_search", func(p *Price) *json.Number { return &p.WebSearch }},
 }
 
 // priceKindNames lists the kinds for errors and the syntax.
@@ -136,14 +161,29 @@ func digitsOnly(s string) bool {
 	return true
 }
 
-// rates are one model's prices, in pico-dollars per token of each kind.
+// rates are one model's prices, in pico-dollars per token of each kind:
+// the dearest of each kind, which a reservation prices, and the rate of
+// each dimension, which a settle prices.
 type rates struct {
 	input, cached, cacheWrite, output int64
+	// dims are the rates of each dimension; nil: the four above, at the
+	// standard service tier.
+	dims *llmprice.Prices
 }
 
 // dearestInput is the most an input token of the model can cost, whatever
 // the cache does with it: what a reservation prices its input bound at.
 func (r rates) dearestInput() int64 { return max(r.input, r.cached, r.cacheWrite) }
+
+// prices are the rates of each dimension.
+func (r rates) prices() *llmprice.Prices {
+	if r.dims != nil {
+		return r.dims
+	}
+	s := llmprice.Blank()
+	s[llmprice.Input], s[llmprice.Cached], s[llmprice.CacheWrite], s[llmprice.Output] = r.input, r.cached, r.cacheWrite, r.output
+	return &llmprice.Prices{Tiers: []llmprice.Tier{{Service: llmprice.Standard, Sheet: s}}, WebSearch: llmprice.Unlisted}
+}
 
 // dearest is the most any token of the model can cost.
 func (r rates) dearest() int64 { return max(r.dearestInput(), r.output) }
@@ -151,62 +191,60 @@ func (r rates) dearest() int64 { return max(r.dearestInput(), r.output) }
 // reserve is, in µ$ rounded up, what a call of input and output bounds
 // (tokens) may spend at most.
 func (r rates) reserve(input, output int64) int64 {
-	var s picoSum
-	s.add(input, r.dearestInput())
-	s.add(output, r.output)
-	return s.micros()
+	var s llmprice.Sum
+	s.Add(input, r.dearestInput())
+	s.Add(output, r.output)
+	return s.Micros()
 }
 
 // reserveDearest is, in µ$ rounded up, tokens of a call that could not be
 // bounded, each priced at the dearest kind.
 func (r rates) reserveDearest(tokens int64) int64 {
-	var s picoSum
-	s.add(tokens, r.dearest())
-	return s.micros()
+	var s llmprice.Sum
+	s.Add(tokens, r.dearest())
+	return s.Micros()
 }
 
-// charge is, in µ$ rounded up, what usage u cost: each kind at its own
-// price, each token once. Tokens of the vendor's own total that none of the
-// kinds holds (a total above the sum of its parts) are priced at the
-// dearest kind, since what they are is not known.
-func (r rates) charge(u llmapi.Usage) int64 {
-	var s picoSum
-	s.add(u.Input, r.input)
-	s.add(u.Cached, r.cached)
-	s.add(u.CacheWrite, r.cacheWrite)
-	s.add(u.Output, r.output)
+// charge is, in µ$ rounded up, what usage u cost: each dimension at its
+// own rate, each token once, and what the rates could not price
+// (charged at their dearest rate, or searches at searchFee each). Tokens
+// of the vendor's own total that none of the kinds holds (a total above
+// the sum of its parts) are priced at the dearest rate, since what they
+// are is not known.
+func (r rates) charge(u llmapi.Usage, searchFee int64) (int64, llmprice.Missed) {
+	var p llmprice.Usage
+	p.Tokens[llmprice.Input] = u.Input - u.AudioInput
+	p.Tokens[llmprice.AudioInput] = u.AudioInput
+	p.Tokens[llmprice.Cached] = u.Cached
+	p.Tokens[llmprice.CacheWrite] = u.CacheWrite - u.CacheWrite1h
+	p.Tokens[llmprice.CacheWrite1h] = u.CacheWrite1h
+	p.Tokens[llmprice.Output] = u.Output - u.AudioOutput
+	p.Tokens[llmprice.AudioOutput] = u.AudioOutput
 	kinds := min(u.Input+u.Cached+u.CacheWrite+u.Output, strictnum.Max)
 	if u.Reported > kinds {
-		s.add(u.Reported-kinds, r.dearest())
+		p.Unknown = u.Reported - kinds
 	}
-	return s.micros()
+	p.Prompt = min(u.Input+u.Cached+u.CacheWrite, strictnum.Max)
+	p.WebSearches = u.WebSearches
+	p.Service = serviceOf(u.Service)
+	return r.prices().Charge(p, searchFee)
 }
 
-// picoSum adds tokens × pico-dollars in 128 bits: tokens are at most 2^53
-// and a price at most 10^12, so no product nor sum of a few overflows.
-type picoSum struct{ hi, lo uint64 }
-
-func (s *picoSum) add(tokens, pico int64) {
-	if tokens <= 0 || pico <= 0 {
-		return
+// serviceOf reads the service tier a response names.
+func serviceOf(name string) llmprice.Service {
+	switch name {
+	case "":
+		return llmprice.Unreported
+	case "default", "auto", "standard":
+		return llmprice.Standard
+	case "priority":
+		return llmprice.Priority
+	case "flex":
+		return llmprice.Flex
+	case "batch":
+		return llmprice.Batch
 	}
-	hi, lo := bits.Mul64(uint64(tokens), uint64(pico))
-	var carry uint64
-	s.lo, carry = bits.Add64(s.lo, lo, 0)
-	s.hi += hi + carry
-}
-
-// micros is the sum in µ$, rounded up, at most strictnum.Max.
-func (s picoSum) micros() int64 {
-	const perMicro = 1_000_000
-	if s.hi >= perMicro {
-		return strictnum.Max
-	}
-	q, rem := bits.Div64(s.hi, s.lo, perMicro)
-	if rem > 0 {
-		q++
-	}
-	return int64(min(q, uint64(strictnum.Max)))
+	return llmprice.OtherService
 }
 
 // priceLine is one Price, read.
@@ -233,7 +271,20 @@ type priceTable struct {
 	warned   map[string]bool
 	// spent counts the µ$ the zone's calls settled to.
 	spent prometheus.Counter
+	// searchFee is what a web search costs where the prices do not say,
+	// in pico-dollars: the dearest fee listed, else fallbackSearchFee.
+	searchFee int64
+	// unpricedUsage counts, by dimension, the calls that reported usage
+	// their prices did not price; warnedUsage logs each model and
+	// dimension once.
+	unpricedUsage *prometheus.CounterVec
+	warnedUsage   map[string]bool
 }
+
+// fallbackSearchFee is a web search's fee when no price names one: $0.035,
+// the dearest a vendor publishes (Gemini's grounding with Google Search,
+// $35 per 1,000), in pico-dollars.
+const fallbackSearchFee = 35_000_000_000
 
 // maxUnpricedWarnings bounds the models a zone warns of: a client may name
 // any model, so that the log cannot be flooded.
@@ -242,11 +293,17 @@ const maxUnpricedWarnings = 100
 // newPriceTable reads prices, which checkPrices has accepted.
 func newPriceTable(zone string, prices []*Price, logger *zap.Logger) *priceTable {
 	t := &priceTable{logger: logger, zone: zone, warned: make(map[string]bool),
-		unpriced: limiterMetrics.unpricedModels.WithLabelValues(zone),
-		spent:    limiterMetrics.spentMicros.WithLabelValues(zone),
+		unpriced:      limiterMetrics.unpricedModels.WithLabelValues(zone),
+		spent:         limiterMetrics.spentMicros.WithLabelValues(zone),
+		unpricedUsage: limiterMetrics.unpricedUsage, warnedUsage: make(map[string]bool),
+		searchFee: fallbackSearchFee,
 	}
+	lineFee := llmprice.Unlisted
 	for _, p := range prices {
-		r, _ := p.rates()
+		r, err := p.rates()
+		if err == nil {
+			lineFee = max(lineFee, r.dims.WebSearch)
+		}
 		t.lines = append(t.lines, priceLine{pattern: strings.ToLower(p.Model), rates: r})
 		t.unmatched = rates{
 			input:      max(t.unmatched.input, r.input),
@@ -254,6 +311,9 @@ func newPriceTable(zone string, prices []*Price, logger *zap.Logger) *priceTable
 			cacheWrite: max(t.unmatched.cacheWrite, r.cacheWrite),
 			output:     max(t.unmatched.output, r.output),
 		}
+	}
+	if lineFee != llmprice.Unlisted {
+		t.searchFee = lineFee
 	}
 	return t
 }
@@ -276,6 +336,9 @@ func (t *priceTable) withTable(file *llmprice.Table) {
 		cacheWrite: max(t.unmatched.cacheWrite, d.CacheWrite),
 		output:     max(t.unmatched.output, d.Output),
 	}
+	if fee := file.DearestSearch(); fee != llmprice.Unlisted {
+		t.searchFee = fee
+	}
 }
 
 // lookup returns the rates of model: a line that names it whole, the
@@ -291,7 +354,7 @@ func (t *priceTable) lookup(model string) (rates, bool) {
 	}
 	if t.file != nil {
 		if m, ok := t.file.Lookup(model); ok {
-			return rates{input: m.Input, cached: m.Cached, cacheWrite: m.CacheWrite, output: m.Output}, true
+			return rates{input: m.Input, cached: m.Cached, cacheWrite: m.CacheWrite, output: m.Output, dims: &m.Prices}, true
 		}
 	}
 	for _, l := range t.lines {
@@ -333,9 +396,37 @@ func (t *priceTable) of(model string) rates {
 	return r
 }
 
+// charge is what a call of model that reported usage u cost, in µ$; the
+// usage its prices could not price is counted by dimension, and warned of
+// once per model and dimension (up to maxUnpricedWarnings).
+func (t *priceTable) charge(model string, u llmapi.Usage) int64 {
+	r, _ := t.lookup(model)
+	n, missed := r.charge(u, t.searchFee)
+	if missed == 0 {
+		return n
+	}
+	for _, kind := range missed.Names() {
+		if t.unpricedUsage != nil {
+			t.unpricedUsage.WithLabelValues(t.zone, kind).Inc()
+		}
+		t.mu.Lock()
+		key := model + "\x00" + kind
+		due := !t.warnedUsage[key] && len(t.warnedUsage) < maxUnpricedWarnings
+		if due {
+			t.warnedUsage[key] = true
+		}
+		t.mu.Unlock()
+		if due {
+			t.logger.Warn("a call reported usage its model's prices do not price: charged at the model's dearest rate (a web search at the dearest fee listed); add the price to the price line or table",
+				zap.String("zone", t.zone), zap.String("model", model), zap.String("dimension", kind))
+		}
+	}
+	return n
+}
+
 // rates reads the line's prices (defaults applied), or the first error.
 func (p *Price) rates() (rates, error) {
-	var r [4]int64
+	var r [8]int64
 	for i, k := range priceKinds {
 		v := *k.field(p)
 		switch {
@@ -345,18 +436,32 @@ func (p *Price) rates() (rates, error) {
 				return rates{}, fmt.Errorf("%s: %w", k.name, err)
 			}
 			r[i] = n
-		case k.name == "cached" || k.name == "cache_write":
-			r[i] = -1 // the input price, below
-		default:
+		case i < 4 && (k.name == "cached" || k.name == "cache_write"):
+			r[i] = -2 // the input price, below
+		case i < 4:
 			return rates{}, fmt.Errorf("needs an %s price (dollars per million tokens; 0 for none)", k.name)
+		default:
+			r[i] = llmprice.Unlisted
 		}
 	}
 	for _, i := range []int{1, 2} {
-		if r[i] < 0 {
+		if r[i] == -2 {
 			r[i] = r[0]
 		}
 	}
-	return rates{input: r[0], cached: r[1], cacheWrite: r[2], output: r[3]}, nil
+	sheet := llmprice.Blank()
+	sheet[llmprice.Input], sheet[llmprice.Cached], sheet[llmprice.CacheWrite], sheet[llmprice.Output] = r[0], r[1], r[2], r[3]
+	sheet[llmprice.CacheWrite1h], sheet[llmprice.AudioInput], sheet[llmprice.AudioOutput] = r[4], r[5], r[6]
+	search := r[7]
+	if search != llmprice.Unlisted {
+		// Dollars per 1,000 searches, read as per million: pico-dollars
+		// per 1,000 searches, a thousandth of that per search.
+		search *= 1000
+	}
+	return rates{
+		input: max(r[0], r[5]), cached: r[1], cacheWrite: max(r[2], r[4]), output: max(r[3], r[6]),
+		dims: &llmprice.Prices{Tiers: []llmprice.Tier{{Service: llmprice.Standard, Sheet: sheet}}, WebSearch: search},
+	}, nil
 }
 
 // globMatch reports whether s matches pattern, in which '*' matches any run

@@ -77,7 +77,7 @@ func TestRatesCharge(t *testing.T) {
 		{"a total above its parts: the rest at the dearest", gpt4o, llmapi.Usage{Input: 1000, Output: 500, Reported: 2000}, 2500 + 5000 + 500*10},
 		{"no overflow at the largest usage", rates{output: 1_000_000_000_000}, llmapi.Usage{Output: strictnum.Max}, strictnum.Max},
 	} {
-		if got := c.r.charge(c.usage); got != c.want {
+		if got, _ := c.r.charge(c.usage, 0); got != c.want {
 			t.Errorf("%s: charge(%+v) = %d µ$, want %d", c.what, c.usage, got, c.want)
 		}
 	}
@@ -116,11 +116,14 @@ func TestPricedUsageOnce(t *testing.T) {
 		if why != "" {
 			t.Fatalf("%v: %s", c.api, why)
 		}
-		if got := gpt4o.charge(u); got != c.want {
+		if got, _ := gpt4o.charge(u, 0); got != c.want {
 			t.Errorf("%v: %d µ$ for %+v, want %d", c.api, got, u, c.want)
 		}
 	}
 }
+
+// kinds are the dearest rate of each kind, which a reservation prices.
+func (r rates) kinds() [4]int64 { return [4]int64{r.input, r.cached, r.cacheWrite, r.output} }
 
 func TestPriceTable(t *testing.T) {
 	if err := initMetrics(nil); err != nil {
@@ -142,17 +145,17 @@ func TestPriceTable(t *testing.T) {
 		want  rates
 		ok    bool
 	}{
-		{"gpt-4o-mini-2024-07-18", rates{150_000, 75_000, 150_000, 600_000}, true},
-		{"GPT-4o-Mini", rates{150_000, 75_000, 150_000, 600_000}, true},
+		{"gpt-4o-mini-2024-07-18", rates{input: 150_000, cached: 75_000, cacheWrite: 150_000, output: 600_000}, true},
+		{"GPT-4o-Mini", rates{input: 150_000, cached: 75_000, cacheWrite: 150_000, output: 600_000}, true},
 		{"gpt-4o", gpt4o, true},
-		{"claude-sonnet-4", rates{3_000_000, 300_000, 3_750_000, 15_000_000}, true},
-		{"text-embed", rates{20_000, 20_000, 20_000, 0}, true},
+		{"claude-sonnet-4", rates{input: 3_000_000, cached: 300_000, cacheWrite: 3_750_000, output: 15_000_000}, true},
+		{"text-embed", rates{input: 20_000, cached: 20_000, cacheWrite: 20_000, output: 0}, true},
 		// No line: the dearest of each kind listed.
-		{"o1-pro", rates{3_000_000, 1_250_000, 3_750_000, 15_000_000}, false},
-		{"", rates{3_000_000, 1_250_000, 3_750_000, 15_000_000}, false},
+		{"o1-pro", rates{input: 3_000_000, cached: 1_250_000, cacheWrite: 3_750_000, output: 15_000_000}, false},
+		{"", rates{input: 3_000_000, cached: 1_250_000, cacheWrite: 3_750_000, output: 15_000_000}, false},
 	} {
 		got, ok := table.lookup(c.model)
-		if got != c.want || ok != c.ok {
+		if got.kinds() != c.want.kinds() || ok != c.ok {
 			t.Errorf("%q: %+v, %v; want %+v, %v", c.model, got, ok, c.want, c.ok)
 		}
 	}
@@ -164,7 +167,7 @@ func TestPriceTable(t *testing.T) {
 		t.Errorf("%d warnings for two unpriced models called four times, want one each", got)
 	}
 	withStar := append(prices, &Price{Model: "*", Input: "15", Output: "75"})
-	if got, ok := newPriceTable("spend", withStar, zap.NewNop()).lookup("o1-pro"); !ok || got != (rates{15_000_000, 15_000_000, 15_000_000, 75_000_000}) {
+	if got, ok := newPriceTable("spend", withStar, zap.NewNop()).lookup("o1-pro"); !ok || got.kinds() != (rates{input: 15_000_000, cached: 15_000_000, cacheWrite: 15_000_000, output: 75_000_000}).kinds() {
 		t.Errorf("the * line: %+v, %v", got, ok)
 	}
 }
@@ -329,7 +332,8 @@ func priced(c llmtest.Call, api string, cacheRead, cacheWrite int64) int64 {
 	case "ollama-chat", "ollama-generate":
 		u = llmapi.Usage{Input: c.InputTokens, Output: c.OutputTokens}
 	}
-	return r.charge(u)
+	n, _ := r.charge(u, 0)
+	return n
 }
 
 // TestSpendRecipe runs the spend recipe of docs/ai-gateway.md on two Caddy
@@ -585,7 +589,7 @@ func TestSpendKeyStaysSmall(t *testing.T) {
 // TestPriceTableFile runs the money recipe with a price table file in
 // place of its price lines (one line kept, which overrides the table for
 // its model), on two instances: a model the table names is priced at its
-// dearest price of each kind, a line naming a model whole wins over the
+// price of each kind for the tier the response names, a line naming a model whole wins over the
 // table, a model neither names pays the dearest of both, and a call that
 // names no output bound reserves the model's output limit.
 func TestPriceTableFile(t *testing.T) {
@@ -606,8 +610,9 @@ func TestPriceTableFile(t *testing.T) {
 		usage string // input,output
 		want  int64  // µ$
 	}{
-		// The table's priority prices: $4.25 and $17 a million.
-		{"gpt-4o", "1000000,100000", 4_250_000 + 1_700_000},
+		// The table's prices of the default tier, which the answer
+		// names: $2.50 and $10 a million (priority's are $4.25 and $17).
+		{"gpt-4o", "1000000,100000", 2_500_000 + 1_000_000},
 		// The line that names the model whole: $1 and $1.
 		{"claude-sonnet-4-5", "1000000,0", 1_000_000},
 		// Neither: the dearest input of both, the table's $10 a million

@@ -245,8 +245,7 @@ func (u *zoneUnits) settled(m *responseMeter, reserved int64) (cost int64, ok bo
 	}
 	n := min(usage.Total(), strictnum.Max)
 	if u.cost.prices != nil {
-		r, _ := u.cost.prices.lookup(m.model)
-		n = r.charge(usage)
+		n = u.cost.prices.charge(m.model, usage)
 	}
 	if !ok {
 		n = max(n, reserved)

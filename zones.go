@@ -170,6 +170,29 @@ type Zone struct {
 	// Concurrent.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
+	// WarnPercent is the zone's soft limit, a share of the call's
+	// max_requests in percent: the admitted request that takes a client's
+	// use of the window from below that share to at or above it is logged,
+	// counted (soft_limit_reached_total) and emitted as an event, once
+	// across every instance; every admitted response while the client's
+	// use is at or above it carries srl-warn in the zone's RateLimit item.
+	// Use is in the zone's units, reservations included. In a sliding
+	// window use falls as admissions age out, so a client that falls below
+	// the share and climbs back reaches it again (see softlimit.go). From
+	// 1 to 99; not in a concurrency zone. Default 0: no soft limit.
+	WarnPercent int `json:"warn_percent,omitempty"`
+
+	// Mode is "enforce" (the default) or "report": a zone in report mode
+	// never refuses a request and never holds one; it counts each request
+	// that the handler's other zones admit (or that no other zone applies
+	// to) and that fits in it, and a request that would not fit is
+	// counted (decisions_total result "report_denied") and logged as a
+	// denial is, and left out of its count. It takes no part in the other
+	// zones' decision, sends no RateLimit headers and takes no wait, to
+	// try a new limit beside the ones in force. Not in a concurrency zone.
+	// The handler's mode report passes every request of every zone.
+	Mode string `json:"mode,omitempty"`
+
 	// MatchersRaw limits the zone to requests that match; default: all
 	// requests the handler sees.
 	MatchersRaw caddyhttp.RawMatcherSets `json:"match,omitempty" caddy:"namespace=http.matchers"`
@@ -195,6 +218,8 @@ type Zone struct {
 	// cache hits (see bindMetrics).
 	decisions map[string]prometheus.Counter
 	cacheHits prometheus.Counter
+	// softReached counts the requests that reached the soft limit.
+	softReached prometheus.Counter
 	// units is what a request costs and settles to when that is not one
 	// request of MaxRequests; nil otherwise (see newZoneUnits).
 	units *zoneUnits
@@ -385,6 +410,8 @@ func (z *Zone) validate() error {
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 		checkPrices(z.Prices),
 		checkPricesSettled(z.priced(), z.CostLLM != nil, z.Settle != nil && z.Settle.LLM),
+		checkWarnPercent(z.WarnPercent),
+		checkZoneMode(z.Mode, time.Duration(z.Wait)),
 	}
 	if z.concurrency() {
 		rules = []error{
@@ -444,6 +471,12 @@ func (z *Zone) countingFields() string {
 	if z.PriceTable != "" {
 		set = append(set, "price_table")
 	}
+	if z.WarnPercent != 0 {
+		set = append(set, "warn")
+	}
+	if z.Mode == modeReport {
+		set = append(set, "mode report")
+	}
 	return strings.Join(set, ", ")
 }
 
@@ -475,10 +508,11 @@ func (z *Zone) unit() string {
 // label values.
 func (z *Zone) bindMetrics() {
 	z.decisions = make(map[string]prometheus.Counter)
-	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied} {
+	for _, result := range []string{resultAllowed, resultDenied, resultFailedOpen, resultFailedClosed, resultLocalAllowed, resultLocalDenied, resultReportDenied} {
 		z.decisions[result] = limiterMetrics.decisions.WithLabelValues(z.Name, result)
 	}
 	z.cacheHits = limiterMetrics.denyCacheHits.WithLabelValues(z.Name)
+	z.softReached = limiterMetrics.softLimitsReached.WithLabelValues(z.Name)
 	z.fallbacks.counter = limiterMetrics.keyFallbacks.WithLabelValues(z.Name)
 }
 
@@ -1085,6 +1119,27 @@ func checkWait(wait, window time.Duration, algorithm string) error {
 	}
 	if wait > 0 && algorithm == algorithmCounter {
 		return fmt.Errorf("wait needs algorithm log: a counter cannot promise a later slot (wait %v)", wait)
+	}
+	return nil
+}
+
+// checkWarnPercent is the rule of a zone's soft limit: a share of its max
+// from 1% to 99% (0: none); at 100% the soft limit is the limit.
+func checkWarnPercent(percent int) error {
+	if percent < 0 || percent > 99 {
+		return fmt.Errorf("warn must be a share from 1%% to 99%% of max_requests, got %d%%", percent)
+	}
+	return nil
+}
+
+// checkZoneMode is the rule of a zone's mode: enforce or report, and a
+// zone in report mode, which never holds a request, takes no wait.
+func checkZoneMode(mode string, wait time.Duration) error {
+	if err := modeEnum.check(mode); err != nil {
+		return err
+	}
+	if mode == modeReport && wait != 0 {
+		return fmt.Errorf("a zone in mode report never holds a request: remove wait %v", wait)
 	}
 	return nil
 }

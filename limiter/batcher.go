@@ -140,8 +140,11 @@ type batcher struct {
 	farStreak atomic.Int64
 	warmSoon  atomic.Bool
 	lastWarm  atomic.Int64
-	done      chan struct{}
-	wg        sync.WaitGroup
+	// interruptions counts the signs that Redis may not be the server it
+	// was (see RedisStore.Interruptions).
+	interruptions atomic.Uint64
+	done          chan struct{}
+	wg            sync.WaitGroup
 
 	// mu guards closed, watch, late, the requests' graces and lag. Requests
 	// join watch under it and Close sets closed under it, so Close answers
@@ -586,6 +589,7 @@ func (b *batcher) send(w *batchWork, batch []*request) {
 					break
 				}
 				resent = true
+				b.interruptions.Add(1)
 			}
 			if load {
 				c.via = b.loadScript(ctx)
@@ -646,6 +650,9 @@ func (b *batcher) sendPipelined(ctx context.Context, w *batchWork, ended func(er
 			// A lost reply is sent again once: after the first round
 			// only, so never twice for one call.
 			if retry || round == 0 && resendable(ctx, c) {
+				if !retry {
+					b.interruptions.Add(1)
+				}
 				again = append(again, c)
 				continue
 			}
@@ -864,6 +871,7 @@ func (b *batcher) retry(c *slotCall) (again, load bool) {
 	switch {
 	case c.via == viaFunction && noFunction(err):
 		b.library.loaded.Store(false)
+		b.interruptions.Add(1)
 		return true, true
 	case c.via == viaFunction && OutOfMemory(err):
 		c.via = viaScript
@@ -872,8 +880,10 @@ func (b *batcher) retry(c *slotCall) (again, load bool) {
 		return true, true
 	case c.via == viaLoadedScript && noScript(err):
 		// Loaded, yet missing where the call went: a cluster whose
-		// slot moved meanwhile, a server flushed again.
+		// slot moved meanwhile, a server flushed again, restarted, or a
+		// replica promoted.
 		c.via = viaSource
+		b.interruptions.Add(1)
 	default:
 		return false, false
 	}

@@ -76,11 +76,8 @@ func counterAccuracy(t *testing.T, rate func(int) float64, maxWrong float64) {
 	events := recordedTraffic(window, max, rate)
 
 	var now time.Duration
-	logStore, counterStore := NewMemoryStore(), NewMemoryStore()
-	defer logStore.Close()
-	defer counterStore.Close()
-	logStore.now = func() int64 { return now.Microseconds() }
-	counterStore.now = func() int64 { return now.Microseconds() }
+	clock := func() int64 { return now.Microseconds() }
+	logStore, counterStore := newMemoryStoreAt(clock), newMemoryStoreAt(clock)
 
 	var wrong, overAdmitted, differ, logAdmitted, counterAdmitted int
 	history := make(map[string][]time.Duration) // the counter's admissions

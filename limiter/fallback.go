@@ -37,6 +37,9 @@ type Fallback struct {
 	episode atomic.Uint64
 	// active is set by each local decision and cleared by Recovered.
 	active atomic.Bool
+	// lost is set when the shared store failed, and may have lost what it
+	// held, until Repair or Kept (see Lost).
+	lost atomic.Bool
 }
 
 const (
@@ -63,7 +66,8 @@ type fallbackShard struct {
 // sighting is what the shared store said of one client in one zone; times
 // are the local store's clock, in microseconds.
 type sighting struct {
-	kind Algorithm
+	// limit is the zone's, as the check that was answered gave it.
+	limit Limit
 	// used is the units the client held in the window, this request's
 	// included.
 	used int64
@@ -101,6 +105,11 @@ func (f *Fallback) shard(k memoryKey) *fallbackShard {
 // Observe records what the shared store answered to an Allow of checks: the
 // latest word on each client, which the next outage starts from.
 func (f *Fallback) Observe(checks []Check, decisions []Decision) {
+	if f.lost.Load() {
+		// The store may have lost what it held: its answers until the
+		// repair would overwrite what it had said before (see Lost).
+		return
+	}
 	f.sight(checks, decisions, true)
 }
 
@@ -119,11 +128,11 @@ func (f *Fallback) sight(checks []Check, decisions []Decision, overwrite bool) (
 			continue
 		}
 		w := microseconds(c.Limit.Window)
-		s := sighting{kind: c.Limit.Algorithm, used: max(0, c.Limit.Max-decisions[i].Remaining), oldest: now, at: now, expires: now + w}
-		if r := microseconds(decisions[i].Reset); s.kind == SlidingLog && r > 0 && r < w {
+		s := sighting{limit: c.Limit, used: max(0, c.Limit.Max-decisions[i].Remaining), oldest: now, at: now, expires: now + w}
+		if r := microseconds(decisions[i].Reset); s.limit.Algorithm == SlidingLog && r > 0 && r < w {
 			s.oldest = now + r - w
 		}
-		if s.kind == SlidingCounter {
+		if s.limit.Algorithm == SlidingCounter {
 			s.expires = now + 2*w
 		}
 		known = known || s.used > 0
@@ -240,7 +249,7 @@ func (f *Fallback) seedOnce(c Check, episode uint64, n int) {
 	s.seeded = episode
 	sh.seen[k] = s
 	sh.mu.Unlock()
-	if s.kind != c.Limit.Algorithm || s.expires <= f.local.now() {
+	if s.limit.Algorithm != c.Limit.Algorithm || s.expires <= f.local.now() {
 		return
 	}
 	// This instance's share of what the store held, rounded up.

@@ -32,7 +32,9 @@
 --          kind u8 (0 log, 1 counter, 2 concurrency), window double (µs; the
 --          lease time), max double, cost double (to reserve; settle: the
 --          real cost), token double (settle: the log's admission time, the
---          counter's window index), aux 8 bytes (lease id; settle: the
+--          counter's window index; -2, a floor: cost is what the zone must
+--          hold at least, and only what it holds below that is recorded, as
+--          a settle records), aux 8 bytes (lease id; settle: the
 --          units reserved, double)
 -- ARGV[2]  optional, for tests: the time in µs in place of TIME; keys then
 --          get no expiry, which runs on Redis's clock
@@ -66,7 +68,7 @@
 local unpack, pack, floor, ceil, sub = struct.unpack, struct.pack, math.floor, math.ceil, string.sub
 local call, pcall, min, max, fmt, byte = redis.call, redis.pcall, math.min, math.max, string.format, string.byte
 local S, CHUNK, SMALL, SMALLCAP, MERGE, MAXCAP = 64, 120, 512, 80, 256, 1170
-local UNITS, COUNT, SMALL_COUNT, WITH_LM = 2, 3, 4, 4
+local UNITS, COUNT, SMALL_COUNT, WITH_LM, FLOOR = 2, 3, 4, 4, -2
 -- A call's own: its time (now, Redis's clock at its start, and in ms), whether keys expire, a base that reads
 -- 48-bit times as the nearest to now, TTLs formatted.
 local now, expires, clock, tbase, ms, TTL
@@ -326,6 +328,7 @@ function rare()
   -- with it, settled to the units it reserved: the record's time is then the token its next settle finds it by.
   local function log_settle(r)
     local c, token, _, held0 = r.c, r.token, log_decide(r, 0)
+    if token == FLOOR then c = max(0, c - held0) end
     local n, e, old, back = r.n, nil, nil, r.lay == UNITS and unpack('>d', r.aux) -- e, old: the entry settled, its units
     -- Most settle the newest admission, alone in its entry, to a cost that fits now: it moves to now, with c.
     if back and r.m and token == r.last and token <= now and c > 0 and held0 - back + c <= r.mx and u(r, n - 1) == back then
@@ -388,6 +391,7 @@ function rare()
   local function counter_settle(z)
     local _, held, reset = counter_decide(z, 0)
     local back = unpack('>d', z.aux)
+    if z.token == FLOOR then z.c = max(0, z.c - ceil(held)) end
     if z.token == z.idx then z.cur = max(0, z.cur - back) elseif z.token == z.idx - 1 then z.prev = max(0, z.prev - back) end
     counter_record(z, z.c, now, held, reset)
     return 1, held

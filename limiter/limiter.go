@@ -223,6 +223,10 @@ type holding struct {
 	units int64
 	// lease identifies a concurrency zone's lease.
 	lease uint64
+	// floor makes a settle a floor: the check's Cost is what its zone must
+	// hold at least, and only what it holds below that is recorded (see
+	// Fallback.Repair).
+	floor bool
 }
 
 // Store decides checks atomically and records admissions. Its methods are

@@ -80,13 +80,15 @@ const memorySweepInterval = time.Minute
 // NewMemoryStore returns an empty store and starts its sweep.
 func NewMemoryStore() *MemoryStore {
 	epoch := time.Now()
-	s := &MemoryStore{
-		state: make(map[memoryKey]*memoryState),
-		now:   func() int64 { return time.Since(epoch).Microseconds() },
-		done:  make(chan struct{}),
-	}
+	s := newMemoryStoreAt(func() int64 { return time.Since(epoch).Microseconds() })
 	go s.sweepEvery(memorySweepInterval)
 	return s
+}
+
+// newMemoryStoreAt returns an empty store on the clock now, with no sweep:
+// a test's clock, which only the test's goroutine moves.
+func newMemoryStoreAt(now func() int64) *MemoryStore {
+	return &MemoryStore{state: make(map[memoryKey]*memoryState), now: now, done: make(chan struct{})}
 }
 
 // Allow implements Store.
@@ -361,6 +363,9 @@ func (st *memoryState) settle(h holding, now int64, l Limit, cost int64) (lifts 
 		var z zoneDecision
 		st.decide(&z, now, l, 0)
 		lifts = max(0, int64(math.Floor(float64(l.Max)-z.held))) < h.units
+		if h.floor {
+			cost = max(0, cost-int64(math.Ceil(z.held)))
+		}
 	}
 	switch st.kind {
 	case SlidingLog:

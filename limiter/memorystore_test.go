@@ -10,10 +10,8 @@ import (
 // key at the end of the fixed window after its last admission's) and keeps
 // the rest. The store's clock is driven by the test.
 func TestMemoryStoreSweep(t *testing.T) {
-	s := NewMemoryStore()
-	defer s.Close()
 	var now time.Duration
-	s.now = func() int64 { return now.Microseconds() }
+	s := newMemoryStoreAt(func() int64 { return now.Microseconds() })
 
 	const w = time.Second
 	logCheck := Check{Zone: "log", Key: "k", Limit: Limit{Window: w, Max: 5}}

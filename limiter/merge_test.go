@@ -23,10 +23,7 @@ func TestMergedRingsStayBoundedAndExact(t *testing.T) {
 				now := int64(1_700_000_000_000_000)
 				var s Store
 				if store == "memory" {
-					m := NewMemoryStore()
-					t.Cleanup(func() { m.Close() })
-					m.now = func() int64 { return now }
-					s = m
+					s = newMemoryStoreAt(func() int64 { return now })
 				} else {
 					r := newRedisStore(t, testClient, testPrefix(t))
 					r.batch.now = func() int64 { return now }

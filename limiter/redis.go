@@ -180,6 +180,14 @@ func (s *RedisStore) Peek(ctx context.Context, checks []Check, decisions []Decis
 	return nil
 }
 
+// Interruptions counts the signs that Redis may not be the server it was:
+// calls whose reply was lost with their connection (closed or reset by
+// Redis, a proxy, a failover, a restart), and a script or function library
+// gone from where it was loaded (a restart, a promoted replica, a flush).
+// A caller that sees it grow may ask whether Redis is still the server it
+// was: a restarted or promoted one may have lost writes.
+func (s *RedisStore) Interruptions() uint64 { return s.batch.interruptions.Load() }
+
 // Settle implements Store: it changes exactly the admissions that the Allow
 // which filled decisions recorded, even when others were recorded after
 // them.

@@ -13,9 +13,8 @@ import (
 func TestReloadKeepsState(t *testing.T) {
 	stores := map[string]func(t *testing.T) clockedStore{
 		"memory": func(t *testing.T) clockedStore {
-			s, now := NewMemoryStore(), new(int64)
-			t.Cleanup(func() { s.Close() })
-			s.now = func() int64 { return *now }
+			now := new(int64)
+			s := newMemoryStoreAt(func() int64 { return *now })
 			return clockedStore{s, now}
 		},
 		"redis": func(t *testing.T) clockedStore {

@@ -39,6 +39,9 @@ const (
 	zoneReplyLen = 1 + 3*8
 )
 
+// floorToken is the token of a settle that is a floor (see holding.floor).
+const floorToken = -2
+
 // Reply flags of a zone.
 const (
 	flagDenied = iota
@@ -59,6 +62,9 @@ func appendRequest(buf []byte, o op, checks []Check, decisions []Decision, wait 
 		case o >= opSettle:
 			h := decisions[i].held
 			cost, token, aux = float64(c.Cost), float64(h.at), math.Float64bits(float64(h.units))
+			if h.floor {
+				token = floorToken
+			}
 			if c.Limit.Algorithm == Concurrency {
 				aux = h.lease
 			}

@@ -14,6 +14,11 @@ package llmapi
 //	              cache_creation_input_tokens  -> CacheWrite, apart from input_tokens
 //	              cache_read_input_tokens      -> Cached, apart from input_tokens
 //	              output_tokens                -> Output
+//	              cache_creation.ephemeral_1h_input_tokens -> CacheWrite1h,
+//	                                           PART of cache_creation_input_tokens
+//	                                           (ephemeral_5m_input_tokens the rest)
+//	              server_tool_use.web_search_requests -> WebSearches, a fee each
+//	              service_tier                 -> Service (standard, priority, batch)
 //	              no total: the whole is the sum of the four
 //	cumulative    yes, field by field: message_delta's usage fields are
 //	              running totals, and newer API versions send input_tokens and
@@ -33,6 +38,10 @@ var anthropicMessages = &table{
 		{"cache_creation_input_tokens", cacheWrite},
 		{"cache_read_input_tokens", cached},
 		{"output_tokens", output},
+		{"cache_creation.ephemeral_1h_input_tokens", cacheWrite1h},
+		{"cache_creation.ephemeral_5m_input_tokens", part},
+		{"server_tool_use.web_search_requests", webSearches},
+		{"service_tier", serviceTier},
 	},
 	perField: true,
 	body:     anthropicBody,

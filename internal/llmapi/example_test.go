@@ -29,5 +29,5 @@ func Example() {
 	fmt.Printf("%+v total %d %q\n", usage, usage.Total(), why)
 	// Output:
 	// openai_chat gpt-4o 2000 96 2096
-	// {Input:5 Cached:4 CacheWrite:0 Output:2 Reported:11} total 11 ""
+	// {Input:5 Cached:4 CacheWrite:0 Output:2 Reported:11 AudioInput:0 AudioOutput:0 CacheWrite1h:0 WebSearches:0 Service:} total 11 ""
 }

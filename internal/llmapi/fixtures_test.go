@@ -60,7 +60,9 @@ var usageFixtures = []struct {
 	why         string
 	binary      bool // built by the test (frames)
 }{
-	{"openai_chat.response.json", OpenAIChat, jsonCT, Usage{Input: 19, Output: 10, Reported: 29}, 29, "", false},
+	{"openai_chat.response.json", OpenAIChat, jsonCT, Usage{Input: 19, Output: 10, Reported: 29, Service: "default"}, 29, "", false},
+	{"openai_chat_audio.response.json", OpenAIChat, jsonCT, Usage{Input: 17, Output: 575, Reported: 592, AudioOutput: 460, Service: "default"}, 592, "", false},
+	{"openai_chat_priority.stream.sse", OpenAIChat, sse, Usage{Input: 9, Output: 2, Reported: 11, Service: "priority"}, 11, "", false},
 	{"openai_chat_cached.response.json", OpenAIChat, jsonCT, Usage{Input: 86, Cached: 1920, Output: 300, Reported: 2306}, 2306, "", false},
 	{"openai_chat_reasoning.response.json", OpenAIChat, jsonCT, Usage{Input: 78, Cached: 1408, Output: 651, Reported: 2137}, 2137, "", false},
 	{"openai_chat.stream.sse", OpenAIChat, sse, Usage{Input: 9, Output: 2, Reported: 11}, 11, "", false},
@@ -71,7 +73,8 @@ var usageFixtures = []struct {
 	{"anthropic_cache.response.json", AnthropicMessages, jsonCT, Usage{Input: 21, CacheWrite: 188086, Output: 393}, 188500, "", false},
 	{"anthropic.stream.sse", AnthropicMessages, sse, Usage{Input: 25, Output: 15}, 40, "", false},
 	{"anthropic_tool.stream.sse", AnthropicMessages, sse, Usage{Input: 472, Output: 89}, 561, "", false},
-	{"anthropic_sdk.stream.sse", AnthropicMessages, sse, Usage{Input: 10, Output: 6}, 16, "", false},
+	{"anthropic_sdk.stream.sse", AnthropicMessages, sse, Usage{Input: 10, Output: 6, Service: "standard"}, 16, "", false},
+	{"anthropic_search.response.json", AnthropicMessages, jsonCT, Usage{Input: 6039, CacheWrite: 1500, Output: 931, CacheWrite1h: 1000, WebSearches: 1, Service: "standard"}, 8470, "", false},
 	{"anthropic_count_tokens.response.json", AnthropicCountTokens, jsonCT, Usage{}, 0, strictnum.Missing, false},
 	{"gemini.response.json", Gemini, jsonCT, Usage{Input: 4, Output: 215, Reported: 219}, 219, "", false},
 	{"gemini_thoughts.response.json", Gemini, jsonCT, Usage{Input: 3, Output: 26, Reported: 29}, 29, "", false},

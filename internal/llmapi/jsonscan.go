@@ -7,7 +7,12 @@ const (
 	scanNothing  = iota
 	scanNumber   // a number, in number
 	scanDocument // a document: a top-level value, or an element of a top-level array
+	scanString   // a string at one of strings' paths, in str
 )
+
+// maxStr is the longest string value kept ("priority" has 8 bytes); a
+// longer one is kept as its first maxStr bytes and marked long.
+const maxStr = 16
 
 // maxType is the longest top-level "type" kept ("response.incomplete" has
 // 19 bytes); a longer one matches no table's condition.
@@ -30,10 +35,11 @@ const maxType = 32
 // grammar (a missing comma).
 type jsonScanner struct {
 	state uint8
-	// paths are where the numbers wanted are, from the top of a document.
-	paths  [][]string
-	skip   skipState
-	frames []jsonFrame
+	// paths are where the numbers wanted are, from the top of a document;
+	// strings those of the strings wanted (also in paths).
+	paths, strings [][]string
+	skip           skipState
+	frames         []jsonFrame
 	// base is 1 inside a top-level array (its elements are the
 	// documents), else 0: the frames of a document are frames[base:].
 	base int
@@ -51,6 +57,12 @@ type jsonScanner struct {
 	docType    [maxType]byte
 	docTypeLen uint8
 	typeState  uint8
+	// str is the string being read at one of strings' paths, while
+	// strReading.
+	str        [maxStr]byte
+	strLen     uint8
+	strLong    bool
+	strReading bool
 	frameBuf   [8]jsonFrame
 }
 
@@ -91,7 +103,7 @@ func (s *jsonScanner) reset() {
 	if s.frames == nil {
 		s.frames = s.frameBuf[:0]
 	}
-	s.state, s.frames, s.base, s.typeState = jsValue, s.frames[:0], 0, typeNone
+	s.state, s.frames, s.base, s.typeState, s.strReading = jsValue, s.frames[:0], 0, typeNone, false
 }
 
 // broken reports whether the scanner stopped at something not JSON.
@@ -141,6 +153,11 @@ func (s *jsonScanner) step(c byte) int {
 			if s.typeState == typeReading {
 				s.typeState = typeRead
 			}
+			if s.strReading {
+				s.strReading = false
+				s.done()
+				return scanString
+			}
 			return s.done()
 		case c == '\\':
 			s.state = jsEscape
@@ -173,6 +190,7 @@ func (s *jsonScanner) step(c byte) int {
 		} else if s.typeState == typeReading {
 			s.typeState = typeOdd
 		}
+		s.strLong = true // an escaped value is no known one
 		s.state = jsString
 		if c == 'u' {
 			s.hex, s.state = 4, jsEscape
@@ -229,6 +247,10 @@ func (s *jsonScanner) stringBytes(b []byte) {
 			return
 		}
 		s.docTypeLen += uint8(copy(s.docType[s.docTypeLen:], b))
+	case s.strReading:
+		n := copy(s.str[s.strLen:], b)
+		s.strLen += uint8(n)
+		s.strLong = s.strLong || n < len(b)
 	}
 }
 
@@ -270,6 +292,12 @@ func (s *jsonScanner) value(c byte) int {
 		s.state, s.inKey = jsString, false
 		if s.atKey("type") {
 			s.typeState, s.docTypeLen = typeReading, 0
+		}
+		for _, p := range s.strings {
+			if s.at(p) {
+				s.strReading, s.strLen, s.strLong = true, 0, false
+				break
+			}
 		}
 	case c == '-' || c >= '0' && c <= '9':
 		s.number[0], s.numberLen, s.numberLong = c, 1, false
@@ -397,6 +425,10 @@ func (s *jsonScanner) typeIs(names []string) bool {
 	}
 	return false
 }
+
+// text is the string just read at one of strings' paths; long when it was
+// cut or escaped.
+func (s *jsonScanner) text() (b []byte, long bool) { return s.str[:s.strLen], s.strLong }
 
 // whole reads the number just read as a whole number of at least 0 (digits
 // only), at most strictnum.Max.

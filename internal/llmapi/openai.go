@@ -16,7 +16,10 @@ package llmapi
 //	              prompt_tokens_details.cached_tokens         -> Cached, PART of prompt_tokens
 //	              completion_tokens                           -> Output (reasoning within)
 //	              completion_tokens_details.reasoning_tokens  PART of completion_tokens
+//	              prompt_tokens_details.audio_tokens          -> AudioInput, PART of prompt_tokens
+//	              completion_tokens_details.audio_tokens      -> AudioOutput, PART of completion_tokens
 //	              total_tokens                                -> the whole
+//	              the document's "service_tier", beside usage -> Service (default, flex, priority)
 //	cumulative    no: one document carries the usage; the last one wins
 var openAIChat = &table{
 	api:         OpenAIChat,
@@ -34,7 +37,10 @@ var openAIUsage = []usageField{
 	{"prompt_tokens_details.cached_tokens", inputCached},
 	{"completion_tokens", output},
 	{"completion_tokens_details.reasoning_tokens", part},
+	{"prompt_tokens_details.audio_tokens", audioIn},
+	{"completion_tokens_details.audio_tokens", audioOut},
 	{"total_tokens", total},
+	{"../service_tier", serviceTier},
 }
 
 // Completions (legacy), POST .../completions
@@ -68,6 +74,7 @@ var openAICompletions = &table{
 //	              output_tokens                               -> Output (reasoning within)
 //	              output_tokens_details.reasoning_tokens      PART of output_tokens
 //	              total_tokens                                -> the whole
+//	              the response's "service_tier"               -> Service
 //	cumulative    no: one terminal event
 var openAIResponses = &table{
 	api:    OpenAIResponses,
@@ -83,6 +90,7 @@ var openAIResponses = &table{
 		{"output_tokens", output},
 		{"output_tokens_details.reasoning_tokens", part},
 		{"total_tokens", total},
+		{"../service_tier", serviceTier},
 	},
 	body: openAIResponsesBody,
 }

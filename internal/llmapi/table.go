@@ -104,6 +104,18 @@ const (
 	// part is a part of another field (reasoning within output), listed so
 	// that the table matches the vendor's reference; it is never read.
 	part
+	// audioIn and audioOut are the audio tokens within input and output;
+	// cacheWrite1h the cache writes of an hour's TTL within cacheWrite.
+	audioIn
+	audioOut
+	cacheWrite1h
+	// webSearches counts the web searches a server tool made (a fee
+	// each), not tokens.
+	webSearches
+	// serviceTier is a string: the service tier that served the call.
+	// It counts only beside usage in the same document. A name starting
+	// with "../" is the usage object's sibling, not its member.
+	serviceTier
 	// total is the vendor's own whole.
 	total
 	// sum is a number that settle json names: the numbers are summed.

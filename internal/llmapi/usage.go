@@ -20,6 +20,36 @@ type Usage struct {
 	Output int64
 	// Reported is the vendor's own total, 0 when it reports none.
 	Reported int64
+
+	// The dimensions within the kinds that are priced apart: AudioInput
+	// of Input, AudioOutput of Output, CacheWrite1h (an hour's TTL) of
+	// CacheWrite, each at most its whole.
+	AudioInput, AudioOutput, CacheWrite1h int64
+	// WebSearches is how many web searches a server tool made, each a
+	// fee beside the tokens.
+	WebSearches int64
+	// Service is the service tier the response says served it, as
+	// ServiceTiers names it ("" when it does not say, "other" for a name
+	// not among them).
+	Service string
+}
+
+// ServiceTiers are the service tiers' names the responses use: OpenAI's
+// ("default", "auto", "flex", "scale", "priority") and Anthropic's
+// ("standard", "priority", "batch").
+var ServiceTiers = []string{"default", "auto", "standard", "priority", "flex", "batch", "scale"}
+
+// serviceCode is the slot value of a service tier's name: its index in
+// ServiceTiers plus 1, or len+1 for a name not among them.
+func serviceCode(name []byte, long bool) int64 {
+	if !long {
+		for i, t := range ServiceTiers {
+			if string(name) == t {
+				return int64(i) + 1
+			}
+		}
+	}
+	return int64(len(ServiceTiers)) + 1
 }
 
 // Total is the whole usage: the vendor's own total, or the sum of the
@@ -104,6 +134,13 @@ func (u *UsageReader) Usage() (Usage, string) {
 		if !v.seen {
 			continue
 		}
+		if k == serviceTier {
+			us.Service = "other"
+			if v.n >= 1 && v.n <= int64(len(ServiceTiers)) {
+				us.Service = ServiceTiers[v.n-1]
+			}
+			continue
+		}
 		if !v.whole {
 			return Usage{}, strictnum.NotWhole
 		}
@@ -121,6 +158,14 @@ func (u *UsageReader) Usage() (Usage, string) {
 			us.Output = addSat(us.Output, v.n)
 		case total:
 			us.Reported = max(us.Reported, v.n)
+		case audioIn:
+			us.AudioInput = addSat(us.AudioInput, v.n)
+		case audioOut:
+			us.AudioOutput = addSat(us.AudioOutput, v.n)
+		case cacheWrite1h:
+			us.CacheWrite1h = addSat(us.CacheWrite1h, v.n)
+		case webSearches:
+			us.WebSearches = addSat(us.WebSearches, v.n)
 		}
 	}
 	if !seen {
@@ -130,6 +175,9 @@ func (u *UsageReader) Usage() (Usage, string) {
 	// input is a vendor's error, charged as it says.
 	us.Input = max(us.Input-inInput, 0)
 	us.Cached = addSat(us.Cached, inInput)
+	us.AudioInput = min(us.AudioInput, us.Input)
+	us.AudioOutput = min(us.AudioOutput, us.Output)
+	us.CacheWrite1h = min(us.CacheWrite1h, us.CacheWrite)
 	return us, ""
 }
 
@@ -194,8 +242,9 @@ type usageSpec struct {
 	// input_tokens are one).
 	kinds    []kind
 	perField bool
-	// paths are the places' paths, which the scanner reads its way to.
-	paths [][]string
+	// paths are the places' paths, which the scanner reads its way to;
+	// strings those of them where a string is read.
+	paths, strings [][]string
 }
 
 // usagePlace is a path, from the top of a document, where a number is a
@@ -207,7 +256,10 @@ type usagePlace struct {
 	when []string
 	// partial: a usage here is not the final one (table.go's usageAt).
 	partial bool
-	slot    int
+	// aside: a string beside the usage (the service tier), which counts
+	// only in a document that has usage.
+	aside bool
+	slot  int
 }
 
 // usageSpecs are the tables' usage specs, by API.
@@ -242,28 +294,37 @@ func specOf(t *table) *usageSpec {
 			}
 			for _, at := range p.usageAt {
 				path := f.name
-				if at.path != "" {
+				if sibling, ok := strings.CutPrefix(f.name, "../"); ok {
+					path = sibling
+					if i := strings.LastIndex(at.path, "."); i >= 0 {
+						path = at.path[:i] + "." + sibling
+					}
+				} else if at.path != "" {
 					path = at.path + "." + f.name
 				}
-				s.add(usagePlace{path: strings.Split(path, "."), when: at.when, partial: at.partial, slot: slot})
+				place := usagePlace{path: strings.Split(path, "."), when: at.when, partial: at.partial, slot: slot, aside: f.kind == serviceTier}
+				if s.add(place) && place.aside {
+					s.strings = append(s.strings, place.path)
+				}
 			}
 		}
 	}
 	return s
 }
 
-// add adds p unless s has it; a place that two tables share is partial
-// when either says so (the ending is then charged as a cut one, never
-// less).
-func (s *usageSpec) add(p usagePlace) {
+// add adds p unless s has it, and reports whether it did; a place that two
+// tables share is partial when either says so (the ending is then charged
+// as a cut one, never less).
+func (s *usageSpec) add(p usagePlace) bool {
 	for i, q := range s.places {
 		if strings.Join(q.path, ".") == strings.Join(p.path, ".") && strings.Join(q.when, ",") == strings.Join(p.when, ",") {
 			s.places[i].partial = q.partial || p.partial
-			return
+			return false
 		}
 	}
 	s.places = append(s.places, p)
 	s.paths = append(s.paths, p.path)
+	return true
 }
 
 // slotValue is a number found at a slot's place.
@@ -316,7 +377,7 @@ func (r *reader) init(spec *usageSpec, contentType, contentEncoding string) {
 	if mt, _, _ := strings.Cut(contentType, ";"); strings.EqualFold(strings.TrimSpace(mt), "application/vnd.amazon.eventstream") {
 		r.mode = modeFrames
 	}
-	r.scan.paths = spec.paths
+	r.scan.paths, r.scan.strings = spec.paths, spec.strings
 	r.scan.reset()
 }
 
@@ -464,9 +525,13 @@ func (r *reader) feed(b []byte) {
 // byte feeds c to the scanner and records what it completes.
 func (r *reader) byte(c byte) {
 	ev := r.scan.step(c)
-	if ev == scanNumber {
+	switch ev {
+	case scanNumber:
 		r.number()
 		ev = r.scan.step(c)
+	case scanString:
+		r.text()
+		ev = scanNothing
 	}
 	if ev == scanDocument {
 		r.commit()
@@ -477,9 +542,20 @@ func (r *reader) byte(c byte) {
 // stands (the last of duplicate keys, as JSON parsers take it).
 func (r *reader) number() {
 	for i := range r.spec.places {
-		if r.scan.at(r.spec.places[i].path) {
+		if !r.spec.places[i].aside && r.scan.at(r.spec.places[i].path) {
 			n, ok := r.scan.whole()
 			r.pending[i] = slotValue{seen: true, whole: ok, n: n}
+			r.pendingSeen = true
+		}
+	}
+}
+
+// text records the string the scanner just read at each aside place where
+// it stands.
+func (r *reader) text() {
+	for i := range r.spec.places {
+		if r.spec.places[i].aside && r.scan.at(r.spec.places[i].path) {
+			r.pending[i] = slotValue{seen: true, whole: true, n: serviceCode(r.scan.text())}
 			r.pendingSeen = true
 		}
 	}
@@ -504,8 +580,10 @@ func (r *reader) commit() {
 		} else {
 			*d = v
 		}
-		found = true
-		r.final = r.final || !p.partial
+		if !p.aside {
+			found = true
+			r.final = r.final || !p.partial
+		}
 	}
 	clear(r.pending)
 	r.pendingSeen = false

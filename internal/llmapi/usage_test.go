@@ -221,8 +221,8 @@ func TestUsageSpecs(t *testing.T) {
 			}
 		}
 	}
-	if got := len(usageSpecs[AnthropicMessages].kinds); got != 4 {
-		t.Errorf("anthropic: %d slots, want 4 (message_start's and message_delta's fields are one)", got)
+	if got := len(usageSpecs[AnthropicMessages].kinds); got != 7 {
+		t.Errorf("anthropic: %d slots, want 7 (message_start's and message_delta's fields are one)", got)
 	}
 }
 
@@ -352,4 +352,19 @@ func readUsageBytes(api API, contentType, body string) (Usage, string) {
 		u.Write([]byte{body[i]})
 	}
 	return u.Usage()
+}
+
+// TestServiceTierAloneIsNoUsage: a chunk that says its service tier but
+// carries no usage is no usage, nor the final one: a stream cut there is
+// charged as a cut one.
+func TestServiceTierAloneIsNoUsage(t *testing.T) {
+	u := NewUsageReader(OpenAIChat, "text/event-stream", "")
+	u.Write([]byte(`data: {"object":"chat.completion.chunk","service_tier":"priority","choices":[],"usage":null}` + "\n\n"))
+	if got, why := u.Usage(); why != strictnum.Missing || u.Final() || got.Service != "" {
+		t.Errorf("%+v %q final=%v: want no usage", got, why, u.Final())
+	}
+	u.Write([]byte(`data: {"service_tier":"pr\u0069ority","usage":{"prompt_tokens":1,"completion_tokens":1}}` + "\n\n"))
+	if got, _ := u.Usage(); got.Service != "other" {
+		t.Errorf("an escaped tier read as %q, want other (the dearest)", got.Service)
+	}
 }

@@ -17,7 +17,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"math/big"
 	"os"
 	"strings"
 )
@@ -32,7 +31,10 @@ type Rates struct {
 
 // Model is what the table says of one model.
 type Model struct {
+	// Rates are the dearest of each kind: what a reservation prices.
 	Rates
+	// Prices are the rate of each dimension: what a settle prices.
+	Prices Prices
 	// MaxInput is its context window for input, MaxOutput the most it
 	// generates in one call; 0 when the table does not say.
 	MaxInput, MaxOutput int64
@@ -42,11 +44,10 @@ type Model struct {
 type Table struct {
 	models  map[string]Model
 	dearest Rates
+	// search is the dearest web search fee of any model, Unlisted when
+	// none has one.
+	search int64
 }
-
-// maxPico is the largest price a table may give: a dollar a token, far
-// above any model's, so that a price with a slipped exponent fails.
-const maxPico = 1_000_000_000_000
 
 // Load reads the table at path.
 func Load(path string) (*Table, error) {
@@ -72,7 +73,7 @@ func Parse(data []byte) (*Table, error) {
 	if err := dec.Decode(&raw); err != nil {
 		return nil, fmt.Errorf("not a JSON object of models: %w", err)
 	}
-	t := &Table{models: make(map[string]Model, len(raw))}
+	t := &Table{models: make(map[string]Model, len(raw)), search: Unlisted}
 	for name, entry := range raw {
 		if name == "sample_spec" {
 			continue
@@ -97,6 +98,7 @@ func Parse(data []byte) (*Table, error) {
 			CacheWrite: max(t.dearest.CacheWrite, m.CacheWrite),
 			Output:     max(t.dearest.Output, m.Output),
 		}
+		t.search = max(t.search, m.Prices.WebSearch)
 	}
 	if len(t.models) == 0 {
 		return nil, fmt.Errorf("no model with a price per token (input_cost_per_token, output_cost_per_token)")
@@ -134,9 +136,14 @@ func kindOf(field string) (kind int, ok bool) {
 func readModel(fields map[string]any) (Model, bool, error) {
 	var r [4]int64
 	var seen [4]bool
+	prices := Prices{WebSearch: Unlisted}
 	for field, v := range fields {
-		kind, ok := kindOf(field)
-		if !ok {
+		if fee, ok := searchFee(v); ok && field == "search_context_cost_per_query" {
+			prices.WebSearch = fee
+		}
+		kind, isKind := kindOf(field)
+		d, s, above, isDim := fieldRate(field)
+		if !isKind && !isDim {
 			continue
 		}
 		n, isNum := v.(json.Number)
@@ -147,7 +154,12 @@ func readModel(fields map[string]any) (Model, bool, error) {
 		if err != nil {
 			return Model{}, false, fmt.Errorf("%s: %w", field, err)
 		}
-		r[kind], seen[kind] = max(r[kind], p), true
+		if isKind {
+			r[kind], seen[kind] = max(r[kind], p), true
+		}
+		if isDim {
+			prices.set(d, s, above, p)
+		}
 	}
 	if !seen[0] || !seen[3] {
 		return Model{}, false, nil
@@ -159,7 +171,7 @@ func readModel(fields map[string]any) (Model, bool, error) {
 			r[k] = r[0]
 		}
 	}
-	m := Model{Rates: Rates{Input: r[0], Cached: r[1], CacheWrite: r[2], Output: r[3]}}
+	m := Model{Rates: Rates{Input: r[0], Cached: r[1], CacheWrite: r[2], Output: r[3]}, Prices: prices}
 	m.MaxInput = limit(fields["max_input_tokens"])
 	m.MaxOutput = limit(fields["max_output_tokens"])
 	if m.MaxOutput == 0 {
@@ -168,24 +180,6 @@ func readModel(fields map[string]any) (Model, bool, error) {
 		m.MaxOutput = limit(fields["max_tokens"])
 	}
 	return m, true, nil
-}
-
-// pico reads dollars per token (2.5e-06) as pico-dollars per token,
-// exactly, rounded up: never cheaper than the table says.
-func pico(n json.Number) (int64, error) {
-	r, ok := new(big.Rat).SetString(string(n))
-	if !ok || r.Sign() < 0 {
-		return 0, fmt.Errorf("%s is not a price of at least 0 dollars a token", n)
-	}
-	r.Mul(r, big.NewRat(maxPico, 1))
-	q, m := new(big.Int).QuoRem(r.Num(), r.Denom(), new(big.Int))
-	if m.Sign() != 0 {
-		q.Add(q, big.NewInt(1))
-	}
-	if !q.IsInt64() || q.Int64() > maxPico {
-		return 0, fmt.Errorf("%s dollars a token is above a dollar: a slipped exponent?", n)
-	}
-	return q.Int64(), nil
 }
 
 // limit reads a token limit: a whole number of at least 1, else 0.
@@ -210,6 +204,10 @@ func (t *Table) Lookup(model string) (Model, bool) {
 // Dearest is the dearest price of each kind in the table: what a model it
 // does not name can cost at most, as far as it knows.
 func (t *Table) Dearest() Rates { return t.dearest }
+
+// DearestSearch is the dearest fee of a web search any model has, in
+// pico-dollars; Unlisted when none has one.
+func (t *Table) DearestSearch() int64 { return t.search }
 
 // Len is how many models the table prices.
 func (t *Table) Len() int { return len(t.models) }

@@ -45,8 +45,8 @@ func TestLoad(t *testing.T) {
 	if got, want := table.Dearest(), (llmprice.Rates{Input: 10_000_000, Cached: 10_000_000, CacheWrite: 10_000_000, Output: 22_500_000}); got != want {
 		t.Errorf("Dearest = %+v, want %+v", got, want)
 	}
-	if table.Len() != 6 {
-		t.Errorf("Len = %d, want 6", table.Len())
+	if table.Len() != 8 {
+		t.Errorf("Len = %d, want 8", table.Len())
 	}
 }
 

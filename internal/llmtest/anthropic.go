@@ -18,10 +18,11 @@ func anthropicUsage(u usage, start bool) obj {
 		"input_tokens", u.Input,
 		"cache_creation_input_tokens", u.CacheWrite,
 		"cache_read_input_tokens", u.CacheRead,
-		"cache_creation", o("ephemeral_5m_input_tokens", u.CacheWrite, "ephemeral_1h_input_tokens", 0),
+		"cache_creation", o("ephemeral_5m_input_tokens", u.CacheWrite-u.CacheWrite1h, "ephemeral_1h_input_tokens", u.CacheWrite1h),
 		"output_tokens", output,
 		"output_tokens_details?", when(u.Reasoning > 0 && !start, o("thinking_tokens", u.Reasoning)),
-		"service_tier", "standard",
+		"server_tool_use?", when(u.WebSearches > 0 && !start, o("web_search_requests", u.WebSearches)),
+		"service_tier", u.service("standard"),
 	)
 }
 
@@ -34,6 +35,7 @@ func anthropicDeltaUsage(u usage) obj {
 		"cache_read_input_tokens", u.CacheRead,
 		"output_tokens", u.Output,
 		"output_tokens_details?", when(u.Reasoning > 0, o("thinking_tokens", u.Reasoning)),
+		"server_tool_use?", when(u.WebSearches > 0, o("web_search_requests", u.WebSearches)),
 	)
 }
 

@@ -13,8 +13,8 @@ func openaiUsage(u usage) obj {
 		"prompt_tokens", u.prompt(),
 		"completion_tokens", u.Output,
 		"total_tokens", u.total(),
-		"prompt_tokens_details", o("cached_tokens", u.CacheRead, "audio_tokens", 0),
-		"completion_tokens_details", o("reasoning_tokens", u.Reasoning, "audio_tokens", 0, "accepted_prediction_tokens", 0, "rejected_prediction_tokens", 0),
+		"prompt_tokens_details", o("cached_tokens", u.CacheRead, "audio_tokens", u.AudioInput),
+		"completion_tokens_details", o("reasoning_tokens", u.Reasoning, "audio_tokens", u.AudioOutput, "accepted_prediction_tokens", 0, "rejected_prediction_tokens", 0),
 	)
 }
 
@@ -56,7 +56,7 @@ func chatCompletion(t turn) reply {
 			"choices", choices,
 			"usage", openaiUsage(t.shown),
 			"debug?", nested,
-			"service_tier", "default",
+			"service_tier", t.shown.service("default"),
 			"system_fingerprint", fingerprint,
 		)), t.shown.total())
 	}
@@ -67,7 +67,7 @@ func chatCompletion(t turn) reply {
 			"object", "chat.completion.chunk",
 			"created", created,
 			"model", t.req.Model,
-			"service_tier", "default",
+			"service_tier", t.shown.service("default"),
 			"system_fingerprint", fingerprint,
 			"choices", choices,
 		}
@@ -209,7 +209,7 @@ func response(t turn) reply {
 			"prompt_cache_key", nil,
 			"reasoning", o("effort", nil, "summary", nil),
 			"safety_identifier", nil,
-			"service_tier", "default",
+			"service_tier", t.shown.service("default"),
 			"store", true,
 			"temperature", 1.0,
 			"text", o("format", o("type", "text"), "verbosity", "medium"),

@@ -75,6 +75,7 @@ type knobs struct {
 	cacheRead, cacheWrite, reason int64
 	byReference                   int64
 	status                        int
+	dims                          Dims
 }
 
 // readKnobs reads the test knobs of h.
@@ -126,7 +127,9 @@ func readKnobs(h http.Header) (knobs, error) {
 		return k, fmt.Errorf("%s: %q is not a status", HeaderStatus, h.Get(HeaderStatus))
 	}
 	k.status = int(status)
-	return k, nil
+	var err error
+	k.dims, err = readDims(h)
+	return k, err
 }
 
 // usage is a call's tokens: Input is the uncached input (counted from the
@@ -134,6 +137,9 @@ func readKnobs(h http.Header) (knobs, error) {
 // generated, Reasoning how many of those it reports as reasoning.
 type usage struct {
 	Input, CacheRead, CacheWrite, Output, Reasoning int64
+	// Dims are what of them is billed apart (within Input, CacheWrite and
+	// Output), and the searches and tier.
+	Dims
 }
 
 // prompt is all the input tokens.

@@ -75,6 +75,10 @@ type Call struct {
 	Reported int64
 	// Completed is whether the whole answer was written.
 	Completed bool
+	// CacheRead and CacheWrite are the cache's tokens within InputTokens;
+	// Dims what of them is billed apart (HeaderDimensions).
+	CacheRead, CacheWrite int64
+	Dims                  Dims
 }
 
 // Option configures an Upstream.
@@ -279,17 +283,21 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rp = vendorError(t, k.status, fmt.Sprintf("refused with %d (%s)", k.status, HeaderStatus))
 			break
 		}
-		used := usage{Input: req.Input + mediaTokens(api, req.Model, body) + k.byReference, CacheRead: k.cacheRead, CacheWrite: k.cacheWrite, Output: req.Output, Reasoning: min(k.reason, req.Output)}
+		used := usage{Input: req.Input + mediaTokens(api, req.Model, body) + k.byReference + k.dims.AudioInput, CacheRead: k.cacheRead,
+			CacheWrite: k.cacheWrite + k.dims.CacheWrite1h, Output: req.Output, Reasoning: min(k.reason, req.Output), Dims: k.dims}
+		used.AudioOutput = min(used.AudioOutput, used.Output)
 		t.shown = used
 		if k.override {
 			t.shown.Input, t.shown.Output = k.overIn, k.overOut
 			t.shown.Reasoning = min(t.shown.Reasoning, k.overOut)
+			t.shown.AudioOutput = min(t.shown.AudioOutput, k.overOut)
 		}
 		t.nested = k.nested
 		t.took = k.plan(len(parts) + 4)
 		rp = answer(t, r)
 		u.mu.Lock()
 		c.InputTokens, c.OutputTokens, c.Used = used.prompt(), used.Output, used.total()
+		c.Dims, c.CacheRead, c.CacheWrite = used.Dims, used.CacheRead, used.CacheWrite
 		u.mu.Unlock()
 	}
 	requestID := t.id("req_", 9, 24)
