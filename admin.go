@@ -172,7 +172,8 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 // peek answers GET from one handler's store, recording nothing.
 func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
 	key := z.key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
-	check := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit, Wait: z.wait}
+	now := periodNow()
+	check := limiter.Check{Zone: z.state(now), Key: key, Limit: z.limit, Wait: z.wait}
 	if z.units != nil {
 		// The times say when a request of the zone's fixed cost goes.
 		check.Cost = z.units.cost.fixed
@@ -214,6 +215,10 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		Remaining:         d.Remaining,
 		ResetSeconds:      milliseconds(d.Reset),
 		RetryAfterSeconds: milliseconds(d.RetryAfter),
+		Period:            z.periodInfo(now),
+	}
+	if state.Period != nil {
+		state.WindowSeconds = state.Period.Seconds
 	}
 	if state.Unit == unitUSDMicros {
 		state.SpentUSD, state.LeftUSD, state.LimitUSD = formatMicros(used), formatMicros(d.Remaining), formatMicros(limit)
@@ -239,7 +244,8 @@ func milliseconds(d time.Duration) float64 {
 // handler with the zone, each distinct store once, then announces it to the
 // other instances.
 func (a *AdminAPI) reset(w http.ResponseWriter, r *http.Request, hs []*Handler, zones []*Zone, rawKey string) error {
-	zone, identity := zones[0].Name, zones[0].identity
+	// A period zone's client is reset in the period that holds now.
+	zone, identity := zones[0].Name, zones[0].state(periodNow())
 	var keys []string
 	var announce []*announcement
 	var errs []error
@@ -334,11 +340,12 @@ func blockedClients(handlers []*Handler, limit int) adminapi.BlockedAnswer {
 				continue
 			}
 			name := d.Zone
-			if i := slices.IndexFunc(h.zones, func(z *Zone) bool { return z.identity == d.Zone }); i >= 0 {
+			identity := h.backend.periods.base(d.Zone)
+			if i := slices.IndexFunc(h.zones, func(z *Zone) bool { return z.identity == identity }); i >= 0 {
 				name = h.zones[i].Name
 			}
 			seen[id] = len(answer.Blocked)
-			answer.Blocked = append(answer.Blocked, adminapi.BlockedClient{Zone: name, Identity: d.Zone, Key: d.Key, RetryAfterSeconds: wait})
+			answer.Blocked = append(answer.Blocked, adminapi.BlockedClient{Zone: name, Identity: identity, Key: d.Key, RetryAfterSeconds: wait})
 		}
 	}
 	slices.SortStableFunc(answer.Blocked, func(a, b adminapi.BlockedClient) int {
@@ -403,6 +410,9 @@ func listZones(hs []*Handler) []adminapi.ZoneInfo {
 			}
 			if z.limit.Algorithm != limiter.Concurrency {
 				info.WindowSeconds = milliseconds(z.limit.Window)
+			}
+			if info.Period = z.periodInfo(periodNow()); info.Period != nil {
+				info.WindowSeconds = info.Period.Seconds
 			}
 			if z.wait > 0 {
 				info.WaitSeconds = milliseconds(z.wait)

@@ -30,8 +30,10 @@ type backendConfig struct {
 	failMode string
 	// zones are the identities of the handler's zones: a reset that other
 	// instances announce for another zone is not its business.
-	zones  []string
-	logger *zap.Logger
+	zones []string
+	// periods are the zones with a period (periodZones), nil without.
+	periods periodZones
+	logger  *zap.Logger
 }
 
 // storeMode says where a backend's limits live.
@@ -97,6 +99,7 @@ type backend struct {
 	timeout   time.Duration
 	failMode  string
 	zones     []string
+	periods   periodZones
 	// failures logs failed decisions, settleFailures failed settles,
 	// unannounced the refunds applied but not announced, refused the
 	// requests whose own figures the engine refuses.
@@ -120,6 +123,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 		timeout:        cfg.timeout,
 		failMode:       cfg.failMode,
 		zones:          cfg.zones,
+		periods:        cfg.periods,
 		failures:       newFailureLog(cfg.logger, "rate limit store unavailable; applying fail mode", time.Second),
 		settleFailures: newFailureLog(cfg.logger, "settling what requests cost failed (count_status, settle, a released lease or wait): their reservations count until they age out", time.Second),
 		unannounced: newFailureLog(cfg.logger, "a refund was settled in redis, but announcing it to other instances failed: "+
@@ -136,7 +140,7 @@ func newBackend(cfg backendConfig) (*backend, error) {
 	b.releases = append(b.releases, release)
 	if cfg.redis == "" {
 		b.mode, b.store = inProcess, memory
-		b.cache = limiter.NewDenyCache(memory, 0)
+		b.cache = limiter.NewDenyCache(b.clamped(memory), 0)
 		return b, nil
 	}
 	b.local = memory
@@ -180,11 +184,20 @@ func (b *backend) connect(cfg backendConfig) error {
 	}
 	b.releases = append(b.releases, release)
 	b.redis, b.store = store, store
-	b.cache = limiter.NewDenyCache(conn.Breaker().Guard(timedStore{store}), 0)
+	b.cache = limiter.NewDenyCache(b.clamped(conn.Breaker().Guard(timedStore{store})), 0)
 	// Last: an announcement may come at once, and finds the stack whole.
 	conn.Listen(b)
 	b.releases = append(b.releases, func() error { conn.Unlisten(b); return nil })
 	return nil
+}
+
+// clamped returns store, or with period zones a store that clamps their
+// decisions to the period's end before the deny cache keeps them.
+func (b *backend) clamped(store limiter.Store) limiter.Store {
+	if len(b.periods) == 0 {
+		return store
+	}
+	return periodStore{store, b.periods}
 }
 
 // checkRights refuses a Redis user that no decision can be made with, and
@@ -323,6 +336,7 @@ func (b *backend) decide(ctx context.Context, checks []limiter.Check, decisions 
 	}
 	// The in-process store never fails.
 	_ = b.fallback.Allow(ctx, checks, decisions)
+	b.periods.clamp(checks, decisions, periodNow())
 	return fromLocal, nil
 }
 
@@ -426,6 +440,7 @@ func (b *backend) decideFull(ctx context.Context, checks []limiter.Check, decisi
 	}
 	// The in-process store never fails.
 	_ = b.fallback.Allow(ctx, checks, decisions)
+	b.periods.clamp(checks, decisions, periodNow())
 	return fromLocal, nil
 }
 
@@ -640,8 +655,9 @@ func (b *backend) peek(ctx context.Context, check limiter.Check) (d limiter.Deci
 	// all keeps check's wait: a call waits only if each of its checks may.
 	all := check
 	all.Limit.Max, all.Cost = maxMaxRequests, 0
-	decisions := make([]limiter.Decision, 2)
-	err = b.store.Peek(ctx, []limiter.Check{check, all}, decisions)
+	checks, decisions := []limiter.Check{check, all}, make([]limiter.Decision, 2)
+	err = b.store.Peek(ctx, checks, decisions)
+	b.periods.clamp(checks, decisions, periodNow())
 	return decisions[0], maxMaxRequests - decisions[1].Remaining, err
 }
 
@@ -741,7 +757,8 @@ func (b *backend) Announced(key string, what redisconn.Announcement) {
 	case !ours:
 		// Another key prefix: another handler's keys.
 		return
-	case ok && !slices.Contains(b.zones, zone):
+	case ok && !slices.Contains(b.zones, b.periods.base(zone)):
+		// A period zone's state names its period too.
 		return
 	case !ok || b.redis.Key(zone, client) != key:
 		// A key of this prefix in a layout this version does not know,

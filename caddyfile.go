@@ -33,7 +33,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	sliding_ratelimit [<matcher>] {
-//		window       <duration>
+//		window       <duration> | day | week | month
+//		time_zone    <IANA name>
 //		max_requests <n> | <placeholder> <fallback>
 //		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
 //		settle       header <name> | bytes | json <path>... | llm
@@ -42,7 +43,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		count_status <code|class>...
 //		wait         <duration>
 //		zone <name> [<window> <max_requests>] {
-//			window       <duration>
+//			window       <duration> | day | week | month
+//			time_zone    <IANA name>
 //			max_requests <n> | <placeholder> <fallback>
 //			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
 //			settle       header <name> | bytes | json <path>... | llm
@@ -79,8 +81,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 // window and max_requests define the zone named "default"; give them, or
 // one or more zones, or both. A zone may be given in short, with or without
-// a block: zone burst 1s 10. key, algorithm, count_status, cost, settle
-// and wait at the top are the defaults of every zone. A zone with concurrent
+// a block: zone burst 1s 10. A window of day, week (from Monday) or month
+// counts by the calendar, from midnight in time_zone (UTC by default).
+// key, algorithm, count_status, cost, settle, wait and time_zone at the top
+// are the defaults of every zone. A zone with concurrent
 // limits requests in flight instead, and has no window, max_requests, cost
 // or settle. Defaults: key {client_ip}, algorithm log, cost 1, no wait,
 // lease 1m, max_waiting 1000, mode
@@ -121,7 +125,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			handled, err := parseUnitsOption(d, name, unitsFields{&h.MaxRequests, &h.MaxRequestsFrom, &h.Cost, &h.Settle, &h.CostJSON, &h.CostLLM})
 			if err == nil && !handled {
-				handled, err = parseLimitOption(d, name, &h.Window, &h.Key, &h.Algorithm, &h.CountStatus)
+				handled, err = parseLimitOption(d, name, windowFields{&h.Window, &h.Period, &h.TimeZone}, &h.Key, &h.Algorithm, &h.CountStatus)
 			}
 			if err != nil {
 				return err
@@ -176,6 +180,12 @@ func (h *Handler) checkLimitsGiven(d *caddyfile.Dispenser, window, maxRequests b
 		return d.Err("window and max_requests are required (or at least one zone)")
 	}
 	if err := checkZoneNames(window, h.Zones); err != nil {
+		return d.Err(err.Error())
+	}
+	if err := checkPeriod(h.Period, "", time.Duration(h.Window), h.Algorithm, time.Duration(h.Wait)); err != nil {
+		return d.Err(err.Error())
+	}
+	if err := checkTimeZoneUsed(h.TimeZone, h.Period, h.Zones); err != nil {
 		return d.Err(err.Error())
 	}
 	if err := checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom); window && err != nil {
@@ -262,7 +272,7 @@ func (h *Handler) parseOption(d *caddyfile.Dispenser, name string) error {
 // cases of UnmarshalCaddyfile, parseOption and parseLimitOption (the
 // handler's block), and of parseZone and parseLimitOption (a zone's).
 var (
-	limitSubdirectives   = []string{"window", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
+	limitSubdirectives   = []string{"window", "time_zone", "max_requests", "key", "algorithm", "count_status", "cost", "settle"}
 	handlerSubdirectives = append([]string{"zone", "log_keys", "mode", "fail_mode", "headers", "ipv4_prefix", "ipv6_prefix",
 		"redis", "key_prefix", "timeout", "wait", "max_waiting"}, limitSubdirectives...)
 	zoneSubdirectives = append([]string{"match", "wait", "concurrent", "lease", "price", "price_table", "warn", "mode"}, limitSubdirectives...)
@@ -271,10 +281,23 @@ var (
 // parseLimitOption parses a subdirective that both the handler and a zone
 // take, but for those of units (parseUnitsOption). It reports false for any
 // other name.
-func parseLimitOption(d *caddyfile.Dispenser, name string, window *caddy.Duration, key, algorithm *string, countStatus *[]int) (bool, error) {
+func parseLimitOption(d *caddyfile.Dispenser, name string, window windowFields, key, algorithm *string, countStatus *[]int) (bool, error) {
 	switch name {
 	case "window":
-		return true, positiveDuration(d, name, window)
+		arg, err := oneArg(d)
+		if err != nil {
+			return true, err
+		}
+		return true, parseWindow(d, arg, window)
+	case "time_zone":
+		arg, err := oneArg(d)
+		if err != nil {
+			return true, err
+		}
+		if _, err := loadTimeZone(arg); err != nil {
+			return true, d.Err(err.Error())
+		}
+		*window.timeZone = arg
 	case "key":
 		arg, err := oneArg(d)
 		if err != nil {
@@ -356,7 +379,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 		}
 		handled, err := parseUnitsOption(d, name, unitsFields{&z.MaxRequests, &z.MaxRequestsFrom, &z.Cost, &z.Settle, &z.CostJSON, &z.CostLLM})
 		if err == nil && !handled {
-			handled, err = parseLimitOption(d, name, &z.Window, &z.Key, &z.Algorithm, &z.CountStatus)
+			handled, err = parseLimitOption(d, name, windowFields{&z.Window, &z.Period, &z.TimeZone}, &z.Key, &z.Algorithm, &z.CountStatus)
 		}
 		if err == nil && !handled {
 			handled, err = parseZoneTimeOption(d, name, z)
@@ -395,6 +418,7 @@ func parseZone(d *caddyfile.Dispenser) (*Zone, int, error) {
 		checkCostLLM(z.CostLLM, z.Cost, z.CostJSON != nil),
 		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
+		checkPeriod(z.Period, z.TimeZone, time.Duration(z.Window), z.Algorithm, time.Duration(z.Wait)),
 		checkZoneMode(z.Mode, time.Duration(z.Wait)),
 	} {
 		if err != nil {
@@ -489,7 +513,8 @@ func parseZoneSoftOption(d *caddyfile.Dispenser, name string, z *Zone) (bool, er
 // subdirectiveSyntax is the form of each subdirective that takes one
 // argument, for errors that say what was expected.
 var subdirectiveSyntax = map[string]string{
-	"window":      "window <duration>",
+	"window":      "window <duration>|" + periodEnum.syntax(),
+	"time_zone":   "time_zone <IANA name>",
 	"key":         "key <template>",
 	"algorithm":   "algorithm " + algorithmEnum.syntax(),
 	"mode":        "mode " + modeEnum.syntax(),
@@ -514,8 +539,7 @@ func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error
 	switch args := d.RemainingArgs(); len(args) {
 	case 0:
 	case 2, 3:
-		var err error
-		if z.Window, err = parseDuration(d, "window", args[0]); err != nil {
+		if err := parseWindow(d, args[0], windowFields{&z.Window, &z.Period, &z.TimeZone}); err != nil {
 			return nil, err
 		}
 		if err := parseMaxRequestsOption(d, args[1:], &z.MaxRequests, &z.MaxRequestsFrom); err != nil {
@@ -526,6 +550,29 @@ func parseZoneShortForm(d *caddyfile.Dispenser, z *Zone) (map[string]bool, error
 		return nil, d.Errf("zone %s: want zone <name> [<window> <max_requests>] [{ ... }]", z.Name)
 	}
 	return seen, nil
+}
+
+// windowFields are the fields, of the handler or of a zone, that a window
+// argument sets: a duration, or a period and its time zone.
+type windowFields struct {
+	window   *caddy.Duration
+	period   *string
+	timeZone *string
+}
+
+// parseWindow reads a window's argument: a duration, or a calendar period
+// (day, week or month).
+func parseWindow(d *caddyfile.Dispenser, arg string, f windowFields) error {
+	if slices.Contains(periodEnum.values, arg) {
+		*f.period = arg
+		return nil
+	}
+	if !strings.ContainsAny(arg, "0123456789") {
+		return d.Errf("window must be a duration (1m, 24h; the units are ns, us, ms, s, m, h and d) or a period (day, week or month), got %q%s", arg, didYouMean(arg, periodEnum.values))
+	}
+	var err error
+	*f.window, err = parseDuration(d, "window", arg)
+	return err
 }
 
 // parseStatus reads one count_status argument: "401" or "4xx".

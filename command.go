@@ -40,9 +40,10 @@ its admin API, which must be enabled.
                                      content-bytes, units or usd-micros) and
                                      wait in a zone, the dollars spent and
                                      left (a zone with prices), the wait of a
-                                     request now (a zone with a wait) and the
-                                     leases held (a concurrency zone);
-                                     records nothing
+                                     request now (a zone with a wait), the
+                                     leases held (a concurrency zone) and the
+                                     period and when it resets (a zone with a
+                                     day, week or month); records nothing
   reset  --zone <zone> --key <key>   forgets the client's requests in a zone,
                                      on every instance that shares the store
   blocked [--limit <n>]              the clients this instance holds as blocked,
@@ -198,6 +199,10 @@ func cmdZones(fl caddycmd.Flags, out io.Writer) (int, error) {
 			if z.WindowSeconds > 0 {
 				window = seconds(z.WindowSeconds)
 			}
+			if z.Period != nil {
+				// A calendar period: its name and time zone.
+				window = z.Period.Name + "(" + z.Period.TimeZone + ")"
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cell(z.Name), cell(z.Identity), cell(limit), window,
 				cell(z.Unit), cell(z.Algorithm), cell(z.Key))
 		}
@@ -225,8 +230,8 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 
 // printWaitAndLeases adds, below the status table, the limit the figures
 // count against where each tenant has its own (and where it comes from),
-// the dollars spent and left in a priced zone, the wait of a request now in a zone with a wait, and the leases held in a
-// concurrency zone.
+// the dollars spent and left in a priced zone, the wait of a request now in a zone with a wait, the leases held in a
+// concurrency zone, and the period and when it resets in a zone with a period.
 func printWaitAndLeases(tw io.Writer, s adminapi.KeyState) {
 	if s.LimitFrom != "" {
 		// SOURCE: last_decision (the client's own) or fallback (not known).
@@ -241,6 +246,9 @@ func printWaitAndLeases(tw io.Writer, s adminapi.KeyState) {
 	}
 	if s.LeasesHeld != nil && s.LeasesHeldHere != nil {
 		fmt.Fprintf(tw, "\nLEASES HELD\tON THIS INSTANCE\n%d\t%d\n", *s.LeasesHeld, *s.LeasesHeldHere)
+	}
+	if p := s.Period; p != nil {
+		fmt.Fprintf(tw, "\nPERIOD\tTIME ZONE\tSTARTED\tRESETS AT\n%s\t%s\t%s\t%s\n", cell(p.Name), cell(p.TimeZone), cell(p.Start), cell(p.End))
 	}
 }
 

@@ -32,7 +32,8 @@ func (z *Zone) prepareHeaders() {
 // srl-qu="units", and for a priced zone srl-qu="usd-micros" (millionths of
 // a US dollar), as the draft asks of other units: a client that knows
 // only the draft's reads requests, and the policy's name says what q
-// counts. Requests in flight have no window.
+// counts. Requests in flight have no window; a period's window is the
+// length of the period that holds now.
 func (z *Zone) policyItem(maxText string) string {
 	item := z.quotedName + ";q=" + maxText
 	switch z.unit() {
@@ -46,7 +47,12 @@ func (z *Zone) policyItem(maxText string) string {
 		// Money, which the draft has no unit for either.
 		item += `;srl-qu="usd-micros"`
 	}
-	return item + ";w=" + strconv.FormatInt(ceilSeconds(z.limit.Window), 10)
+	window := z.limit.Window
+	if z.period != nil {
+		s := z.period.at(periodNow())
+		window = s.end.Sub(s.start)
+	}
+	return item + ";w=" + strconv.FormatInt(ceilSeconds(window), 10)
 }
 
 // unread is the Remaining of a zone whose state a decision did not read:
@@ -66,9 +72,10 @@ func (z *Zone) maxOf(max int64) string {
 }
 
 // policyOf is the RateLimit-Policy item of zone z in a call with check c:
-// precomputed unless the call has a max of its own (a tenant's quota).
+// precomputed unless the call has a max of its own (a tenant's quota) or
+// the zone a period, whose length changes.
 func policyOf(z *Zone, c limiter.Check) string {
-	if c.Limit.Max == z.limit.Max {
+	if c.Limit.Max == z.limit.Max && z.period == nil {
 		return z.policy
 	}
 	return z.policyItem(z.maxOf(c.Limit.Max))

@@ -51,6 +51,9 @@ func (req *request) collect(zones []*Zone, r *http.Request, repl *caddy.Replacer
 			z.fallbacks.record(z.Key)
 		}
 		c := limiter.Check{Zone: z.identity, Key: key, Limit: z.limit}
+		if z.period != nil {
+			c.Zone = z.state(periodNow())
+		}
 		if z.units != nil {
 			if err := z.units.price(r, repl, &c); err != nil {
 				return err

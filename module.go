@@ -38,12 +38,23 @@ const (
 type Handler struct {
 	// Window, with MaxRequests, defines the zone named "default": at most
 	// MaxRequests requests of one client in any span of Window, counted back
-	// from each request. Required unless Zones are given; greater than zero.
+	// from each request. Required unless Zones (or Period) are given;
+	// greater than zero.
 	// Handlers of one config whose "default" zones have the same window and
 	// max_requests (and store) share one limit; since nobody chose that
 	// name, provisioning warns about it, naming the handlers. Name the zone
 	// (Zones) to share on purpose or to count apart.
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// Period, instead of Window, makes the "default" zone count by the
+	// calendar: "day", "week" (from Monday) or "month", each starting at
+	// midnight in TimeZone (see the zone's field). Default "": Window.
+	Period string `json:"period,omitempty"`
+
+	// TimeZone is the IANA name of the time zone whose midnight starts the
+	// periods of the "default" zone and of every zone with a period that
+	// names none, such as "Europe/Berlin". Needs a period. Default "UTC".
+	TimeZone string `json:"time_zone,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window of
 	// the "default" zone, or with a Cost or Settle how many units. Denied
@@ -275,6 +286,7 @@ func (h *Handler) backendConfig() backendConfig {
 		timeout:   time.Duration(h.Timeout),
 		failMode:  h.FailMode,
 		zones:     identities,
+		periods:   periodsOf(h.zones),
 		logger:    h.logger,
 	}
 }
@@ -352,12 +364,12 @@ func (h *Handler) setDefaults() {
 // and metrics.
 func (h *Handler) provisionZones(ctx caddy.Context) error {
 	h.zones = h.zones[:0]
-	if h.Window != 0 || h.MaxRequests != 0 {
-		h.zones = append(h.zones, &Zone{Name: defaultZone, site: implicitSite(ctx), Window: h.Window, MaxRequests: h.MaxRequests, MaxRequestsFrom: h.MaxRequestsFrom, CountStatus: h.CountStatus})
+	if h.Window != 0 || h.MaxRequests != 0 || h.Period != "" {
+		h.zones = append(h.zones, &Zone{Name: defaultZone, site: implicitSite(ctx), Window: h.Window, Period: h.Period, MaxRequests: h.MaxRequests, MaxRequestsFrom: h.MaxRequestsFrom, CountStatus: h.CountStatus})
 	}
 	h.zones = append(h.zones, h.Zones...)
 	h.afterResponse = false
-	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, CostJSON: h.CostJSON, CostLLM: h.CostLLM, Settle: h.Settle, Wait: h.Wait}
+	defaults := Zone{Key: h.Key, Algorithm: h.Algorithm, CountStatus: h.CountStatus, Cost: h.Cost, CostJSON: h.CostJSON, CostLLM: h.CostLLM, Settle: h.Settle, Wait: h.Wait, TimeZone: h.TimeZone}
 	for _, z := range h.zones {
 		if err := z.provision(ctx, h.logger, defaults); err != nil {
 			return err
@@ -372,13 +384,14 @@ func (h *Handler) provisionZones(ctx caddy.Context) error {
 // Validate checks the configuration: every rule of zones.go and units.go, on the JSON
 // fields. Zero values of optional fields mean their defaults.
 func (h *Handler) Validate() error {
-	hasDefault := h.Window != 0 || h.MaxRequests != 0
+	hasDefault := h.Window != 0 || h.MaxRequests != 0 || h.Period != ""
 	if !hasDefault && len(h.Zones) == 0 {
 		return errors.New("no limit: set window and max_requests, or at least one zone")
 	}
 	var errs []error
 	if hasDefault {
-		errs = append(errs, checkWindow("window", time.Duration(h.Window)), checkMaxRequests(h.MaxRequests),
+		errs = append(errs, checkWindowOrPeriod(time.Duration(h.Window), h.Period), checkMaxRequests(h.MaxRequests),
+			checkPeriod(h.Period, "", time.Duration(h.Window), h.Algorithm, time.Duration(h.Wait)),
 			checkCostFits(h.Cost, h.MaxRequests, h.MaxRequestsFrom), checkWait(time.Duration(h.Wait), time.Duration(h.Window), h.Algorithm),
 			checkCostJSONFits(h.CostJSON, h.MaxRequests, h.MaxRequestsFrom),
 			checkCostLLMFits(h.CostLLM, h.MaxRequests, h.MaxRequestsFrom))
@@ -404,6 +417,7 @@ func (h *Handler) Validate() error {
 		checkMaxRequestsFrom(h.MaxRequestsFrom),
 		checkWait(time.Duration(h.Wait), 0, ""),
 		checkMaxWaiting(h.MaxWaiting),
+		checkTimeZoneUsed(h.TimeZone, h.Period, h.Zones),
 	)
 	if h.MaxRequestsFrom != "" && !hasDefault {
 		errs = append(errs, errors.New("max_requests_from needs window and max_requests (its fallback); a zone has its own"))

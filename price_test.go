@@ -376,7 +376,7 @@ func TestSpendRecipe(t *testing.T) {
 			if got := unitsUsed(t, "spend", key, want); got != want {
 				t.Errorf("%s stream=%v (%s): %d µ$ charged, want %d", c.API, c.Stream, c.Model, got, want)
 			}
-			if want := `"spend";q=10000000;srl-qu="usd-micros";w=86400, "tenant_spend";q=500000000;srl-qu="usd-micros";w=2592000`; r.RateLimitPolicy != want {
+			if want := `"spend";q=10000000;srl-qu="usd-micros";w=86400, "tenant_spend";q=500000000;srl-qu="usd-micros";w=` + monthSeconds(t, "America/New_York"); r.RateLimitPolicy != want {
 				t.Errorf("RateLimit-Policy %q, want %q", r.RateLimitPolicy, want)
 			}
 		}

@@ -42,10 +42,25 @@ type Zone struct {
 	Name string `json:"name,omitempty"`
 
 	// Window is the span in which at most MaxRequests requests of one client
-	// are admitted, counted back from each request. Required; greater than
-	// zero. A reload that changes it keeps the counts of a log zone, and
-	// starts a counter zone's clients over (see zoneIdentity).
+	// are admitted, counted back from each request. Required unless Period
+	// is given; greater than zero. A reload that changes it keeps the
+	// counts of a log zone, and starts a counter zone's clients over (see
+	// zoneIdentity).
 	Window caddy.Duration `json:"window,omitempty"`
+
+	// Period makes the zone count by the calendar instead of a sliding
+	// Window: "day", "week" (ISO 8601: from Monday) or "month". A client
+	// may spend MaxRequests per period, and the whole budget comes back at
+	// the period's start, midnight in TimeZone, on every instance at once
+	// (as their clocks tell it). Exclusive with Window; counted with
+	// algorithm log, without a wait. Default "": the sliding Window.
+	Period string `json:"period,omitempty"`
+
+	// TimeZone is the IANA name of the time zone whose midnight starts each
+	// Period, such as "Europe/Berlin" or "America/New_York"; a day is 23 or
+	// 25 hours long where daylight saving starts or ends. Only with Period.
+	// Default: the handler's time_zone, else "UTC".
+	TimeZone string `json:"time_zone,omitempty"`
 
 	// MaxRequests is how many requests one client may make in any Window,
 	// or with a Cost or Settle how many units (tokens, bytes). Denied
@@ -212,6 +227,9 @@ type Zone struct {
 	// wait is how long this zone lets a request wait for its slot: its
 	// Wait, or the handler's; zero but in a zone of algorithm log.
 	wait time.Duration
+
+	// period is the zone's calendar period, nil for a sliding window.
+	period *period
 }
 
 // provision loads the zone's matchers and precomputes what requests need.
@@ -246,6 +264,14 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 	// A concurrency zone has none of these: the handler's do not apply.
 	if z.Algorithm == "" && !z.concurrency() {
 		z.Algorithm = defaults.Algorithm
+		if z.Period != "" {
+			// A period counts exactly: the handler's algorithm is its
+			// sliding zones'.
+			z.Algorithm = algorithmLog
+		}
+	}
+	if z.TimeZone == "" && z.Period != "" {
+		z.TimeZone = defaults.TimeZone
 	}
 	if z.CountStatus == nil && !z.concurrency() {
 		z.CountStatus = defaults.CountStatus
@@ -266,9 +292,17 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 		}
 	}
 	z.limit = limiter.Limit{Window: time.Duration(z.Window), Max: z.MaxRequests}
+	var loc *time.Location
 	switch {
 	case z.concurrency():
 		z.limit = limiter.Limit{Window: cmp.Or(time.Duration(z.Lease), defaultLease), Max: z.Concurrent, Algorithm: limiter.Concurrency}
+	case z.Period != "":
+		// No wait: its room comes back only at the period's start.
+		var err error
+		if loc, err = loadTimeZone(z.TimeZone); err != nil {
+			return fmt.Errorf("zone %s: %w", z.Name, err)
+		}
+		z.limit.Window = periodWindow(z.Period)
 	case z.Algorithm == algorithmLog:
 		z.wait = time.Duration(cmp.Or(z.Wait, defaults.Wait))
 		// The handler's wait is checked here against each zone's window.
@@ -298,6 +332,11 @@ func (z *Zone) provision(ctx caddy.Context, logger *zap.Logger, defaults Zone) e
 		// µ$ are not tokens: a zone that starts or stops pricing on a
 		// reload starts its clients over rather than read one as the other.
 		z.identity += ":" + unitUSDMicros
+	}
+	if z.Period != "" {
+		// Each period is a state of its own, named by its start.
+		z.identity += ":" + z.Period
+		z.period = newPeriod(z.Period, loc, z.identity)
 	}
 	z.key = clientkey.Parse(z.Key)
 	for _, name := range z.key.PlaceholderNames() {
@@ -354,7 +393,8 @@ func (z *Zone) counts(status int) bool {
 func (z *Zone) validate() error {
 	rules := []error{
 		checkZoneName(z.Name),
-		checkWindow("window", time.Duration(z.Window)),
+		checkWindowOrPeriod(time.Duration(z.Window), z.Period),
+		checkPeriod(z.Period, z.TimeZone, time.Duration(z.Window), z.Algorithm, time.Duration(z.Wait)),
 		checkMaxRequests(z.MaxRequests),
 		checkKeyTemplate(z.Key),
 		algorithmEnum.check(z.Algorithm),
@@ -397,6 +437,12 @@ func (z *Zone) countingFields() string {
 	var set []string
 	if z.Window != 0 {
 		set = append(set, "window")
+	}
+	if z.Period != "" {
+		set = append(set, "period")
+	}
+	if z.TimeZone != "" {
+		set = append(set, "time_zone")
 	}
 	if z.MaxRequests != 0 {
 		set = append(set, "max_requests")
@@ -819,6 +865,7 @@ var (
 	failModeEnum  = enum{"fail_mode", []string{failOpen, failClosed, failLocal}}
 	headersEnum   = enum{"headers", []string{headersDraft, headersLegacy, headersOff}}
 	algorithmEnum = enum{"algorithm", []string{algorithmLog, algorithmCounter}}
+	periodEnum    = enum{"period", []string{periodDay, periodWeek, periodMonth}}
 	topologyEnum  = enum{"redis_topology", redisconn.Topologies}
 )
 
@@ -921,6 +968,42 @@ func checkWindow(field string, d time.Duration) error {
 		return fmt.Errorf("%s %v is longer than two years (%s), the most the limiter keeps", field, d, formatWindow(maxWindow))
 	}
 	return nil
+}
+
+// checkWindowOrPeriod is the rule of a window (checkWindow) where no period
+// stands for it.
+func checkWindowOrPeriod(window time.Duration, period string) error {
+	if period != "" && window == 0 {
+		return nil
+	}
+	return checkWindow("window", window)
+}
+
+// checkPeriod is the rule of a period and its time_zone: a day, week or
+// month instead of a window, counted exactly (algorithm log: a counter's
+// fixed windows would not fall on the period's) and without a wait (room
+// comes back only when the next period starts); a time_zone that loads,
+// and only with a period.
+func checkPeriod(period, timeZone string, window time.Duration, algorithm string, wait time.Duration) error {
+	if period == "" {
+		if timeZone != "" {
+			return fmt.Errorf("time_zone %s needs a period: window day, week or month", timeZone)
+		}
+		return nil
+	}
+	if err := periodEnum.check(period); err != nil {
+		return err
+	}
+	switch {
+	case window != 0:
+		return fmt.Errorf("period %s and window %v exclude each other: a period is its window", period, window)
+	case algorithm == algorithmCounter:
+		return fmt.Errorf("a %s period counts with algorithm log: a counter's fixed windows would not fall on the period's", period)
+	case wait != 0:
+		return fmt.Errorf("a %s period takes no wait: its room comes back only when the next period starts (wait %v)", period, wait)
+	}
+	_, err := loadTimeZone(timeZone)
+	return err
 }
 
 // warnShortWindow warns of a window or lease under a millisecond, which the

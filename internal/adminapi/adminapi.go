@@ -69,6 +69,25 @@ type KeyState struct {
 	// other zones.
 	LeasesHeld     *int64 `json:"leases_held,omitempty"`
 	LeasesHeldHere *int64 `json:"leases_held_here,omitempty"`
+	// Period is, in a zone with a period, the period Count and Remaining
+	// are of; absent in other zones.
+	Period *Period `json:"period,omitempty"`
+}
+
+// Period is a zone's calendar period, and the one that holds now.
+type Period struct {
+	// Name is "day", "week" or "month".
+	Name string `json:"name"`
+	// TimeZone is the IANA name of the time zone whose midnight starts
+	// each period.
+	TimeZone string `json:"time_zone"`
+	// Start and End are when the period that holds now started and when
+	// it ends, which is when the budget comes back: RFC 3339, in TimeZone.
+	Start string `json:"start"`
+	End   string `json:"end"`
+	// Seconds is that period's length (a day is 23 or 25 hours where
+	// daylight saving starts or ends).
+	Seconds float64 `json:"seconds"`
 }
 
 // ResetAnswer is the answer to DELETE.
@@ -116,10 +135,13 @@ type ZoneInfo struct {
 	// a placeholder (LimitFrom), its fallback.
 	Limit     int64  `json:"limit"`
 	LimitFrom string `json:"limit_from,omitempty"`
-	// WindowSeconds is 0 in a concurrency zone.
+	// WindowSeconds is 0 in a concurrency zone; in a zone with a period,
+	// the length of the period that holds now.
 	WindowSeconds float64 `json:"window_seconds"`
-	Algorithm     string  `json:"algorithm"`
-	Unit          string  `json:"unit"`
+	// Period is the zone's calendar period, when it has one.
+	Period    *Period `json:"period,omitempty"`
+	Algorithm string  `json:"algorithm"`
+	Unit      string  `json:"unit"`
 	// LimitUSD is, in a zone with prices, Limit in dollars ("10").
 	LimitUSD string `json:"limit_usd,omitempty"`
 	// Key is the zone's key template (not a client's key).
