@@ -314,3 +314,29 @@ func TestReadmeFirstExampleIsASite(t *testing.T) {
 	}
 	t.Fatal("README.md has no caddyfile block")
 }
+
+// TestLayoutNamesEveryFile: docs/layout.md names every file of the root
+// package and every internal package, at the start of a line of its map, so
+// that a file added or renamed is placed there too.
+func TestLayoutNamesEveryFile(t *testing.T) {
+	raw, err := os.ReadFile("docs/layout.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := make(map[string]bool)
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if fields := strings.Fields(line); len(fields) > 0 && !strings.HasPrefix(line, " ") {
+			named[fields[0]] = true
+		}
+	}
+	files, _ := filepath.Glob("*.go")
+	packages, _ := filepath.Glob("internal/*")
+	for _, f := range append(files, packages...) {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		if !named[f] {
+			t.Errorf("docs/layout.md does not name %s", f)
+		}
+	}
+}
