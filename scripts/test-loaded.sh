@@ -21,9 +21,10 @@ count=${LOADED_COUNT:-3}
 bound=${LOADED_BOUND:-10m}
 
 # The tests that fail when a limit or a budget is exceeded, or a charge is
-# lost: the fleets of the recipes (images, hang-ups), and the exactness of one store, of the
+# lost: the fleets of the recipes (images, hang-ups, billed dimensions), a soft limit
+# crossed once by a fleet, a month shared by two instances, and the exactness of one store, of the
 # model, and of several instances sharing one Redis.
-root_tests='^(TestAIGatewayFleet|TestSpendFleet|TestCostLLMFleetWithImages|TestAIGatewayHangUpFleet|TestExactAcrossInstances|TestUnitsExactAcrossInstances|TestWaitsExactAcrossInstances)$'
+root_tests='^(TestAIGatewayFleet|TestSpendFleet|TestDimensionsFleet|TestCostLLMFleetWithImages|TestAIGatewayHangUpFleet|TestSoftLimitOnceAcrossInstances|TestMonthBudgetResetsAtMidnightOfTheFirst|TestExactAcrossInstances|TestUnitsExactAcrossInstances|TestWaitsExactAcrossInstances)$'
 limiter_tests='^(TestExactUnderConcurrency|TestLeasesUnderConcurrency|TestStoresMatchModel)$'
 
 bin=$(mktemp -d)
