@@ -63,6 +63,10 @@ const (
 	// response): they count as used and are reported as input (in
 	// Anthropic's message_start too), while the body stays small.
 	HeaderInputByReference = "X-Test-Input-By-Reference"
+	// HeaderStop (a count N) ends the answer after N output tokens, as a
+	// model that finishes (end_turn, stop) well before the max_tokens it
+	// was allowed: an agent asks for 128k and writes a few thousand.
+	HeaderStop = "X-Test-Stop"
 )
 
 // knobs are the test knobs of a request.
@@ -74,13 +78,14 @@ type knobs struct {
 	nested                        bool
 	cacheRead, cacheWrite, reason int64
 	byReference                   int64
+	stop                          int64 // -1: none
 	status                        int
 	dims                          Dims
 }
 
 // readKnobs reads the test knobs of h.
 func readKnobs(h http.Header) (knobs, error) {
-	k := knobs{cut: -1, nested: h.Get(HeaderNestedUsage) != ""}
+	k := knobs{cut: -1, stop: -1, nested: h.Get(HeaderNestedUsage) != ""}
 	duration := func(name string, d *time.Duration) error {
 		if v := h.Get(name); v != "" {
 			var err error
@@ -117,6 +122,11 @@ func readKnobs(h http.Header) (knobs, error) {
 			return k, fmt.Errorf("%s: %q is not IN,OUT", HeaderUsage, v)
 		}
 		k.override = true
+	}
+	if v := h.Get(HeaderStop); v != "" {
+		if err := number(HeaderStop, v, &k.stop); err != nil {
+			return k, err
+		}
 	}
 	for name, n := range map[string]*int64{HeaderCacheRead: &k.cacheRead, HeaderCacheWrite: &k.cacheWrite, HeaderReasoning: &k.reason, HeaderInputByReference: &k.byReference} {
 		if err := number(name, h.Get(name), n); err != nil {

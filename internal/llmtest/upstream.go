@@ -275,6 +275,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rp = vendorError(t, http.StatusBadRequest, "invalid request: "+err.Error())
 			break
 		}
+		if k.stop >= 0 {
+			req.Output = min(req.Output, k.stop)
+		}
 		t.req = req
 		u.mu.Lock()
 		c.Model, c.Stream = req.Model, req.Stream
