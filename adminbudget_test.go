@@ -13,15 +13,27 @@ import (
 )
 
 // TestAdminReservedAndSpent: through Caddy, Redis and the stand-in LLM
-// API, a key with an ended call and a call running shows, in a zone with
-// prices and in zones of tokens (a sliding day, a calendar day), what the running call holds reserved
-// apart from what the ended one spent (the count less the reservation),
-// in dollars in the first; the command prints both; once the running call
-// ends, nothing is reserved and all is spent. A zone that does not settle
-// shows neither.
+// API, a key with an ended call and two calls running (through two
+// handlers that share the zones) shows, in a zone with prices and in zones
+// of tokens (a sliding day, a calendar day), what the running calls hold
+// reserved apart from what the ended one spent (the count less the
+// reservations), in dollars in the first; the command prints both; once
+// the running calls end, nothing is reserved and all is spent. A zone that
+// does not settle shows neither.
 func TestAdminReservedAndSpent(t *testing.T) {
 	api := llmtest.Start(t)
 	spend, tokens, daily, plain := uniqueZone("spend"), uniqueZone("tokens"), uniqueZone("daily"), uniqueZone("plain")
+	// Two handlers with the same zones, as two sites that share them.
+	limits := `sliding_ratelimit {
+			key {http.request.header.Authorization}
+			cost llm 4096
+			settle llm
+			zone ` + spend + ` 1d 10000000 {
+				price claude-* input 3.00 output 15.00
+			}
+			zone ` + tokens + ` 1d 10000000
+			zone ` + daily + ` day 10000000
+		}`
 	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	handle /plain {
 		sliding_ratelimit {
@@ -29,17 +41,12 @@ func TestAdminReservedAndSpent(t *testing.T) {
 		}
 		respond "ok"
 	}
+	handle_path /other/* {
+		`+limits+`
+		reverse_proxy `+api.Addr()+`
+	}
 	handle {
-		sliding_ratelimit {
-			key {http.request.header.Authorization}
-			cost llm 4096
-			settle llm
-			zone `+spend+` 1d 10000000 {
-				price claude-* input 3.00 output 15.00
-			}
-			zone `+tokens+` 1d 10000000
-			zone `+daily+` day 10000000
-		}
+		`+limits+`
 		reverse_proxy `+api.Addr()+`
 	}`))
 	const key, escapedKey = "Bearer sk-budget", "Bearer%20sk-budget"
@@ -54,31 +61,12 @@ func TestAdminReservedAndSpent(t *testing.T) {
 	unitsUsed(t, spend, escapedKey, spentUSD)
 	unitsUsed(t, tokens, escapedKey, spentTokens)
 
-	// A call running: its stream's first event is sent, the next one only
-	// when the test ends it by hanging up.
+	// Two calls running, one through each handler: the answer, from one
+	// of them, counts the reservations of both.
 	ctx, hangUpRunning := context.WithCancel(context.Background())
 	defer hangUpRunning()
-	running := `{"model":"claude-sonnet-4","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"Write a poem"}]}`
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, site+"v1/messages", strings.NewReader(running))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", key)
-	req.Header.Set(llmtest.HeaderPause, "1h")
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("the running call: status %d", resp.StatusCode)
-	}
-	// Its first event says the call runs (the upstream answered).
-	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
+	holdCall(t, ctx, site+"v1/messages", key)
+	holdCall(t, ctx, site+"other/v1/messages", key)
 
 	s := adminState(t, spend, escapedKey)
 	reservedUSD := figure(t, "reserved", s.Reserved)
@@ -91,7 +79,7 @@ func TestAdminReservedAndSpent(t *testing.T) {
 	}
 	s = adminState(t, tokens, escapedKey)
 	reservedTokens := figure(t, "reserved", s.Reserved)
-	if got := figure(t, "spent", s.Spent); reservedTokens <= 1000 || got != spentTokens || s.Count != got+reservedTokens || !s.Tokens || s.UsedUSD != "" {
+	if got := figure(t, "spent", s.Spent); reservedTokens <= 2*1000 || got != spentTokens || s.Count != got+reservedTokens || !s.Tokens || s.UsedUSD != "" {
 		t.Errorf("tokens while a call runs: %+v, reserved %d: want the ended call's %d spent and the rest (its output bound and more) reserved", s, reservedTokens, spentTokens)
 	}
 
@@ -136,6 +124,33 @@ func TestAdminReservedAndSpent(t *testing.T) {
 	}
 }
 
+// holdCall starts a streaming call as key's that runs until ctx ends:
+// its stream's first event is sent at once, the next one an hour later.
+// It returns once the first event arrived, when the call runs.
+func holdCall(t *testing.T, ctx context.Context, url, key string) {
+	t.Helper()
+	body := `{"model":"claude-sonnet-4","max_tokens":1000,"stream":true,"messages":[{"role":"user","content":"Write a poem"}]}`
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", key)
+	req.Header.Set(llmtest.HeaderPause, "1h")
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the running call through %s: status %d", url, resp.StatusCode)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // figure is the value of a figure of the admin API's answer, failing the
 // test when it is absent.
 func figure(t *testing.T, name string, v *int64) int64 {
@@ -172,4 +187,27 @@ func statusLine(t *testing.T, zone, key string) string {
 	}
 	_, below, _ := strings.Cut(strings.TrimSpace(out), "\n\n")
 	return below
+}
+
+// TestBudgetFigures: the command writes dollars to the µ$ and counts with
+// their thousands apart, signs included.
+func TestBudgetFigures(t *testing.T) {
+	for _, c := range []struct {
+		n                int64
+		dollars, grouped string
+	}{
+		{0, "$0.000000", "0"},
+		{1, "$0.000001", "1"},
+		{999, "$0.000999", "999"},
+		{1000, "$0.001000", "1,000"},
+		{4_500_000, "$4.500000", "4,500,000"},
+		{-1_234_567, "-$1.234567", "-1,234,567"},
+	} {
+		if got := dollars(c.n); got != c.dollars {
+			t.Errorf("dollars(%d) = %q, want %q", c.n, got, c.dollars)
+		}
+		if got := grouped(c.n); got != c.grouped {
+			t.Errorf("grouped(%d) = %q, want %q", c.n, got, c.grouped)
+		}
+	}
 }
