@@ -120,7 +120,7 @@ func (a *AdminAPI) serveKey(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if r.Method == http.MethodGet {
-		return a.peek(w, r, hs[0], zones[0], rawKey)
+		return a.peek(w, r, hs, zones, rawKey)
 	}
 	return a.reset(w, r, hs, zones, rawKey)
 }
@@ -169,8 +169,10 @@ func parseKeyPath(escaped string) (zone, key string, err error) {
 	return zone, key, nil
 }
 
-// peek answers GET from one handler's store, recording nothing.
-func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Zone, rawKey string) error {
+// peek answers GET from the store of the newest of the handlers with the
+// zone, recording nothing.
+func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, hs []*Handler, zones []*Zone, rawKey string) error {
+	h, z := hs[0], zones[0]
 	key := z.key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix)
 	now := periodNow()
 	check := limiter.Check{Zone: z.state(now), Key: key, Limit: z.limit, Wait: z.wait}
@@ -213,6 +215,7 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		Unit:              z.unit(),
 		Count:             used,
 		Remaining:         d.Remaining,
+		Tokens:            z.countsTokens(),
 		ResetSeconds:      milliseconds(d.Reset),
 		RetryAfterSeconds: milliseconds(d.RetryAfter),
 		Period:            z.periodInfo(now),
@@ -220,8 +223,18 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 	if state.Period != nil {
 		state.WindowSeconds = state.Period.Seconds
 	}
+	if z.keepsReservations() {
+		// Read after the count: a call that ends meanwhile counts as
+		// spent, one that starts is not in the count, hence the min.
+		reserved := min(reservedHere(hs, zones, rawKey, check.Zone, key), max(used, 0))
+		spent := used - reserved
+		state.Reserved, state.Spent = &reserved, &spent
+	}
 	if state.Unit == unitUSDMicros {
-		state.SpentUSD, state.LeftUSD, state.LimitUSD = formatMicros(used), formatMicros(d.Remaining), formatMicros(limit)
+		state.UsedUSD, state.LeftUSD, state.LimitUSD = formatMicros(used), formatMicros(d.Remaining), formatMicros(limit)
+		if state.Reserved != nil {
+			state.ReservedUSD, state.SpentUSD = formatMicros(*state.Reserved), formatMicros(*state.Spent)
+		}
 	}
 	if z.wait > 0 {
 		wait := milliseconds(d.Delay)
@@ -232,6 +245,28 @@ func (a *AdminAPI) peek(w http.ResponseWriter, r *http.Request, h *Handler, z *Z
 		state.LeasesHeld, state.LeasesHeldHere = &held, &here
 	}
 	return writeJSON(w, http.StatusOK, state)
+}
+
+// reservedHere sums the reservations that the calls running through the
+// handlers hold in the zone's state (state: its identity, or its period's)
+// for the client key hs[0] stores rawKey as: of every handler with the zone
+// that keeps it in the same store under the same key (sites that share the
+// zone, the old config during a reload).
+func reservedHere(hs []*Handler, zones []*Zone, rawKey, state, key string) int64 {
+	var n int64
+	for i, h := range hs {
+		if h.backend.state() == hs[0].backend.state() && zones[i].key.StoredKey(rawKey, h.IPv4Prefix, h.IPv6Prefix) == key {
+			n += h.leases.reserved(state, key)
+		}
+	}
+	return n
+}
+
+// countsTokens reports whether the zone's units are the tokens of LLM API
+// calls: it reads them (cost llm, settle llm) and has no prices.
+func (z *Zone) countsTokens() bool {
+	u := z.units
+	return z.unit() == unitUnits && (u.cost.llm != nil || u.settle != nil && u.settle.LLM)
 }
 
 // milliseconds is d in seconds, rounded to the millisecond, so that JSON

@@ -38,9 +38,12 @@ its admin API, which must be enabled.
                                      and key
   status --zone <zone> --key <key>   a client's units used and left (requests,
                                      content-bytes, units or usd-micros) and
-                                     wait in a zone, the dollars spent and
-                                     left (a zone with prices), the wait of a
-                                     request now (a zone with a wait), the
+                                     wait in a zone; in a zone whose calls
+                                     settle, what is used of the limit (in
+                                     dollars with prices, or tokens), what
+                                     calls running on this instance hold
+                                     reserved and what is spent; the wait of
+                                     a request now (a zone with a wait), the
                                      leases held (a concurrency zone) and the
                                      period and when it resets (a zone with a
                                      day, week or month); records nothing
@@ -230,16 +233,17 @@ func cmdStatus(fl caddycmd.Flags, out io.Writer) (int, error) {
 
 // printWaitAndLeases adds, below the status table, the limit the figures
 // count against where each tenant has its own (and where it comes from),
-// the dollars spent and left in a priced zone, the wait of a request now in a zone with a wait, the leases held in a
-// concurrency zone, and the period and when it resets in a zone with a period.
+// the budget used, reserved and spent in a zone whose calls settle, the
+// wait of a request now in a zone with a wait, the leases held in a
+// concurrency zone, and the period and when it resets in a zone with a
+// period.
 func printWaitAndLeases(tw io.Writer, s adminapi.KeyState) {
 	if s.LimitFrom != "" {
 		// SOURCE: last_decision (the client's own) or fallback (not known).
 		fmt.Fprintf(tw, "\nLIMIT\tFROM\tSOURCE\n%d\t%s\t%s\n", s.Limit, cell(s.LimitFrom), cell(s.LimitSource))
 	}
-	if s.SpentUSD != "" {
-		// A priced zone: the µ$ above, in dollars.
-		fmt.Fprintf(tw, "\nSPENT\tLEFT\tBUDGET\n$%s\t$%s\t$%s\n", s.SpentUSD, s.LeftUSD, s.LimitUSD)
+	if line := budgetLine(s); line != "" {
+		fmt.Fprintf(tw, "\n%s\n", line)
 	}
 	if s.WaitSeconds != nil {
 		fmt.Fprintf(tw, "\nWAIT NOW\n%s\n", seconds(*s.WaitSeconds))
@@ -359,4 +363,59 @@ func cell(s string) string {
 		return strconv.Quote(s)
 	}
 	return s
+}
+
+// budgetLine is, in a zone whose calls settle or that counts money, what
+// the client used of its limit, split into what the calls running on the
+// instance that answered hold reserved and what is spent, and what is
+// left, in dollars or in the zone's units (tokens where they are):
+//
+//	used $4.550000 of $10.000000: $0.050000 reserved by calls running on this instance, $4.500000 spent; $5.450000 left
+//	used 1,234 of 100,000 tokens: 300 reserved by calls running on this instance, 934 spent; 98,766 left
+//
+// It is "" in other zones, whose table says it all.
+func budgetLine(s adminapi.KeyState) string {
+	money := s.Unit == unitUSDMicros
+	if s.Reserved == nil && !money {
+		return ""
+	}
+	figure, unit := grouped, " "+s.Unit
+	if money {
+		figure, unit = dollars, ""
+	}
+	if s.Tokens {
+		unit = " tokens"
+	}
+	line := "used " + figure(s.Count) + " of " + figure(s.Limit) + unit
+	if s.Reserved != nil && s.Spent != nil {
+		line += ": " + figure(*s.Reserved) + " reserved by calls running on this instance, " + figure(*s.Spent) + " spent"
+	}
+	return line + "; " + figure(s.Remaining) + " left"
+}
+
+// dollars writes µ$ as dollars to the µ$, so that figures line up:
+// 4500000 is "$4.500000".
+func dollars(micros int64) string {
+	sign := ""
+	if micros < 0 {
+		sign, micros = "-", -micros
+	}
+	return fmt.Sprintf("%s$%d.%06d", sign, micros/1_000_000, micros%1_000_000)
+}
+
+// grouped writes n with its thousands apart: 100000 is "100,000".
+func grouped(n int64) string {
+	digits := strconv.FormatInt(n, 10)
+	sign := ""
+	if n < 0 {
+		sign, digits = "-", digits[1:]
+	}
+	var b strings.Builder
+	for i, c := range digits {
+		if i > 0 && (len(digits)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return sign + b.String()
 }

@@ -125,8 +125,14 @@ func newLeaseKeeper(zones []*Zone, b *backend, logger *zap.Logger) *leaseKeeper 
 // their requests run: a concurrency zone's leases, and the reservations of
 // a log zone that settles.
 func (z *Zone) holdsWhileRunning() bool {
-	return z.limit.Algorithm == limiter.Concurrency ||
-		z.limit.Algorithm == limiter.SlidingLog && z.units != nil && z.units.settle != nil
+	return z.limit.Algorithm == limiter.Concurrency || z.keepsReservations()
+}
+
+// keepsReservations reports whether the reservations of the zone's running
+// calls are kept while they run, and so known (leaseKeeper.reserved): a
+// log zone that settles.
+func (z *Zone) keepsReservations() bool {
+	return z.limit.Algorithm == limiter.SlidingLog && z.units != nil && z.units.settle != nil
 }
 
 // around returns next, wrapped so that the leases and reservations req
@@ -200,6 +206,27 @@ func (k *leaseKeeper) held(identity, key string) int64 {
 	for l := range k.running {
 		if l.check.Zone == identity && l.check.Key == key {
 			n++
+		}
+	}
+	return n
+}
+
+// reserved sums the units that requests of this handler hold as
+// reservations while they run, in the store's state (the zone's identity,
+// or its period's) for the client key: what they reserved, recorded in the
+// store that decides (a call that the fallback admitted while Redis failed
+// is not). A call held for its slot (a wait) is kept only once it goes on,
+// and one whose response ended only until its settle begins.
+func (k *leaseKeeper) reserved(state, key string) int64 {
+	if k == nil {
+		return 0
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var n int64
+	for l := range k.running {
+		if l.src == fromStore && l.zone.keepsReservations() && l.check.Zone == state && l.check.Key == key {
+			n += max(l.check.Cost, 1)
 		}
 	}
 	return n

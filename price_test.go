@@ -500,7 +500,8 @@ func TestSpendFleet(t *testing.T) {
 }
 
 // TestCommandShowsDollars: the admin API and `caddy sliding-ratelimit`
-// show a priced zone's µ$ as dollars, exactly: spent, left and the budget.
+// show a priced zone's µ$ as dollars, to the µ$: used, reserved, spent,
+// left and the budget.
 func TestCommandShowsDollars(t *testing.T) {
 	startCaddy(t, siteBlock(":9080", uniquePrefix(t), `
 	sliding_ratelimit {
@@ -527,9 +528,9 @@ func TestCommandShowsDollars(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if row := strings.Join(strings.Fields(lines[1]), " "); len(lines) != 5 || !strings.HasPrefix(row, "cmd_spend ") ||
+	if row := strings.Join(strings.Fields(lines[1]), " "); len(lines) != 4 || !strings.HasPrefix(row, "cmd_spend ") ||
 		!strings.Contains(row, " =alice 7260 9992740 usd-micros ") ||
-		strings.Join(strings.Fields(lines[3]), " ") != "SPENT LEFT BUDGET" || strings.Join(strings.Fields(lines[4]), " ") != "$0.00726 $9.99274 $10" {
+		lines[3] != "used $0.007260 of $10.000000: $0.000000 reserved by calls running on this instance, $0.007260 spent; $9.992740 left" {
 		t.Errorf("status printed:\n%s", out)
 	}
 	out, err = runCommand(t, "zones", "--address", "localhost:2999")

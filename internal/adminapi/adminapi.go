@@ -46,12 +46,29 @@ type KeyState struct {
 	Count int64 `json:"count"`
 	// Remaining is the units left now.
 	Remaining int64 `json:"remaining"`
-	// SpentUSD, LeftUSD and LimitUSD are, in a zone with prices (Unit
-	// usd-micros), Count, Remaining and Limit in dollars, written exactly
-	// as decimals ("12.345678", "10"); absent in other zones.
-	SpentUSD string `json:"spent_usd,omitempty"`
-	LeftUSD  string `json:"left_usd,omitempty"`
-	LimitUSD string `json:"limit_usd,omitempty"`
+	// Tokens is true where Unit is "units" and they are the tokens of LLM
+	// API calls (cost llm or settle llm, without prices).
+	Tokens bool `json:"tokens,omitempty"`
+	// Reserved and Spent split Count in a zone whose calls settle (a log
+	// zone with settle): Reserved is what the calls running on this
+	// instance hold as reservations now, until each is settled to what it
+	// cost, and Spent is the rest of Count (Count - Reserved): what ended
+	// calls were charged, and what the calls running on other instances
+	// reserved, which this one does not know of (the store records a
+	// reservation as it records a charge). Reserved is at most Count. A
+	// call held for its slot (a wait) counts as spent until it goes on.
+	// Absent in other zones.
+	Reserved *int64 `json:"reserved,omitempty"`
+	Spent    *int64 `json:"spent,omitempty"`
+	// UsedUSD, ReservedUSD, SpentUSD, LeftUSD and LimitUSD are, in a zone
+	// with prices (Unit usd-micros), Count, Reserved, Spent, Remaining and
+	// Limit in dollars, written exactly as decimals ("12.345678", "10");
+	// absent in other zones.
+	UsedUSD     string `json:"used_usd,omitempty"`
+	ReservedUSD string `json:"reserved_usd,omitempty"`
+	SpentUSD    string `json:"spent_usd,omitempty"`
+	LeftUSD     string `json:"left_usd,omitempty"`
+	LimitUSD    string `json:"limit_usd,omitempty"`
 	// ResetSeconds is the time until units next free; 0 with no admission
 	// in the window.
 	ResetSeconds float64 `json:"reset_seconds"`
