@@ -80,6 +80,10 @@ var anthropicCountTokens = &table{
 //	                                        not bound
 //	container, mcp_servers, server tools    cannot: input the body does not
 //	(web search, web fetch, code execution) carry
+//	web_search_* tool                       its searches, a fee each: at
+//	                                        most max_uses (the tool's limit
+//	                                        per request); without it, not
+//	                                        bounded
 //	tools                                   + 530 tokens: the tool-use
 //	                                        system prompt, at most 530 in
 //	                                        the tool-use page's table
@@ -102,6 +106,8 @@ var (
 		"bash_*", adding(free, 245),
 		"text_editor_*", adding(free, 700),
 		"computer_*", adding(free, 735+499),
+		"web_search_*", searching("the web search tool: its results are input the body does not carry",
+			"max_uses", "the web search tool without max_uses: nothing bounds how many searches it bills, a fee each"),
 	)
 	anthropicDocumentSource = byTag("a document's source", "type",
 		"text", free,

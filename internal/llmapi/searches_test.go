@@ -1,0 +1,61 @@
+package llmapi
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestSearches: a server tool that bills a fee per search is bounded by
+// the field that limits its searches (Anthropic's max_uses, the Responses
+// API's max_tool_calls), added up over its tools and a batch's requests;
+// one that no field limits is named; its tokens are never bounded (its
+// results are input the body does not carry).
+func TestSearches(t *testing.T) {
+	const anth, resp = "/v1/messages", "/v1/responses"
+	cases := []struct {
+		name, path, body string
+		searches         int64
+		why              string // a part of SearchesUnbounded; "" for a bound
+	}{
+		{"max_uses", anth, `{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":5}]}`, 5, ""},
+		{"max_uses as a string, folded", anth, `{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","name":"web_search","MAX_USES":"7"}]}`, 7, ""},
+		{"max_uses twice: the larger", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":2,"max_uses":9}]}`, 9, ""},
+		{"two search tools add up", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":2},{"type":"web_search_20260209","max_uses":3}]}`, 5, ""},
+		{"a search tool after what cannot be bounded is counted", anth, `{"model":"m","max_tokens":10,"container":"c1","messages":[],"tools":[{"type":"web_fetch_20250910","name":"f"},{"type":"web_search_20250305","max_uses":4}]}`, 4, ""},
+		{"without max_uses", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, 0, "without max_uses"},
+		{"max_uses 0", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":0}]}`, 0, "without max_uses"},
+		{"max_uses -1", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":-1}]}`, 0, "without max_uses"},
+		{"max_uses and a word", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":3,"max_uses":"all"}]}`, 0, "without max_uses"},
+		{"one tool bounded, one not", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":3},{"type":"web_search_20250305"}]}`, 3, "without max_uses"},
+		{"a batch adds its requests'", "/v1/messages/batches", `{"requests":[` +
+			repeat(`{"custom_id":"r","params":{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":4}]}}`, 3) + `]}`, 12, ""},
+		{"a batch's request without max_uses", "/v1/messages/batches", `{"requests":[{"custom_id":"r","params":{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305"}]}}]}`, 0, "batch's request"},
+		{"Responses max_tool_calls", resp, `{"model":"gpt-4o","input":"x","max_tool_calls":3,"tools":[{"type":"web_search"},{"type":"web_search_preview"}]}`, 3, ""},
+		{"Responses without max_tool_calls", resp, `{"model":"gpt-4o","input":"x","tools":[{"type":"web_search"}]}`, 0, "without max_tool_calls"},
+		{"Responses max_tool_calls without a search tool", resp, `{"model":"gpt-4o","input":"x","max_tool_calls":3}`, 0, ""},
+		{"chat web_search_options", "/v1/chat/completions", `{"model":"gpt-4o-search-preview","messages":[],"web_search_options":{}}`, 0, "web_search_options"},
+		{"gemini grounding", "/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[],"tools":[{"google_search":{}}]}`, 0, "Google Search"},
+		{"no search tool", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"name":"f","input_schema":{}}]}`, 0, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := ReadRequest(c.path, []byte(c.body), 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Searches != c.searches {
+				t.Errorf("Searches = %d, want %d", r.Searches, c.searches)
+			}
+			if c.why == "" && r.SearchesUnbounded != "" || !strings.Contains(r.SearchesUnbounded, c.why) {
+				t.Errorf("SearchesUnbounded = %q, want it to name %q", r.SearchesUnbounded, c.why)
+			}
+			searching := c.searches > 0 || c.why != ""
+			if searching && r.Unbounded == "" {
+				t.Errorf("a search tool's tokens bounded: want Unbounded")
+			}
+		})
+	}
+	if !AnthropicMessages.ReportsSearches() || OpenAIResponses.ReportsSearches() || Gemini.ReportsSearches() {
+		t.Errorf("only Anthropic's usage reports its searches")
+	}
+}
