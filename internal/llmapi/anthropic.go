@@ -96,8 +96,8 @@ var (
 		"system", listOf(anthropicBlock), "metadata", free, "stop_sequences", free, "stream", free,
 		"temperature", free, "thinking", free, "tool_choice", free,
 		"tools", adding(listOf(anthropicTool), 530), "top_k", free, "top_p", free, "service_tier", free,
-		"container", cannot("container: a code execution container's files are input the body does not carry"),
-		"mcp_servers", cannot("mcp_servers: an MCP server's tools and results are input the body does not carry"),
+		"container", repeating("container: a code execution container's files are input the body does not carry"),
+		"mcp_servers", repeating("mcp_servers: an MCP server's tools and results are input the body does not carry"),
 	)
 	anthropicMessage = obj("a message", "role", free, "content", listOf(anthropicBlock))
 	anthropicBlock   = byTag("a content block", "type")

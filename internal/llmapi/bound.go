@@ -33,6 +33,9 @@ type bounder struct {
 	searches           int64
 	searchWhy          string
 	searchToolsWithout int64
+	// repeats is set when the body holds what may have the context read
+	// more than once, or what the reader does not know (which may).
+	repeats bool
 }
 
 // nestedRequest is a whole request of api inside a batch, at
@@ -86,6 +89,7 @@ func (b *bounder) value(s *shape, depth int) error {
 	}
 	switch s.kind {
 	case unbounded:
+		b.repeats = b.repeats || s.repeats
 		return b.skip(s.why, depth)
 	case searchTool:
 		return b.searchTool(s, depth)
@@ -101,6 +105,7 @@ func (b *bounder) value(s *shape, depth int) error {
 	case c == '[' && s.kind == list:
 		return b.array(s.elem, depth)
 	case c == '[' && (s.kind == object || s.kind == tagged):
+		b.repeats = true
 		return b.skip(s.name+": a list where one object goes", depth)
 	case c == '{' && s.kind == list:
 		// One object where a list goes: read as its only element.
@@ -175,6 +180,7 @@ func (b *bounder) object(s *shape, depth int) error {
 		}
 		f := s.field(key)
 		if f == nil && !s.open {
+			b.repeats = true
 			b.cannot(fmt.Sprintf("%s: the field %q, which the limiter does not know", s.name, clip(key)))
 		}
 		if err := w.colon(); err != nil {
@@ -220,13 +226,15 @@ func (b *bounder) tagged(s *shape, depth int) error {
 		return err
 	}
 	// The object has been read whole: one that cannot be bounded is
-	// passed.
+	// passed. What it is is not known, so it may repeat.
 	if !ok {
 		b.cannot(s.name + ": a type given twice, differently")
+		b.repeats = true
 		return nil
 	}
 	v := s.variant(tag)
 	if v == nil {
+		b.repeats = true
 		if len(tag) == 0 {
 			b.cannot(s.name + " without a type")
 		} else {

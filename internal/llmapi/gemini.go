@@ -100,7 +100,7 @@ var (
 				"requests", obj("the batch's requests",
 					"requests", listOf(obj("a batch's request", "request", nested(Gemini), "metadata", free)),
 				),
-				"fileName", cannot("inputConfig.fileName: a batch's requests are in a file the body does not carry"),
+				"fileName", repeating("inputConfig.fileName: a batch's requests are in a file the body does not carry"),
 			),
 		),
 	))

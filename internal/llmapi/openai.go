@@ -228,7 +228,7 @@ var (
 
 	// Batches, POST .../batches: the requests are in a file.
 	openAIBatchesBody = obj("the request",
-		"input_file_id", cannot("input_file_id: a batch's requests are in a file the body does not carry"),
+		"input_file_id", repeating("input_file_id: a batch's requests are in a file the body does not carry"),
 		"endpoint", free, "completion_window", free, "metadata", free, "output_expires_after", free,
 	)
 )

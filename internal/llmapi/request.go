@@ -49,6 +49,12 @@ type Request struct {
 	// nothing in the body bounds (a web search tool without max_uses,
 	// Gemini's grounding): Searches then counts only the bounded ones.
 	SearchesUnbounded string
+	// Passes bounds how many times the call reads its context, each time
+	// at most the model's context window: 1, plus one after each search
+	// (a server tool's round); 0 when the body holds what may read it
+	// more (a server tool that runs rounds no field bounds, a batch, a
+	// field or type the reader does not know).
+	Passes int64
 }
 
 // ReportsSearches reports whether the API's usage says how many searches
@@ -140,6 +146,7 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 		}
 	}
 	r.Searches, r.SearchesUnbounded = b.searches, b.searchWhy
+	repeats := b.repeats || r.Unbounded == noAPI || len(b.batch) > 0
 	if b.searchToolsWithout > 0 {
 		var calls []Value
 		if t.toolCalls != "" {
@@ -170,6 +177,9 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 		r.Batch = addSat(r.Batch, addSat(one.Output, one.Media))
 	}
 	r.Output = addSat(r.Output, r.Batch)
+	if !repeats && r.SearchesUnbounded == "" {
+		r.Passes = addSat(r.Searches, 1)
+	}
 	if b.images > 0 {
 		r.Media = mulSat(b.images, imageTokens(api, r.Model))
 	}

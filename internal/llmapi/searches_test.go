@@ -59,3 +59,35 @@ func TestSearches(t *testing.T) {
 		t.Errorf("only Anthropic's usage reports its searches")
 	}
 }
+
+// TestPasses: a call reads its context once, plus once after each search
+// it may make; what may read it more (a server tool that runs rounds, a
+// batch, what the reader does not know) has no bound (0).
+func TestPasses(t *testing.T) {
+	const anth, resp = "/v1/messages", "/v1/responses"
+	for _, c := range []struct {
+		name, path, body string
+		passes           int64
+	}{
+		{"text", anth, `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`, 1},
+		{"a document by file id", anth, `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"file","file_id":"f"}}]}]}`, 1},
+		{"previous_response_id", resp, `{"model":"gpt-4o","input":"x","previous_response_id":"resp_1"}`, 1},
+		{"web search, max_uses 5", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","max_uses":5}]}`, 6},
+		{"Responses web search, max_tool_calls 2", resp, `{"model":"gpt-4o","input":"x","max_tool_calls":2,"tools":[{"type":"web_search"}]}`, 3},
+		{"web search without max_uses", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305"}]}`, 0},
+		{"web fetch, a tool the reader does not know", anth, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_fetch_20250910","max_uses":1}]}`, 0},
+		{"mcp_servers", anth, `{"model":"m","max_tokens":10,"messages":[],"mcp_servers":[{"url":"https://x"}]}`, 0},
+		{"a field the reader does not know", "/v1/chat/completions", `{"model":"m","messages":[],"chat_template":"x"}`, 0},
+		{"a batch", "/v1/messages/batches", `{"requests":[{"custom_id":"r","params":{"model":"m","max_tokens":10,"messages":[]}}]}`, 0},
+		{"a batch in a file", "/v1/batches", `{"input_file_id":"f","endpoint":"/v1/chat/completions"}`, 0},
+		{"a path of no API", "/v1/rerank", `{"query":"x"}`, 0},
+	} {
+		r, err := ReadRequest(c.path, []byte(c.body), 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Passes != c.passes {
+			t.Errorf("%s: Passes = %d, want %d", c.name, r.Passes, c.passes)
+		}
+	}
+}

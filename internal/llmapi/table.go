@@ -200,6 +200,10 @@ type shape struct {
 
 	// why is what cannot be bounded (kind unbounded).
 	why string
+	// repeats is set for a value that may have the context read more than
+	// once (a server tool's rounds, a batch's requests): not one call's
+	// context window (Request.Passes).
+	repeats bool
 
 	// media is what the value counts as beyond its bytes.
 	media media
@@ -291,8 +295,13 @@ func byTag(name, tag string, kv ...any) *shape {
 	return s
 }
 
-// cannot returns a shape that cannot be bounded, saying why.
+// cannot returns a shape that cannot be bounded, saying why: input that
+// one read of the context holds (by reference, pages of a document).
 func cannot(why string) *shape { return &shape{kind: unbounded, why: why} }
+
+// repeating is cannot of a value that may have the context read more than
+// once: a server tool that runs rounds, requests in a file.
+func repeating(why string) *shape { return &shape{kind: unbounded, why: why, repeats: true} }
 
 // searching returns a search tool whose results are input the body does
 // not carry (why) and whose searches its field count bounds; with count
