@@ -375,6 +375,25 @@ func (t *priceTable) outputLimit(model string) (int64, bool) {
 	return m.MaxOutput, ok && m.MaxOutput > 0
 }
 
+// searchFeeOf is the fee of one web search of model, in pico-dollars: its
+// prices', else the dearest fee listed (searchFee), as a settle charges it.
+func (t *priceTable) searchFeeOf(model string) int64 {
+	if r, _ := t.lookup(model); r.dims != nil && r.dims.WebSearch != llmprice.Unlisted {
+		return r.dims.WebSearch
+	}
+	return t.searchFee
+}
+
+// window is the model's context window (input) and output limit, as the
+// price table says; false when it does not give both.
+func (t *priceTable) window(model string) (input, output int64, ok bool) {
+	if t == nil || t.file == nil {
+		return 0, 0, false
+	}
+	m, ok := t.file.Lookup(model)
+	return m.MaxInput, m.MaxOutput, ok && m.MaxInput > 0 && m.MaxOutput > 0
+}
+
 // of is lookup for a call's reservation: a model no line matches is
 // counted, and warned of once.
 func (t *priceTable) of(model string) rates {
