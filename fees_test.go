@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmtest"
@@ -257,4 +258,33 @@ func TestFeesFleet(t *testing.T) {
 		t.Errorf("%d µ$ charged for a bill of %d", charged, billed)
 	}
 	t.Logf("%d calls admitted, %d refused, %d µ$ billed of %d", admitted, refused, billed, budget)
+}
+
+// TestPriceLineHidesTable: a price line that names a model whole prices it
+// in the table's place; when it lacks what the table prices for that model
+// (1-hour cache writes, searches, a dearer context tier), the load says
+// so, once per line.
+func TestPriceLineHidesTable(t *testing.T) {
+	if err := initMetrics(nil); err != nil {
+		t.Fatal(err)
+	}
+	table, err := llmprice.Load("internal/llmprice/testdata/model_prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	prices := newPriceTable("hides-"+t.Name(), []*Price{
+		{Model: "claude-sonnet-4-5", Input: "3", Output: "15"},
+		{Model: "gpt-4o-mini", Input: "0.15", Cached: "0.075", Output: "0.60"},
+		{Model: "claude-*", Input: "3", Output: "15"},
+	}, zap.New(core))
+	prices.withTable(table)
+	warned := logs.FilterMessageSnippet("lacks prices the table gives for it").All()
+	if len(warned) != 1 {
+		t.Fatalf("%d warnings, want 1 (claude-sonnet-4-5's line)", len(warned))
+	}
+	fields := warned[0].ContextMap()
+	if got := fmt.Sprintf("%v %v", fields["model"], fields["dimensions"]); got != "claude-sonnet-4-5 [cache_write_1h web_search a prompt above 200000 tokens]" {
+		t.Errorf("warned of %s", got)
+	}
 }

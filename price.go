@@ -339,6 +339,43 @@ func (t *priceTable) withTable(file *llmprice.Table) {
 	if fee := file.DearestSearch(); fee != llmprice.Unlisted {
 		t.searchFee = fee
 	}
+	t.warnHidden(file)
+}
+
+// warnHidden warns, at load, of each line that names a model whole, and so
+// prices it in the table's place, but lacks a dimension the table prices
+// for it: such usage would be charged at the line's dearest rate. What a
+// model no line names whole lacks can only be told at its first use (the
+// model is the client's choice): charge warns of it then.
+func (t *priceTable) warnHidden(file *llmprice.Table) {
+	for _, l := range t.lines {
+		m, ok := file.Lookup(l.pattern)
+		if strings.Contains(l.pattern, "*") || !ok || l.rates.dims == nil {
+			continue
+		}
+		var lacks []string
+		for d := range llmprice.NumDims {
+			if m.Prices.Lists(d) && !l.rates.dims.Lists(d) {
+				lacks = append(lacks, llmprice.DimNames[d])
+			}
+		}
+		if m.Prices.WebSearch != llmprice.Unlisted && l.rates.dims.WebSearch == llmprice.Unlisted {
+			lacks = append(lacks, "web_search")
+		}
+		for _, tier := range m.Prices.Tiers {
+			if tier.Above > 0 {
+				// A line has no context tiers: its rates price every
+				// prompt, the table's dearer one above the threshold
+				// included.
+				lacks = append(lacks, fmt.Sprintf("a prompt above %d tokens", tier.Above))
+				break
+			}
+		}
+		if len(lacks) > 0 {
+			t.logger.Warn("a price line names a model whole, so it prices it in the price table's place, but lacks prices the table gives for it: such usage is charged at the line's dearest rate; add them to the line",
+				zap.String("zone", t.zone), zap.String("model", l.pattern), zap.Strings("dimensions", lacks))
+		}
+	}
 }
 
 // lookup returns the rates of model: a line that names it whole, the
