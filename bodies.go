@@ -55,6 +55,9 @@ type bodyPeek struct {
 	modelRead bool
 	// output is the largest output bound a cost llm read (with modelRead).
 	output int64
+	// searches are the most searches its server tools may bill, for a
+	// settle whose usage does not report them (llm.go's requestSearches).
+	searches int64
 }
 
 // peekBody reads r's body, up to costJSONMaxBody bytes and for

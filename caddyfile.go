@@ -36,7 +36,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		window       <duration> | day | week | month
 //		time_zone    <IANA name>
 //		max_requests <n> | <placeholder> <fallback>
-//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
+//		cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>|model] [cap <n>]
 //		settle       header <name> | bytes | json <path>... | llm
 //		key          <string>
 //		algorithm    log|counter
@@ -46,7 +46,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			window       <duration> | day | week | month
 //			time_zone    <IANA name>
 //			max_requests <n> | <placeholder> <fallback>
-//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
+//			cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>|model] [cap <n>]
 //			settle       header <name> | bytes | json <path>... | llm
 //			key          <string>
 //			algorithm    log|counter
@@ -702,7 +702,7 @@ type unitsFields struct {
 // and a zone take:
 //
 //	max_requests <n> | <placeholder> <fallback>
-//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>] [cap <n>]
+//	cost         <n> | <placeholder> | json <path>... <default> [+body] | llm [<default>] [ceiling <n>|model] [cap <n>]
 //	settle       header <name> | bytes | json <path>... | llm
 //
 // It reports false for any other name. Of cost's forms, the last one given
@@ -817,8 +817,8 @@ func parseCostJSON(d *caddyfile.Dispenser, args []string) (*CostJSON, error) {
 	return &c, nil
 }
 
-// parseCostLLM reads the arguments of cost llm: [<default>] [ceiling <n>]
-// [cap <n>].
+// parseCostLLM reads the arguments of cost llm: [<default>] [ceiling
+// <n>|model] [cap <n>].
 func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 	var c CostLLM
 	for len(args) >= 2 {
@@ -833,11 +833,22 @@ func parseCostLLM(d *caddyfile.Dispenser, args []string) (*CostLLM, error) {
 		if field == nil {
 			break
 		}
+		if name == "ceiling" && value == "model" {
+			if c.CeilingModel || c.Ceiling != 0 {
+				return nil, d.Errf("cost llm: ceiling is given twice")
+			}
+			c.CeilingModel, args = true, args[:len(args)-2]
+			continue
+		}
 		n, ok := strictnum.Parse(value)
 		if !ok || n < 1 {
-			return nil, d.Errf("cost llm: the %s must be a whole number of at least 1 (cost llm 4096 %s 200000), got %q", name, name, value)
+			also := ""
+			if name == "ceiling" {
+				also = ", or model (its context window)"
+			}
+			return nil, d.Errf("cost llm: the %s must be a whole number of at least 1 (cost llm 4096 %s 200000)%s, got %q", name, name, also, value)
 		}
-		if *field != 0 {
+		if *field != 0 || name == "ceiling" && c.CeilingModel {
 			return nil, d.Errf("cost llm: %s is given twice", name)
 		}
 		*field, args = n, args[:len(args)-2]

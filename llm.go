@@ -7,6 +7,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmapi"
+	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/llmprice"
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
 
@@ -31,7 +32,11 @@ import (
 // earlier responses, cached contents; hosted tools; a field, part type or
 // path it does not know) takes the zone's policy: refused with 400 and
 // words that say what could not be bounded, or, with a ceiling, reserved
-// at the ceiling.
+// at the ceiling. With prices, a call whose server tools may search the
+// web for a fee each also reserves the fees of the most searches its
+// request allows (Anthropic's max_uses, the Responses API's
+// max_tool_calls), and is refused, whatever the ceiling, when nothing in
+// it bounds them.
 //
 // A body that does not arrive whole within 10 seconds is answered 408, and
 // a body that is not one JSON value (trailing bytes, NaN, a comment) 400,
@@ -51,8 +56,22 @@ type CostLLM struct {
 	// pays its usage as any other; it can overrun the ceiling, by what it
 	// uses beyond it. With prices, the ceiling is priced at the dearest
 	// rate. 0 (the default): such a call is refused with 400
-	// (body_refusals_total{reason="unbounded"}).
+	// (body_refusals_total{reason="unbounded"}), unless CeilingModel is
+	// set.
 	Ceiling int64 `json:"ceiling,omitempty"`
+
+	// CeilingModel reserves, for a call the limiter cannot bound, the
+	// most its model can be billed as the zone's price table says: its
+	// context window (max_input_tokens) once, and once more after each
+	// search its request allows (each round of a server tool reads the
+	// context again), plus its output limit (max_output_tokens, or the
+	// call's smaller bound), at the dearest rates, plus the searches'
+	// fees. Such a call is never billed more. A call of a model the table
+	// gives no limits for, or that may read its context more often than
+	// the request bounds (a server tool with no max_uses, a batch, a
+	// field the limiter does not know), is refused as without a ceiling.
+	// Needs price_table; Caddyfile: ceiling model. Default: false.
+	CeilingModel bool `json:"ceiling_model,omitempty"`
 
 	// Cap is the most one call reserves, in tokens, whatever its bounds
 	// say: for agents that ask for 64k-128k output tokens and use a few
@@ -98,16 +117,12 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64
 	if p, ok := r.Body.(*bodyPeek); ok {
 		p.model, p.modelRead = call.Model, true
 		p.output = max(p.output, call.Output)
+		if !call.API.ReportsSearches() {
+			p.searches = max(p.searches, call.Searches)
+		}
 	}
-	if call.Unbounded != "" {
-		if c.Ceiling == 0 {
-			return 0, "", &bodyRefusal{reason: refusedUnbounded, why: call.Unbounded}
-		}
-		tokens := max(call.Reserve, c.Ceiling)
-		if prices != nil {
-			return max(prices.of(call.Model).reserveDearest(tokens), 1), call.Unbounded, nil
-		}
-		return tokens, call.Unbounded, nil
+	if call.Unbounded != "" || prices != nil && call.SearchesUnbounded != "" {
+		return c.ofUnbounded(call, prices)
 	}
 	if prices != nil {
 		input, output := call.Input+call.Media, call.Output
@@ -125,6 +140,70 @@ func (c *CostLLM) of(r *http.Request, budget int64, prices *priceTable) (n int64
 		return max(min(call.Reserve, c.Cap), 1), "", nil
 	}
 	return min(max(call.Reserve, 1), strictnum.Max), "", nil
+}
+
+// ofUnbounded is what a call reserves that the reader could not bound: the
+// ceiling, and with prices the fees of the most searches the call allows;
+// or its refusal. A ceiling bounds tokens, never fees: with prices, a call
+// whose searches nothing bounds is refused whatever the ceiling, since no
+// count reserved for it could hold its bill.
+func (c *CostLLM) ofUnbounded(call llmapi.Request, prices *priceTable) (n int64, why string, err error) {
+	refuse := func(why string) (int64, string, error) {
+		return 0, "", &bodyRefusal{reason: refusedUnbounded, why: why}
+	}
+	switch {
+	case call.Unbounded != "" && c.Ceiling == 0 && !c.CeilingModel:
+		return refuse(call.Unbounded)
+	case prices != nil && call.SearchesUnbounded != "":
+		return refuse(call.SearchesUnbounded)
+	}
+	var fees llmprice.Sum
+	if prices != nil {
+		fees.Add(call.Searches, prices.searchFeeOf(call.Model))
+	}
+	if c.CeilingModel {
+		window, limit, ok := prices.window(call.Model)
+		switch {
+		case !ok:
+			return refuse(fmt.Sprintf("%s; and the price table gives no context window and output limit for the model %q, which ceiling model reserves", call.Unbounded, call.Model))
+		case call.Passes == 0:
+			return refuse(call.Unbounded + "; and the call may read its context more often than the request bounds, so its model's context window does not bound it")
+		}
+		output := limit
+		if call.Named {
+			output = min(output, call.Bound)
+		}
+		// Each read of the context (once, and once after each search)
+		// is at most the context window.
+		input := mulSat(window, call.Passes)
+		return max(addSat(prices.of(call.Model).reserve(input, mulSat(output, call.Completions)), fees.Micros()), 1), call.Unbounded, nil
+	}
+	tokens := max(call.Reserve, c.Ceiling)
+	if prices != nil {
+		return max(addSat(prices.of(call.Model).reserveDearest(tokens), fees.Micros()), 1), call.Unbounded, nil
+	}
+	return tokens, call.Unbounded, nil
+}
+
+// requestSearches is the most searches r's server tools may bill, as cost
+// llm read them, when its API's usage does not report the searches made:
+// what a settle charges for them.
+func requestSearches(r *http.Request) int64 {
+	if p, ok := r.Body.(*bodyPeek); ok && p.modelRead {
+		return p.searches
+	}
+	return 0
+}
+
+// addSat and mulSat are a + b and a × b, at most strictnum.Max, for
+// numbers from 0 to strictnum.Max.
+func addSat(a, b int64) int64 { return min(a+b, strictnum.Max) }
+
+func mulSat(a, b int64) int64 {
+	if a == 0 || b <= strictnum.Max/a {
+		return min(a*b, strictnum.Max)
+	}
+	return strictnum.Max
 }
 
 // modelPlaceholder is the model a request names: its body's "model", or
@@ -191,8 +270,21 @@ func checkCostLLM(c *CostLLM, cost string, costJSON bool) error {
 		return fmt.Errorf("cost llm: the ceiling must be a whole number of at least 1 (cost llm 4096 ceiling 200000), got %d", c.Ceiling)
 	case c.Cap < 0 || c.Cap > strictnum.Max:
 		return fmt.Errorf("cost llm: the cap must be a whole number of at least 1 (cost llm 4096 cap 32000), got %d", c.Cap)
+	case c.CeilingModel && c.Ceiling > 0:
+		return fmt.Errorf("cost llm: ceiling model and ceiling %d are one setting: give one", c.Ceiling)
+	case c.CeilingModel && c.Cap > 0:
+		return errors.New("cost llm: ceiling model reserves what a model's context window allows, above any cap: give ceiling model or cap")
 	case c.Cap > 0 && c.Ceiling > c.Cap:
 		return fmt.Errorf("cost llm: the ceiling %d is above the cap %d, which every call's reservation stays within: give one or the other", c.Ceiling, c.Cap)
+	}
+	return nil
+}
+
+// checkCeilingModel accepts ceiling model only beside a price table, which
+// gives the models' context windows.
+func checkCeilingModel(c *CostLLM, priceTable string) error {
+	if c != nil && c.CeilingModel && priceTable == "" {
+		return errors.New("cost llm: ceiling model reserves a model's context window, which only a price_table gives: add price_table <file>, or give a ceiling in tokens")
 	}
 	return nil
 }

@@ -88,7 +88,7 @@ func TestCostLLMUnbounded(t *testing.T) {
 			{"an Anthropic PDF inline", sdkCall{API: "messages", MaxTokens: 100, Parts: []any{
 				map[string]any{"type": "document", "source": map[string]any{"type": "base64", "media_type": "application/pdf", "data": "JVBERi0xLjQ="}}}}, "PDF"},
 			{"Anthropic's web search", sdkCall{API: "messages", MaxTokens: 100, Content: "Search",
-				Params: map[string]any{"tools": []any{map[string]any{"type": "web_search_20250305", "name": "web_search"}}}}, "web_search_20250305"},
+				Params: map[string]any{"tools": []any{map[string]any{"type": "web_search_20250305", "name": "web_search"}}}}, "the web search tool"},
 			{"a previous response", sdkCall{API: "responses", MaxTokens: 100, Content: "And then?",
 				Params: map[string]any{"previous_response_id": "resp_1"}}, "previous_response_id"},
 			{"a conversation", sdkCall{API: "responses", MaxTokens: 100, Content: "And then?",

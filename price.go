@@ -339,6 +339,43 @@ func (t *priceTable) withTable(file *llmprice.Table) {
 	if fee := file.DearestSearch(); fee != llmprice.Unlisted {
 		t.searchFee = fee
 	}
+	t.warnHidden(file)
+}
+
+// warnHidden warns, at load, of each line that names a model whole, and so
+// prices it in the table's place, but lacks a dimension the table prices
+// for it: such usage would be charged at the line's dearest rate. What a
+// model no line names whole lacks can only be told at its first use (the
+// model is the client's choice): charge warns of it then.
+func (t *priceTable) warnHidden(file *llmprice.Table) {
+	for _, l := range t.lines {
+		m, ok := file.Lookup(l.pattern)
+		if strings.Contains(l.pattern, "*") || !ok || l.rates.dims == nil {
+			continue
+		}
+		var lacks []string
+		for d := range llmprice.NumDims {
+			if m.Prices.Lists(d) && !l.rates.dims.Lists(d) {
+				lacks = append(lacks, llmprice.DimNames[d])
+			}
+		}
+		if m.Prices.WebSearch != llmprice.Unlisted && l.rates.dims.WebSearch == llmprice.Unlisted {
+			lacks = append(lacks, "web_search")
+		}
+		for _, tier := range m.Prices.Tiers {
+			if tier.Above > 0 {
+				// A line has no context tiers: its rates price every
+				// prompt, the table's dearer one above the threshold
+				// included.
+				lacks = append(lacks, fmt.Sprintf("a prompt above %d tokens", tier.Above))
+				break
+			}
+		}
+		if len(lacks) > 0 {
+			t.logger.Warn("a price line names a model whole, so it prices it in the price table's place, but lacks prices the table gives for it: such usage is charged at the line's dearest rate; add them to the line",
+				zap.String("zone", t.zone), zap.String("model", l.pattern), zap.Strings("dimensions", lacks))
+		}
+	}
 }
 
 // lookup returns the rates of model: a line that names it whole, the
@@ -373,6 +410,25 @@ func (t *priceTable) outputLimit(model string) (int64, bool) {
 	}
 	m, ok := t.file.Lookup(model)
 	return m.MaxOutput, ok && m.MaxOutput > 0
+}
+
+// searchFeeOf is the fee of one web search of model, in pico-dollars: its
+// prices', else the dearest fee listed (searchFee), as a settle charges it.
+func (t *priceTable) searchFeeOf(model string) int64 {
+	if r, _ := t.lookup(model); r.dims != nil && r.dims.WebSearch != llmprice.Unlisted {
+		return r.dims.WebSearch
+	}
+	return t.searchFee
+}
+
+// window is the model's context window (input) and output limit, as the
+// price table says; false when it does not give both.
+func (t *priceTable) window(model string) (input, output int64, ok bool) {
+	if t == nil || t.file == nil {
+		return 0, 0, false
+	}
+	m, ok := t.file.Lookup(model)
+	return m.MaxInput, m.MaxOutput, ok && m.MaxInput > 0 && m.MaxOutput > 0
 }
 
 // of is lookup for a call's reservation: a model no line matches is

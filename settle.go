@@ -40,7 +40,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler
 		if z.units != nil && z.units.settle != nil {
 			z.units.settle.follow(m, r)
 			if z.units.cost.prices != nil {
-				m.model = requestModel(r)
+				m.model, m.searches = requestModel(r), requestSearches(r)
 			}
 			if z.units.settle.LLM {
 				m.output, m.outputKnown = requestOutput(r)
@@ -245,6 +245,9 @@ func (u *zoneUnits) settled(m *responseMeter, reserved int64) (cost int64, ok bo
 	}
 	n := min(usage.Total(), strictnum.Max)
 	if u.cost.prices != nil {
+		// An API whose usage does not report searches pays the most
+		// its request allowed, as reserved.
+		usage.WebSearches = max(usage.WebSearches, m.searches)
 		n = u.cost.prices.charge(m.model, usage)
 	}
 	if !ok {
@@ -394,6 +397,9 @@ type responseMeter struct {
 	llm      *llmapi.UsageReader
 	// model is the model the request names, for priced zones.
 	model string
+	// searches are the searches its request allows, for priced zones
+	// whose API's usage does not report the searches made.
+	searches int64
 	// output is the request's output bound, when outputKnown, for the
 	// charge of a response that ends without its final usage.
 	output      int64

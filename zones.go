@@ -400,6 +400,7 @@ func (z *Zone) validate() error {
 		checkCostJSONFits(z.CostJSON, z.MaxRequests, z.MaxRequestsFrom),
 		checkCostLLM(z.CostLLM, z.Cost, z.CostJSON != nil),
 		checkCostLLMFits(z.CostLLM, z.MaxRequests, z.MaxRequestsFrom),
+		checkCeilingModel(z.CostLLM, z.PriceTable),
 		checkWait(time.Duration(z.Wait), time.Duration(z.Window), z.Algorithm),
 		checkPrices(z.Prices),
 		checkPricesSettled(z.priced(), z.CostLLM != nil, z.Settle != nil && z.Settle.LLM),

@@ -80,6 +80,10 @@ var anthropicCountTokens = &table{
 //	                                        not bound
 //	container, mcp_servers, server tools    cannot: input the body does not
 //	(web search, web fetch, code execution) carry
+//	web_search_* tool                       its searches, a fee each: at
+//	                                        most max_uses (the tool's limit
+//	                                        per request); without it, not
+//	                                        bounded
 //	tools                                   + 530 tokens: the tool-use
 //	                                        system prompt, at most 530 in
 //	                                        the tool-use page's table
@@ -92,8 +96,8 @@ var (
 		"system", listOf(anthropicBlock), "metadata", free, "stop_sequences", free, "stream", free,
 		"temperature", free, "thinking", free, "tool_choice", free,
 		"tools", adding(listOf(anthropicTool), 530), "top_k", free, "top_p", free, "service_tier", free,
-		"container", cannot("container: a code execution container's files are input the body does not carry"),
-		"mcp_servers", cannot("mcp_servers: an MCP server's tools and results are input the body does not carry"),
+		"container", repeating("container: a code execution container's files are input the body does not carry"),
+		"mcp_servers", repeating("mcp_servers: an MCP server's tools and results are input the body does not carry"),
 	)
 	anthropicMessage = obj("a message", "role", free, "content", listOf(anthropicBlock))
 	anthropicBlock   = byTag("a content block", "type")
@@ -102,6 +106,8 @@ var (
 		"bash_*", adding(free, 245),
 		"text_editor_*", adding(free, 700),
 		"computer_*", adding(free, 735+499),
+		"web_search_*", searching("the web search tool: its results are input the body does not carry",
+			"max_uses", "the web search tool without max_uses: nothing bounds how many searches it bills, a fee each"),
 	)
 	anthropicDocumentSource = byTag("a document's source", "type",
 		"text", free,

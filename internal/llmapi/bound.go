@@ -2,17 +2,15 @@ package llmapi
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 )
 
-// errUnbounded stops a bound's walk at the first value it cannot bound.
-var errUnbounded = errors.New("unbounded")
-
 // bounder walks a request body (one JSON value, checked by the places'
 // walk) by its API's shapes: it counts what the body's bytes do not bound
-// (media parts, prompts, tokens a vendor adds, the requests of a batch)
-// and stops at the first value it cannot bound, saying why.
+// (media parts, prompts, tokens a vendor adds, the requests of a batch,
+// the searches its server tools may bill) and names the first value it
+// cannot bound. It reads on past such a value, skipping it, so that every
+// search tool of the body is counted whatever comes before it.
 type bounder struct {
 	w     walker
 	api   API
@@ -26,7 +24,18 @@ type bounder struct {
 	prompts int64
 	// batch are the requests nested in a batch, for the caller to bound.
 	batch []nestedRequest
-	why   string
+	// why names the first value that cannot be bounded; "" when none.
+	why string
+	// searches are the searches the body's tools may bill (searchTool);
+	// searchWhy names the first tool whose searches nothing bounds, and
+	// searchToolsWithout counts the tools whose searches only the
+	// request's max_tool_calls bounds.
+	searches           int64
+	searchWhy          string
+	searchToolsWithout int64
+	// repeats is set when the body holds what may have the context read
+	// more than once, or what the reader does not know (which may).
+	repeats bool
 }
 
 // nestedRequest is a whole request of api inside a batch, at
@@ -36,8 +45,8 @@ type nestedRequest struct {
 	start, end int
 }
 
-// walk reads the body by s; errUnbounded when a value cannot be bounded
-// (b.why says which).
+// walk reads the body by s; b.why then names the first value that cannot
+// be bounded, if any.
 func (b *bounder) walk(s *shape) error {
 	b.w.space()
 	if b.w.i == len(b.w.data) {
@@ -46,9 +55,17 @@ func (b *bounder) walk(s *shape) error {
 	return b.value(s, 1)
 }
 
-func (b *bounder) cannot(why string) error {
-	b.why = why
-	return errUnbounded
+// cannot notes why a value cannot be bounded, the first one only.
+func (b *bounder) cannot(why string) {
+	if b.why == "" {
+		b.why = why
+	}
+}
+
+// skip notes why the value at b.w.i cannot be bounded and reads past it.
+func (b *bounder) skip(why string, depth int) error {
+	b.cannot(why)
+	return b.w.value(depth, 0, 0)
 }
 
 // value reads the value at b.w.i by s, at nesting depth.
@@ -72,20 +89,24 @@ func (b *bounder) value(s *shape, depth int) error {
 	}
 	switch s.kind {
 	case unbounded:
-		return b.cannot(s.why)
+		b.repeats = b.repeats || s.repeats
+		return b.skip(s.why, depth)
+	case searchTool:
+		return b.searchTool(s, depth)
 	case prompts:
 		return b.prompts1(depth)
 	case request:
 		return b.nested(depth, s.api)
 	}
 	if s.media == imageData {
-		return b.imageData(s)
+		return b.imageData(s, depth)
 	}
 	switch {
 	case c == '[' && s.kind == list:
 		return b.array(s.elem, depth)
 	case c == '[' && (s.kind == object || s.kind == tagged):
-		return b.cannot(s.name + ": a list where one object goes")
+		b.repeats = true
+		return b.skip(s.name+": a list where one object goes", depth)
 	case c == '{' && s.kind == list:
 		// One object where a list goes: read as its only element.
 		return b.value(s.elem, depth)
@@ -100,10 +121,10 @@ func (b *bounder) value(s *shape, depth int) error {
 
 // imageData reads an inline image (base64 text) and adds what its size
 // bills.
-func (b *bounder) imageData(s *shape) error {
+func (b *bounder) imageData(s *shape, depth int) error {
 	w := &b.w
 	if w.data[w.i] != '"' {
-		return b.cannot(s.name + ": an inline image that is not base64 text")
+		return b.skip(s.name+": an inline image that is not base64 text", depth)
 	}
 	start := w.i
 	if err := w.skipString(); err != nil {
@@ -115,7 +136,8 @@ func (b *bounder) imageData(s *shape) error {
 	}
 	n, ok := geminiImageTokens(raw)
 	if !ok {
-		return b.cannot(s.name + ": an inline image whose size cannot be read (PNG, JPEG, GIF and WebP can be)")
+		b.cannot(s.name + ": an inline image whose size cannot be read (PNG, JPEG, GIF and WebP can be)")
+		return nil
 	}
 	b.adds = addSat(b.adds, n)
 	return nil
@@ -158,7 +180,8 @@ func (b *bounder) object(s *shape, depth int) error {
 		}
 		f := s.field(key)
 		if f == nil && !s.open {
-			return b.cannot(fmt.Sprintf("%s: the field %q, which the limiter does not know", s.name, clip(key)))
+			b.repeats = true
+			b.cannot(fmt.Sprintf("%s: the field %q, which the limiter does not know", s.name, clip(key)))
 		}
 		if err := w.colon(); err != nil {
 			return err
@@ -202,15 +225,22 @@ func (b *bounder) tagged(s *shape, depth int) error {
 	if err != nil {
 		return err
 	}
+	// The object has been read whole: one that cannot be bounded is
+	// passed. What it is is not known, so it may repeat.
 	if !ok {
-		return b.cannot(s.name + ": a type given twice, differently")
+		b.cannot(s.name + ": a type given twice, differently")
+		b.repeats = true
+		return nil
 	}
 	v := s.variant(tag)
 	if v == nil {
+		b.repeats = true
 		if len(tag) == 0 {
-			return b.cannot(s.name + " without a type")
+			b.cannot(s.name + " without a type")
+		} else {
+			b.cannot(fmt.Sprintf("%s of type %q, which the limiter cannot bound", s.name, clip(tag)))
 		}
-		return b.cannot(fmt.Sprintf("%s of type %q, which the limiter cannot bound", s.name, clip(tag)))
+		return nil
 	}
 	w.i = start
 	return b.value(v, depth)
@@ -328,6 +358,33 @@ func (b *bounder) nested(depth int, api API) error {
 		return err
 	}
 	b.batch = append(b.batch, nestedRequest{api: api, start: start, end: w.i})
+	return nil
+}
+
+// searchTool reads a server tool that bills a fee per search: its results
+// cannot be bounded, and its searches are counted, by its own field, by
+// the request's tool calls, or by nothing (b.searchWhy).
+func (b *bounder) searchTool(s *shape, depth int) error {
+	start := b.w.i
+	if err := b.skip(s.why, depth); err != nil {
+		return err
+	}
+	switch {
+	case s.byToolCalls:
+		b.searchToolsWithout++
+		return nil
+	case s.count != "":
+		// Any value but a positive number (a -1 a server may read as no
+		// limit, a word) leaves the searches unbounded.
+		v, err := ReadPaths(b.w.data[start:b.w.i], [][]string{{s.count}})
+		if err == nil && v[0].Found && v[0].N > 0 && !v[0].Odd {
+			b.searches = addSat(b.searches, v[0].N)
+			return nil
+		}
+	}
+	if b.searchWhy == "" {
+		b.searchWhy = s.countWhy
+	}
 	return nil
 }
 

@@ -41,7 +41,7 @@ func TestRequestFixtures(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := Request{API: Detect(f.path), Model: f.model, Named: f.named, Output: f.output, Input: int64(len(body)), Reserve: f.output + int64(len(body))}
+			want := Request{API: Detect(f.path), Model: f.model, Named: f.named, Output: f.output, Input: int64(len(body)), Reserve: f.output + int64(len(body)), Passes: 1}
 			// The parts of Output are TestBounds's.
 			want.Bound, want.Completions, want.Batch = r.Bound, r.Completions, r.Batch
 			if r != want {

@@ -63,6 +63,9 @@ var gemini = &table{
 //	tools other than functions           cannot: a hosted tool's results
 //	(search, code execution, URL         are input the body does not carry
 //	context, maps, file search)
+//	googleSearch,                        grounding, a fee per prompt or per
+//	googleSearchRetrieval                search query by model: nothing in
+//	                                     the request bounds the queries
 var (
 	geminiBody = protoFields(obj("the request",
 		"model", free, "contents", listOf(geminiContent), "systemInstruction", geminiContent,
@@ -82,7 +85,10 @@ var (
 		"functionCall", free, "functionResponse", free,
 		"executableCode", free, "codeExecutionResult", free,
 	)
-	geminiTool = obj("a tool", "functionDeclarations", free)
+	geminiTool = obj("a tool", "functionDeclarations", free,
+		"googleSearch", geminiGrounding, "googleSearchRetrieval", geminiGrounding)
+	geminiGrounding = searching("grounding with Google Search: its results are input the body does not carry",
+		"", "grounding with Google Search: nothing in the request bounds how many search queries it bills, a fee each")
 
 	// Batch mode, POST .../models/{model}:batchGenerateContent
 	// (ai.google.dev/gemini-api/docs/batch-mode): the sum of its inline
@@ -94,7 +100,7 @@ var (
 				"requests", obj("the batch's requests",
 					"requests", listOf(obj("a batch's request", "request", nested(Gemini), "metadata", free)),
 				),
-				"fileName", cannot("inputConfig.fileName: a batch's requests are in a file the body does not carry"),
+				"fileName", repeating("inputConfig.fileName: a batch's requests are in a file the body does not carry"),
 			),
 		),
 	))

@@ -77,9 +77,10 @@ var openAICompletions = &table{
 //	              the response's "service_tier"               -> Service
 //	cumulative    no: one terminal event
 var openAIResponses = &table{
-	api:    OpenAIResponses,
-	name:   "openai_responses",
-	output: paths("max_output_tokens"),
+	api:       OpenAIResponses,
+	name:      "openai_responses",
+	output:    paths("max_output_tokens"),
+	toolCalls: "max_tool_calls",
 	usageAt: []usageAt{
 		{path: "usage"},
 		{path: "response.usage", when: []string{"response.completed", "response.incomplete", "response.failed"}},
@@ -133,6 +134,10 @@ var openAIBatches = &table{
 //	message's audio by id
 //	web_search_options,    cannot: a hosted tool's results are input the
 //	hosted tools           body does not carry
+//	web_search* tool       its calls, a fee each (Responses): at most
+//	(Responses),           max_tool_calls, which bounds all built-in tool
+//	web_search_options     calls of the response; web_search_options
+//	(chat)                 (chat): nothing bounds them
 //	prompt (Completions)   a list of strings or token arrays multiplies
 //	                       the output bound, as n does
 var (
@@ -147,7 +152,8 @@ var (
 		"safety_identifier", free, "seed", free, "service_tier", free, "stop", free, "store", free,
 		"stream", free, "stream_options", free, "temperature", free, "top_p", free, "user", free,
 		"verbosity", free,
-		"web_search_options", cannot("web_search_options: a web search's results are input the body does not carry"),
+		"web_search_options", searching("web_search_options: a web search's results are input the body does not carry",
+			"", "web_search_options: nothing in the request bounds how many searches it bills, a fee each"),
 		// vLLM and llama.cpp.
 		"best_of", free, "n_predict", free, "top_k", free, "min_p", free, "repetition_penalty", free,
 		"min_tokens", free, "ignore_eos", free, "stop_token_ids", free, "skip_special_tokens", free,
@@ -209,7 +215,10 @@ var (
 		"input_audio", free,
 		"input_file", cannot("an input_file: a document's pages are billed as text and images that its bytes do not bound"),
 	)
-	openAIResponsesTool = byTag("a tool", "type", "function", free, "custom", free)
+	openAIResponsesTool = byTag("a tool", "type", "function", free, "custom", free,
+		"web_search*", searchingByToolCalls("a web search tool: its results are input the body does not carry",
+			"a web search tool without max_tool_calls: nothing bounds how many searches it bills, a fee each"),
+	)
 
 	// Embeddings, POST .../embeddings: the input's bytes, nothing
 	// generated.
@@ -219,7 +228,7 @@ var (
 
 	// Batches, POST .../batches: the requests are in a file.
 	openAIBatchesBody = obj("the request",
-		"input_file_id", cannot("input_file_id: a batch's requests are in a file the body does not carry"),
+		"input_file_id", repeating("input_file_id: a batch's requests are in a file the body does not carry"),
 		"endpoint", free, "completion_window", free, "metadata", free, "output_expires_after", free,
 	)
 )

@@ -2,7 +2,6 @@ package llmapi
 
 import (
 	"bytes"
-	"errors"
 
 	"github.com/slidingratelimit/caddy-sliding-ratelimit/internal/strictnum"
 )
@@ -40,6 +39,34 @@ type Request struct {
 	// hosted tool, a part type, a field or a path the package does not
 	// know. Reserve then counts only the parts it could bound.
 	Unbounded string
+	// Searches is the most searches the body's server tools may bill a
+	// fee for: Anthropic's web search tool's max_uses, the Responses
+	// API's max_tool_calls for its web search tools; 0 without such a
+	// tool. A search tool's results are input the body does not carry, so
+	// such a body is also Unbounded.
+	Searches int64
+	// SearchesUnbounded says, when not "", which search tool's searches
+	// nothing in the body bounds (a web search tool without max_uses,
+	// Gemini's grounding): Searches then counts only the bounded ones.
+	SearchesUnbounded string
+	// Passes bounds how many times the call reads its context, each time
+	// at most the model's context window: 1, plus one after each search
+	// (a server tool's round); 0 when the body holds what may read it
+	// more (a server tool that runs rounds no field bounds, a batch, a
+	// field or type the reader does not know).
+	Passes int64
+}
+
+// ReportsSearches reports whether the API's usage says how many searches
+// its server tools made (Anthropic's server_tool_use.web_search_requests);
+// of the others, only the request says how many it may make.
+func (a API) ReportsSearches() bool {
+	for _, f := range tables[a].usage {
+		if f.kind == webSearches {
+			return true
+		}
+	}
+	return false
 }
 
 // noAPI is what cannot be bounded of a body sent to a path of no API this
@@ -112,10 +139,25 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 	if len(bytes.TrimSpace(body)) > 0 {
 		if t.body == nil {
 			r.Unbounded = noAPI
-		} else if err := b.walk(t.body); errors.Is(err, errUnbounded) {
-			r.Unbounded = b.why
-		} else if err != nil {
+		} else if err := b.walk(t.body); err != nil {
 			return Request{API: api, Model: model}, err
+		} else {
+			r.Unbounded = b.why
+		}
+	}
+	r.Searches, r.SearchesUnbounded = b.searches, b.searchWhy
+	repeats := b.repeats || r.Unbounded == noAPI || len(b.batch) > 0
+	if b.searchToolsWithout > 0 {
+		var calls []Value
+		if t.toolCalls != "" {
+			calls, _ = ReadPaths(body, [][]string{{t.toolCalls}})
+		}
+		if len(calls) == 1 && calls[0].Found && calls[0].N > 0 && !calls[0].Odd {
+			// Every tool's calls count within it: the searches of
+			// all the tools together are at most it.
+			r.Searches = addSat(r.Searches, calls[0].N)
+		} else if r.SearchesUnbounded == "" {
+			r.SearchesUnbounded = "a web search tool without max_tool_calls: nothing bounds how many searches it bills"
 		}
 	}
 	r.Bound, r.Completions = bound, mulSat(multiplier, max(b.prompts, 1))
@@ -128,9 +170,16 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 		case one.Unbounded != "" && r.Unbounded == "":
 			r.Unbounded = "a batch's request: " + one.Unbounded
 		}
+		if one.SearchesUnbounded != "" && r.SearchesUnbounded == "" {
+			r.SearchesUnbounded = "a batch's request: " + one.SearchesUnbounded
+		}
+		r.Searches = addSat(r.Searches, one.Searches)
 		r.Batch = addSat(r.Batch, addSat(one.Output, one.Media))
 	}
 	r.Output = addSat(r.Output, r.Batch)
+	if !repeats && r.SearchesUnbounded == "" {
+		r.Passes = addSat(r.Searches, 1)
+	}
 	if b.images > 0 {
 		r.Media = mulSat(b.images, imageTokens(api, r.Model))
 	}

@@ -45,6 +45,9 @@ type table struct {
 	// modelInPath is set when the model is named by the URL path rather
 	// than by the body's top-level "model".
 	modelInPath bool
+	// toolCalls is the top-level field that bounds the calls of all the
+	// request's built-in tools together, searches included ("" : none).
+	toolCalls string
 	// body is the shape of the request body: every key, part type and
 	// reference the API takes, and what each costs beyond its bytes
 	// (shape.go). nil: no body can be bounded.
@@ -197,6 +200,10 @@ type shape struct {
 
 	// why is what cannot be bounded (kind unbounded).
 	why string
+	// repeats is set for a value that may have the context read more than
+	// once (a server tool's rounds, a batch's requests): not one call's
+	// context window (Request.Passes).
+	repeats bool
 
 	// media is what the value counts as beyond its bytes.
 	media media
@@ -206,6 +213,14 @@ type shape struct {
 
 	// api is the API of a request nested in a batch (kind request).
 	api API
+
+	// Of a server tool that bills a fee per search (kind searchTool):
+	// count is the tool's field that bounds its searches; byToolCalls is
+	// set when the request's toolCalls field bounds them instead; with
+	// neither, countWhy says that nothing does.
+	count       string
+	byToolCalls bool
+	countWhy    string
 }
 
 type shapeKind uint8
@@ -230,6 +245,10 @@ const (
 	// request is a whole request of api, nested in a batch: its bound is
 	// added to the batch's.
 	request
+	// searchTool is a server tool that searches the web for a fee per
+	// search: its results are input the body does not carry (why), and
+	// its searches are bounded by a field, or by nothing (searching).
+	searchTool
 )
 
 // field is one key of an object shape.
@@ -276,8 +295,26 @@ func byTag(name, tag string, kv ...any) *shape {
 	return s
 }
 
-// cannot returns a shape that cannot be bounded, saying why.
+// cannot returns a shape that cannot be bounded, saying why: input that
+// one read of the context holds (by reference, pages of a document).
 func cannot(why string) *shape { return &shape{kind: unbounded, why: why} }
+
+// repeating is cannot of a value that may have the context read more than
+// once: a server tool that runs rounds, requests in a file.
+func repeating(why string) *shape { return &shape{kind: unbounded, why: why, repeats: true} }
+
+// searching returns a search tool whose results are input the body does
+// not carry (why) and whose searches its field count bounds; with count
+// "", nothing does (countWhy says so).
+func searching(why, count, countWhy string) *shape {
+	return &shape{kind: searchTool, why: why, count: count, countWhy: countWhy}
+}
+
+// searchingByToolCalls is searching, the request's toolCalls field
+// bounding the searches of all its tools together.
+func searchingByToolCalls(why, countWhy string) *shape {
+	return &shape{kind: searchTool, why: why, byToolCalls: true, countWhy: countWhy}
+}
 
 // counted returns s counting as m beyond its bytes.
 func counted(s *shape, m media) *shape {

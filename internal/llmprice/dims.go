@@ -144,6 +144,11 @@ func (p *Prices) Dearest() int64 {
 	return d
 }
 
+// Lists reports whether any of the prices' sheets lists a rate of d.
+func (p *Prices) Lists(d Dim) bool {
+	return slices.ContainsFunc(p.Tiers, func(t Tier) bool { return t.Sheet[d] != Unlisted })
+}
+
 // rate is the rate of d for a call of service s whose prompt has n tokens:
 // the sheet of s with the highest threshold below n that lists d; false
 // when no sheet of s lists d.

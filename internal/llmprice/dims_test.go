@@ -109,3 +109,26 @@ func TestChargeUnknownTokens(t *testing.T) {
 		t.Errorf("a token at $0.15 a million: %d µ$, want 1 (rounded up)", got)
 	}
 }
+
+// TestLists: a model's prices list the dimensions its entry prices, in
+// any tier, and no other.
+func TestLists(t *testing.T) {
+	table, err := llmprice.Load("testdata/model_prices.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for model, want := range map[string][]llmprice.Dim{
+		"claude-sonnet-4-5": {llmprice.Input, llmprice.Cached, llmprice.CacheWrite, llmprice.CacheWrite1h, llmprice.Output},
+		"gpt-4o-mini":       {llmprice.Input, llmprice.Cached, llmprice.Output},
+	} {
+		m, ok := table.Lookup(model)
+		if !ok {
+			t.Fatalf("%s not in the table", model)
+		}
+		for d := range llmprice.NumDims {
+			if got := m.Prices.Lists(d); got != slices.Contains(want, d) {
+				t.Errorf("%s lists %s: %v", model, llmprice.DimNames[d], got)
+			}
+		}
+	}
+}
