@@ -10,7 +10,7 @@
 #
 # The test binaries are built first, on a quiet machine; the loops are
 # started next, and killed when the tests end, fail or are interrupted,
-# and in any case after LOADED_BOUND (default 10m).
+# and in any case after LOADED_BOUND (default 25m).
 #
 # Usage: scripts/test-loaded.sh
 set -euo pipefail
@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 go=${GO:-go}
 count=${LOADED_COUNT:-3}
-bound=${LOADED_BOUND:-10m}
+bound=${LOADED_BOUND:-25m}
 
 # The tests that fail when a limit or a budget is exceeded, or a charge is
 # lost: the fleets of the recipes (images, hang-ups, billed dimensions), a soft limit
