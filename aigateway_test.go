@@ -45,6 +45,25 @@ func runOnBoth(t *testing.T, calls [2][]sdkCall) [2][]sdkResult {
 	return results
 }
 
+// fleetAnswers counts a fleet's calls admitted, and refused with a 429
+// that says when to come back; any other answer fails the test.
+func fleetAnswers(t *testing.T, results [2][]sdkResult) (admitted, refused int) {
+	t.Helper()
+	for _, rs := range results {
+		for _, r := range rs {
+			switch {
+			case r.Status == 200:
+				admitted++
+			case r.Status == 429 && r.RetryAfter != "" && r.RetryAfter != "0":
+				refused++
+			default:
+				t.Errorf("status %d, Retry-After %q, RateLimit %q (%s %s)", r.Status, r.RetryAfter, r.RateLimit, r.Error, r.Message)
+			}
+		}
+	}
+	return admitted, refused
+}
+
 // runOne runs one call.
 func runOne(t *testing.T, c sdkCall) sdkResult {
 	t.Helper()
@@ -381,19 +400,7 @@ func TestAIGatewayFleet(t *testing.T) {
 		calls[i%2] = append(calls[i%2], c)
 	}
 	results := runOnBoth(t, calls)
-	admitted, refused := 0, 0
-	for _, rs := range results {
-		for _, r := range rs {
-			switch {
-			case r.Status == 200:
-				admitted++
-			case r.Status == 429 && r.RetryAfter != "" && r.RetryAfter != "0":
-				refused++
-			default:
-				t.Errorf("status %d, Retry-After %q, RateLimit %q (%s %s)", r.Status, r.RetryAfter, r.RateLimit, r.Error, r.Message)
-			}
-		}
-	}
+	admitted, refused := fleetAnswers(t, results)
 	used := api.Used("Bearer sk-fleet")
 	if most := api.MostInWindow("Bearer sk-fleet", time.Minute); most > 100000 {
 		t.Errorf("the API generated %d tokens in one window: want at most the budget, 100,000", most)

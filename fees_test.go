@@ -228,19 +228,7 @@ func TestFeesFleet(t *testing.T) {
 			Headers: map[string]string{llmtest.HeaderPause: "20ms", llmtest.HeaderDimensions: "web_searches=4", llmtest.HeaderUsage: "1000000,1000"}}
 		calls[i%2] = append(calls[i%2], c)
 	}
-	admitted, refused := 0, 0
-	for _, rs := range runOnBoth(t, calls) {
-		for _, r := range rs {
-			switch {
-			case r.Status == 200:
-				admitted++
-			case r.Status == 429 && r.RetryAfter != "" && r.RetryAfter != "0":
-				refused++
-			default:
-				t.Errorf("status %d, Retry-After %q (%s %s)", r.Status, r.RetryAfter, r.Error, r.Message)
-			}
-		}
-	}
+	admitted, refused := fleetAnswers(t, runOnBoth(t, calls))
 	// The usage reported, a prompt above 200k tokens: $6 and $22.50 a
 	// million, and $0.01 a search.
 	var billed int64

@@ -470,19 +470,7 @@ func TestSpendFleet(t *testing.T) {
 		calls[i%2] = append(calls[i%2], c)
 	}
 	results := runOnBoth(t, calls)
-	admitted, refused := 0, 0
-	for _, rs := range results {
-		for _, r := range rs {
-			switch {
-			case r.Status == 200:
-				admitted++
-			case r.Status == 429 && r.RetryAfter != "" && r.RetryAfter != "0":
-				refused++
-			default:
-				t.Errorf("status %d, Retry-After %q (%s %s)", r.Status, r.RetryAfter, r.Error, r.Message)
-			}
-		}
-	}
+	admitted, refused := fleetAnswers(t, results)
 	var spent int64
 	for _, c := range api.Calls("Bearer " + key) {
 		spent += priced(c, c.API, 500, 0)
