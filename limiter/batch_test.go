@@ -444,13 +444,13 @@ func TestBatchFarRedisWarmsConnections(t *testing.T) {
 // test's.
 func TestBatchFarRedisGoesAtOnce(t *testing.T) {
 	const (
-		far      = 20 * time.Millisecond
+		far      = 100 * time.Millisecond
 		requests = 6
 		apart    = 250 * time.Microsecond
-		// A turn frees every far/maxCalls (2.5ms); a request that waited
-		// for a reply would wait 18ms or more here. The slack leaves room
-		// for a loaded machine's timers and scheduling, which added up to
-		// 5ms to a request's wait on two shared CPUs.
+		// A turn frees every far/maxCalls (12.5ms); a request that waited
+		// for a reply would wait 90ms or more here. The slack leaves room
+		// for a loaded machine's timers and scheduling, which added 5ms
+		// and more to a request's wait on two shared CPUs.
 		slack = far / 2
 	)
 	srv := redistest.Start(t)
