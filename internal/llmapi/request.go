@@ -188,34 +188,6 @@ func readRequest(api API, model string, body []byte, defaultOutput int64) (Reque
 	return r, nil
 }
 
-// ReadPaths reads, for each path (the names of nested objects' keys, from
-// the body's top level; arrays are never entered), what the JSON body holds
-// there, keys matching as ReadRequest matches them: Unicode simple case
-// folding, escapes decoded, every duplicate counted. It returns ErrNotJSON
-// as ReadRequest does; an empty body finds nothing.
-func ReadPaths(body []byte, paths [][]string) ([]Value, error) {
-	vals := make([]Value, len(paths))
-	// A walk matches at most 64 places at once (a bit each).
-	for start := 0; ; start += 64 {
-		group := paths[start:min(start+64, len(paths))]
-		places := make([]place, len(group))
-		for i, p := range group {
-			places[i].path = make([][][]byte, len(p))
-			for j, name := range p {
-				places[i].path[j] = [][]byte{[]byte(name)}
-			}
-		}
-		w := walker{data: body, places: places}
-		if err := w.walk(); err != nil {
-			return nil, err
-		}
-		copy(vals[start:], w.vals[:len(group)])
-		if start+64 >= len(paths) {
-			return vals, nil
-		}
-	}
-}
-
 // requestPlaces are the places each API's request is read at, by API.
 var requestPlaces = func() (all [len(tables)][]place) {
 	for api, t := range tables {
