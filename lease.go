@@ -197,18 +197,7 @@ func (k *leaseKeeper) remove(leases []*runningLease, req *request) {
 // held counts the leases that requests of this handler run under in the
 // zone of that identity for the client key.
 func (k *leaseKeeper) held(identity, key string) int64 {
-	if k == nil {
-		return 0
-	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var n int64
-	for l := range k.running {
-		if l.check.Zone == identity && l.check.Key == key {
-			n++
-		}
-	}
-	return n
+	return k.sum(identity, key, func(*runningLease) int64 { return 1 })
 }
 
 // reserved sums the units that requests of this handler hold as
@@ -218,6 +207,17 @@ func (k *leaseKeeper) held(identity, key string) int64 {
 // is not). A call held for its slot (a wait) is kept only once it goes on,
 // and one whose response ended only until its settle begins.
 func (k *leaseKeeper) reserved(state, key string) int64 {
+	return k.sum(state, key, func(l *runningLease) int64 {
+		if l.src != fromStore || !l.zone.keepsReservations() {
+			return 0
+		}
+		return max(l.check.Cost, 1)
+	})
+}
+
+// sum adds up what of each running request's hold in the state for the
+// client key counts.
+func (k *leaseKeeper) sum(state, key string, counts func(*runningLease) int64) int64 {
 	if k == nil {
 		return 0
 	}
@@ -225,8 +225,8 @@ func (k *leaseKeeper) reserved(state, key string) int64 {
 	defer k.mu.Unlock()
 	var n int64
 	for l := range k.running {
-		if l.src == fromStore && l.zone.keepsReservations() && l.check.Zone == state && l.check.Key == key {
-			n += max(l.check.Cost, 1)
+		if l.check.Zone == state && l.check.Key == key {
+			n += counts(l)
 		}
 	}
 	return n

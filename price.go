@@ -439,17 +439,25 @@ func (t *priceTable) of(model string) rates {
 		return r
 	}
 	t.unpriced.Inc()
-	t.mu.Lock()
-	due := !t.warned[model] && len(t.warned) < maxUnpricedWarnings
-	if due {
-		t.warned[model] = true
-	}
-	t.mu.Unlock()
-	if due {
+	if t.firstWarning(t.warned, model) {
 		t.logger.Warn("a model that no price line matches is priced at the dearest price of each kind listed; add a line for it, or a last line price * ...",
 			zap.String("zone", t.zone), zap.String("model", model))
 	}
 	return r
+}
+
+// firstWarning reports whether key is new to warned (one of t's sets),
+// and notes it, while warned holds fewer than maxUnpricedWarnings: each
+// warning is logged once, and a client naming new models cannot grow the
+// set without bound.
+func (t *priceTable) firstWarning(warned map[string]bool, key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if warned[key] || len(warned) >= maxUnpricedWarnings {
+		return false
+	}
+	warned[key] = true
+	return true
 }
 
 // charge is what a call of model that reported usage u cost, in µ$; the
@@ -465,14 +473,7 @@ func (t *priceTable) charge(model string, u llmapi.Usage) int64 {
 		if t.unpricedUsage != nil {
 			t.unpricedUsage.WithLabelValues(t.zone, kind).Inc()
 		}
-		t.mu.Lock()
-		key := model + "\x00" + kind
-		due := !t.warnedUsage[key] && len(t.warnedUsage) < maxUnpricedWarnings
-		if due {
-			t.warnedUsage[key] = true
-		}
-		t.mu.Unlock()
-		if due {
+		if t.firstWarning(t.warnedUsage, model+"\x00"+kind) {
 			t.logger.Warn("a call reported usage its model's prices do not price: charged at the model's dearest rate (a web search at the dearest fee listed); add the price to the price line or table",
 				zap.String("zone", t.zone), zap.String("model", model), zap.String("dimension", kind))
 		}
