@@ -46,20 +46,32 @@ func runOnBoth(t *testing.T, calls [2][]sdkCall) [2][]sdkResult {
 }
 
 // fleetAnswers counts a fleet's calls admitted, and refused with a 429
-// that says when to come back; any other answer fails the test.
+// that says when to come back. The recipes fail closed: on a host so busy
+// that Redis itself (a process beside the busy loops) misses the five
+// timeouts a decision may wait, a call gets 503 with Retry-After 1, which
+// spends nothing and is logged; more than one in ten fails the test, as
+// does any other answer.
 func fleetAnswers(t *testing.T, results [2][]sdkResult) (admitted, refused int) {
 	t.Helper()
+	failedClosed, all := 0, 0
 	for _, rs := range results {
 		for _, r := range rs {
+			all++
 			switch {
 			case r.Status == 200:
 				admitted++
 			case r.Status == 429 && r.RetryAfter != "" && r.RetryAfter != "0":
 				refused++
+			case r.Status == 503 && r.RetryAfter == failedClosedRetryAfter && r.RateLimit == "":
+				failedClosed++
+				t.Logf("failed closed: status %d, Retry-After %q (%s %s)", r.Status, r.RetryAfter, r.Error, r.Message)
 			default:
 				t.Errorf("status %d, Retry-After %q, RateLimit %q (%s %s)", r.Status, r.RetryAfter, r.RateLimit, r.Error, r.Message)
 			}
 		}
+	}
+	if failedClosed*10 > all {
+		t.Errorf("%d of %d calls failed closed: Redis did not decide them in time", failedClosed, all)
 	}
 	return admitted, refused
 }
